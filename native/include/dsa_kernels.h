@@ -1,0 +1,222 @@
+/*
+ * dsa_kernels.h: the whole C ABI of pydsa (libdsa_kernels).
+ *
+ * Plain C99 / C++. Every op takes a pointer to its params struct and, last, the CUDA stream
+ * (a cudaStream_t passed as void*; NULL means the legacy default stream). Ops never synchronize,
+ * never allocate, and can be captured in a CUDA graph.
+ *
+ * Every params struct begins with `struct_size`: set it to sizeof(the struct) as your header
+ * declares it. The library refuses a size it does not know (DSA_STATUS_ABI_MISMATCH). Structs
+ * only grow at the end; a field appended later comes with a DSA_ABI_VERSION bump.
+ *
+ * ABI version rule: DSA_ABI_VERSION changes whenever any declaration below changes in a way a
+ * compiled caller could notice (a field, an enum value, a function signature). Callers compare
+ * dsa_abi_version() with the DSA_ABI_VERSION they were built with and refuse a mismatch.
+ *
+ * Device selection: `device` is the CUDA ordinal that owns every pointer of the call, or
+ * DSA_DEVICE_HOST (-1) for host memory, which runs the host backend on the calling thread
+ * (same results, `stream` ignored). The library makes `device` current for the launch and
+ * restores the caller's current device afterwards.
+ *
+ * Errors: every op returns a dsa_status. dsa_last_error() returns a sentence (thread-local,
+ * valid until the thread's next call) naming the argument that was wrong and why.
+ * Index values inside tensors (slots, plan records) are data: out-of-range values are skipped and
+ * counted in the optional device-side `error_count` (a uint32 the caller owns and zeroes).
+ */
+#ifndef DSA_KERNELS_H
+#define DSA_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define DSA_API __declspec(dllexport)
+#else
+#define DSA_API __attribute__((visibility("default")))
+#endif
+
+#define DSA_ABI_VERSION 1
+#define DSA_DEVICE_HOST (-1)
+#define DSA_CHUNK 128            /* tokens per compressed chunk */
+#define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
+#define DSA_SEGMENT_SENTINEL 0xFFFFFFFFu
+
+typedef enum dsa_status {
+  DSA_STATUS_OK = 0,
+  DSA_STATUS_INVALID_ARGUMENT = 1, /* a field of the params is wrong; see dsa_last_error() */
+  DSA_STATUS_ABI_MISMATCH = 2,     /* struct_size is not one this library knows */
+  DSA_STATUS_CAPACITY = 3,         /* an output buffer is too small for the request */
+  DSA_STATUS_CUDA_ERROR = 4,       /* the CUDA runtime refused the launch */
+  DSA_STATUS_NO_DEVICE = 5         /* a device call on a machine or build without CUDA */
+} dsa_status;
+
+typedef enum dsa_struct_id {
+  DSA_STRUCT_SEGMENT = 0,
+  DSA_STRUCT_PLAN_PARAMS = 1,
+  DSA_STRUCT_DECODE_PARAMS = 2,
+  DSA_STRUCT_PREFILL_PARAMS = 3,
+  DSA_STRUCT_METADATA_SOURCES = 4,
+  DSA_STRUCT_METADATA_DESTINATION = 5,
+  DSA_STRUCT_METADATA_PARAMS = 6
+} dsa_struct_id;
+
+/* Flags for the `flags` field of the kernel params. */
+#define DSA_FLAG_PDL 1u /* launch with programmatic dependent launch (sm_90+) */
+
+DSA_API int32_t dsa_abi_version(void);
+DSA_API const char* dsa_version_string(void);
+DSA_API const char* dsa_status_string(dsa_status status);
+DSA_API const char* dsa_last_error(void);
+/* sizeof() of a struct as this library was built; 0 for an unknown id. */
+DSA_API size_t dsa_struct_size(dsa_struct_id id);
+/* Comma-separated CUDA architectures compiled in (e.g. "90"), or "" in a host-only build. */
+DSA_API const char* dsa_cuda_architectures(void);
+/* Number of CUDA devices usable by this library (0 without a GPU or driver). */
+DSA_API int32_t dsa_device_count(void);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Prefill plan (SPEC 1.4).                                                                   */
+
+/* One segment of a request's new tokens, all inside one 128-token chunk. 16 bytes, little-endian.
+ * First token: ragged row ragged_id - window_len + 1, global position position - window_len + 1.
+ * A record whose four fields are DSA_SEGMENT_SENTINEL is padding. */
+typedef struct dsa_segment {
+  uint32_t ragged_id;  /* ragged row of the segment's last token */
+  uint32_t batch_id;   /* request index */
+  uint32_t position;   /* global position of the segment's last token */
+  uint32_t window_len; /* tokens in the segment, 1..128 */
+} dsa_segment;
+
+typedef struct dsa_plan_params {
+  uint32_t struct_size;
+  uint32_t graph_mode;          /* 0: plain. 1: pad both lists with sentinels to their capacity */
+  int64_t batch_size;           /* B >= 0 */
+  int64_t num_tokens;           /* rows of the ragged input; plain: == sum(extend_lens);
+                                   graph: >= sum(extend_lens) (padding rows belong to no segment) */
+  const int64_t* seq_lens;      /* [B] int64, host; may be null when B == 0 */
+  const int64_t* extend_lens;   /* [B] int64, host; may be null when B == 0 */
+  dsa_segment* compress;        /* [compress_capacity] host, written */
+  dsa_segment* write;           /* [write_capacity] host, written */
+  int64_t compress_capacity;    /* records available in `compress` */
+  int64_t write_capacity;       /* records available in `write` */
+  int64_t* num_compress;        /* out: real compress records (not counting padding); may be null */
+  int64_t* num_write;           /* out: real write records; may be null */
+} dsa_plan_params;
+
+/* Plans on the host; nothing is written to the record arrays unless the whole input is valid. */
+DSA_API dsa_status dsa_c128_plan_prefill(const dsa_plan_params* params);
+
+/* Records needed for a plan: compress <= sum(extend)/128 + B, write <= B. */
+DSA_API int64_t dsa_c128_compress_capacity(int64_t num_tokens, int64_t batch_size);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Online c128 compression (SPEC 1). All floats are fp32; D = head_dim, a positive multiple of 64.
+ * state row of a slot: [m (D) | s (D) | k (D)]; kv_score row: [kv (D) | score (D)].             */
+
+typedef struct dsa_c128_decode_params {
+  uint32_t struct_size;
+  uint32_t flags;           /* DSA_FLAG_* */
+  int32_t device;           /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t head_dim;         /* D */
+  int64_t num_slots;        /* rows of `state` */
+  int64_t batch_size;       /* B >= 0 */
+  float* state;             /* [num_slots, 1, 3D], read and written */
+  const float* kv_score;    /* [B, 2D] */
+  float* out;               /* [B, D], written only for requests that close a chunk */
+  const float* ape;         /* [128, D] */
+  const int32_t* indices;   /* [B] slot of each request */
+  const int32_t* seq_lens;  /* [B] length including the new token; <= 0 is padding */
+  uint32_t* error_count;    /* [1] incremented per skipped out-of-range slot; may be null */
+} dsa_c128_decode_params;
+
+typedef struct dsa_c128_prefill_params {
+  uint32_t struct_size;
+  uint32_t flags;               /* DSA_FLAG_* */
+  int32_t device;               /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t head_dim;             /* D */
+  int64_t num_slots;            /* rows of `state` */
+  int64_t batch_size;           /* B: length of indices / load_indices */
+  int64_t num_tokens;           /* N: rows of kv_score and out */
+  float* state;                 /* [num_slots, 1, 3D], read and written */
+  const float* kv_score;        /* [N, 2D] ragged new tokens */
+  float* out;                   /* [N, D], written at chunk-closing rows only */
+  const float* ape;             /* [128, D] */
+  const int32_t* indices;       /* [B] slot receiving each request's trailing partial state */
+  const int32_t* load_indices;  /* [B] slot holding the partial state to continue; null: indices */
+  const dsa_segment* compress;  /* [compress_capacity] segments closing a chunk */
+  const dsa_segment* write;     /* [write_capacity] trailing partial segments */
+  int64_t compress_capacity;    /* records readable in `compress` (grid is sized from this) */
+  int64_t write_capacity;       /* records readable in `write` */
+  const int64_t* counts;        /* [2] {num_compress, num_write} in the op's memory, read by the
+                                   kernels (CUDA-graph mode: re-plan without re-capture); null:
+                                   every record up to the capacities is processed */
+  uint32_t* error_count;        /* [1] incremented per skipped record or slot; may be null */
+} dsa_c128_prefill_params;
+
+DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream);
+DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Fused DSA metadata copy (SPEC 2). All buffers int32.                                        */
+
+typedef enum dsa_forward_mode {
+  DSA_MODE_DECODE = 0,
+  DSA_MODE_TARGET_VERIFY = 1,
+  DSA_MODE_DRAFT_EXTEND = 2
+} dsa_forward_mode;
+
+typedef struct dsa_metadata_sources {
+  const int32_t* cache_seqlens;       /* [bs] */
+  const int32_t* cu_seqlens_k;        /* [bs + 1]; elements 1..bs+1 are copied */
+  const int32_t* page_indices;        /* [page_rows, page_width] dense */
+  const int32_t* seqlens_expanded;    /* [expanded] ; null in DECODE */
+  const int32_t* dsa_cache_seqlens;   /* [n], n = bs (DECODE) or expanded */
+  const int32_t* dsa_cu_seqlens_k;    /* [n + 1]; elements 1..n+1 are copied */
+  const int32_t* real_page_table;     /* [page_rows, real_cols] dense; null: group absent */
+  const int32_t* num_splits;          /* [n + 1] FlashMLA; null: group absent */
+  const int32_t* flashmla_metadata;   /* [metadata_size] FlashMLA; null iff num_splits null */
+} dsa_metadata_sources;
+
+/* One backend's static buffers and their capacities (elements). */
+typedef struct dsa_metadata_destination {
+  int32_t* cache_seqlens;      int64_t cache_seqlens_len;
+  int32_t* cu_seqlens_k;       int64_t cu_seqlens_k_len;
+  int32_t* page_table;         int64_t page_table_rows; int64_t page_table_cols;
+  int64_t page_table_stride;   /* elements between rows, >= page_table_cols */
+  int32_t* seqlens_expanded;   int64_t seqlens_expanded_len;   /* may be null in DECODE */
+  int32_t* dsa_cache_seqlens;  int64_t dsa_cache_seqlens_len;
+  int32_t* dsa_cu_seqlens_k;   int64_t dsa_cu_seqlens_k_len;
+  int32_t* real_page_table;    int64_t real_page_table_rows; int64_t real_page_table_cols;
+  int64_t real_page_table_stride;
+  int32_t* num_splits;         int64_t num_splits_len;
+  int32_t* flashmla_metadata;  int64_t flashmla_metadata_len;
+} dsa_metadata_destination;
+
+typedef struct dsa_metadata_copy_params {
+  uint32_t struct_size;
+  uint32_t flags;               /* DSA_FLAG_* */
+  int32_t device;               /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t mode;                 /* dsa_forward_mode */
+  int64_t bs;                   /* requests; 0 is a no-op */
+  int64_t page_rows;            /* rows of page_indices (DECODE: must equal bs) */
+  int64_t page_width;           /* DECODE: max_len; else max_seqlen_k */
+  int64_t expanded;             /* size of seqlens_expanded (TARGET_VERIFY / DRAFT_EXTEND) */
+  int64_t real_cols;            /* columns of real_page_table (when present) */
+  int64_t metadata_size;        /* elements of flashmla_metadata (when present) */
+  dsa_metadata_sources src;
+  int32_t num_destinations;     /* K, 1..DSA_MAX_DESTINATIONS */
+  int32_t reserved;
+  const dsa_metadata_destination* destinations; /* [K] host array */
+} dsa_metadata_copy_params;
+
+DSA_API dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DSA_KERNELS_H */

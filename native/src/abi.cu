@@ -1,0 +1,110 @@
+// Library-wide entry points: versions, status strings, last error, struct sizes, devices.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <mutex>
+
+#include "common.h"
+
+#ifndef DSA_VERSION_STRING
+#define DSA_VERSION_STRING "0.0.0"
+#endif
+#ifndef DSA_CUDA_ARCHITECTURES
+#define DSA_CUDA_ARCHITECTURES ""
+#endif
+
+namespace dsa {
+
+namespace {
+thread_local char last_error[512] = "";
+constexpr int kMaxDevices = 64;
+int sm_count_cache[kMaxDevices] = {};
+std::once_flag device_count_once;
+int device_count_value = 0;
+}  // namespace
+
+dsa_status fail(dsa_status status, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(last_error, sizeof(last_error), fmt, args);
+  va_end(args);
+  return status;
+}
+
+dsa_status ok() {
+  last_error[0] = '\0';
+  return DSA_STATUS_OK;
+}
+
+static int device_count() {
+  std::call_once(device_count_once, [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+      cudaGetLastError();
+      n = 0;
+    }
+    device_count_value = n;
+  });
+  return device_count_value;
+}
+
+dsa_status check_device(int32_t device, const char* op, int* num_sms) {
+  const int count = device_count();
+  if (count == 0)
+    return fail(DSA_STATUS_NO_DEVICE, "%s: device %d requested but no CUDA device is available",
+                op, device);
+  if (device < 0 || device >= count || device >= kMaxDevices)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: device is %d; expected -1 (host) or 0..%d", op,
+                device, count - 1);
+  int sms = __atomic_load_n(&sm_count_cache[device], __ATOMIC_RELAXED);
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      cudaGetLastError();
+      return fail(DSA_STATUS_CUDA_ERROR, "%s: cannot query device %d", op, device);
+    }
+    __atomic_store_n(&sm_count_cache[device], sms, __ATOMIC_RELAXED);
+  }
+  *num_sms = sms;
+  return DSA_STATUS_OK;
+}
+
+}  // namespace dsa
+
+extern "C" {
+
+int32_t dsa_abi_version(void) { return DSA_ABI_VERSION; }
+
+const char* dsa_version_string(void) { return DSA_VERSION_STRING; }
+
+const char* dsa_cuda_architectures(void) { return DSA_CUDA_ARCHITECTURES; }
+
+int32_t dsa_device_count(void) { return dsa::device_count(); }
+
+const char* dsa_last_error(void) { return dsa::last_error; }
+
+const char* dsa_status_string(dsa_status status) {
+  switch (status) {
+    case DSA_STATUS_OK: return "ok";
+    case DSA_STATUS_INVALID_ARGUMENT: return "invalid argument";
+    case DSA_STATUS_ABI_MISMATCH: return "ABI mismatch";
+    case DSA_STATUS_CAPACITY: return "capacity exceeded";
+    case DSA_STATUS_CUDA_ERROR: return "CUDA error";
+    case DSA_STATUS_NO_DEVICE: return "no CUDA device";
+  }
+  return "unknown status";
+}
+
+size_t dsa_struct_size(dsa_struct_id id) {
+  switch (id) {
+    case DSA_STRUCT_SEGMENT: return sizeof(dsa_segment);
+    case DSA_STRUCT_PLAN_PARAMS: return sizeof(dsa_plan_params);
+    case DSA_STRUCT_DECODE_PARAMS: return sizeof(dsa_c128_decode_params);
+    case DSA_STRUCT_PREFILL_PARAMS: return sizeof(dsa_c128_prefill_params);
+    case DSA_STRUCT_METADATA_SOURCES: return sizeof(dsa_metadata_sources);
+    case DSA_STRUCT_METADATA_DESTINATION: return sizeof(dsa_metadata_destination);
+    case DSA_STRUCT_METADATA_PARAMS: return sizeof(dsa_metadata_copy_params);
+  }
+  return 0;
+}
+
+}  // extern "C"

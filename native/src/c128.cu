@@ -1,0 +1,376 @@
+// Online c128 compression (SPEC 1): decode and prefill, CUDA kernels and the host backend.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "c128_math.h"
+#include "common.h"
+#include "cuda_launch.cuh"
+
+namespace dsa {
+namespace {
+
+constexpr int kDecodeThreads = 128;
+constexpr int kPrefillWarps = 8;
+constexpr int kPrefillThreads = kPrefillWarps * 32;
+constexpr int kPrefillBlocksPerSm = 8;
+constexpr int kTokensInFlight = 4;  // tokens each warp loads before folding them in
+
+// VEC consecutive channels per thread, moved with one VEC*4-byte access.
+template <int VEC>
+struct Lanes {
+  float v[VEC];
+};
+template <int VEC>
+__device__ __forceinline__ Lanes<VEC> load_lanes(const float* p) {
+  Lanes<VEC> r;
+  if constexpr (VEC == 4) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(p));
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
+  } else {
+    const float2 x = __ldg(reinterpret_cast<const float2*>(p));
+    r.v[0] = x.x, r.v[1] = x.y;
+  }
+  return r;
+}
+// Loads that may alias a store of this launch (state) bypass the read-only path.
+template <int VEC>
+__device__ __forceinline__ Lanes<VEC> load_state(const float* p) {
+  Lanes<VEC> r;
+  if constexpr (VEC == 4) {
+    const float4 x = *reinterpret_cast<const float4*>(p);
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
+  } else {
+    const float2 x = *reinterpret_cast<const float2*>(p);
+    r.v[0] = x.x, r.v[1] = x.y;
+  }
+  return r;
+}
+template <int VEC>
+__device__ __forceinline__ void store_lanes(float* p, const Lanes<VEC>& r) {
+  if constexpr (VEC == 4)
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+  else
+    *reinterpret_cast<float2*>(p) = make_float2(r.v[0], r.v[1]);
+}
+
+__device__ __forceinline__ void count_error(uint32_t* error_count) {
+  if (error_count != nullptr) atomicAdd(error_count, 1u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decode: D / VEC threads per request, one token each.
+
+template <int VEC>
+__global__ void __launch_bounds__(kDecodeThreads)
+    c128_decode_kernel(const __grid_constant__ dsa_c128_decode_params p) {
+  wait_for_producers();
+  const int D = p.head_dim;
+  const int lanes_per_request = D / VEC;
+  const int64_t thread = (int64_t)blockIdx.x * kDecodeThreads + threadIdx.x;
+  const int64_t b = thread / lanes_per_request;
+  if (b >= p.batch_size) return;
+  const int ch = (int)(thread - b * lanes_per_request) * VEC;
+  const int32_t seq_len = __ldg(p.seq_lens + b);
+  const int32_t slot = __ldg(p.indices + b);
+  allow_dependents();
+  if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
+  if (!slot_ok(slot, p.num_slots)) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  const int c = (seq_len - 1) % DSA_CHUNK;
+  const float* token = p.kv_score + b * 2 * D + ch;
+  float* state = p.state + (int64_t)slot * 3 * D + ch;
+  const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
+  const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)c * D + ch);
+  Lanes<VEC> m, s, k;
+  if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const float t[1] = {score.v[i] + bias.v[i]}, v[1] = {kv.v[i]};
+    const Partial r = c == 0 ? partial_of(t[0], v[0]) : absorb(from_state(m.v[i], s.v[i], k.v[i]), t, v, 1);
+    m.v[i] = r.max, s.v[i] = r.sum, k.v[i] = mean_of(r);
+  }
+  if (c == DSA_CHUNK - 1) {
+    store_lanes<VEC>(p.out + b * D + ch, k);
+  } else {
+    store_lanes<VEC>(state, m);
+    store_lanes<VEC>(state + D, s);
+    store_lanes<VEC>(state + 2 * D, k);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Prefill: one work item = one segment x one tile of 32*VEC channels. The block's warps split the
+// segment's tokens, fold them into per-warp partials, and merge those through shared memory.
+// The compress pass (kWrite = false) only reads state; the write pass runs as a later launch.
+
+template <int VEC, bool kWrite>
+__global__ void __launch_bounds__(kPrefillThreads)
+    c128_prefill_kernel(const __grid_constant__ dsa_c128_prefill_params p) {
+  constexpr int kTile = 32 * VEC;
+  __shared__ float partial_max[kPrefillWarps][kTile];
+  __shared__ float partial_sum[kPrefillWarps][kTile];
+  __shared__ float partial_acc[kPrefillWarps][kTile];
+
+  wait_for_producers();
+  const int D = p.head_dim;
+  const int tiles = D / kTile;
+  const dsa_segment* list = kWrite ? p.write : p.compress;
+  int64_t count = kWrite ? p.write_capacity : p.compress_capacity;
+  if (p.counts != nullptr) count = max((int64_t)0, min(count, p.counts[kWrite ? 1 : 0]));
+  const int32_t* load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t items = count * tiles;
+
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t r = item / tiles;
+    const int tile = (int)(item - r * tiles);
+    const dsa_segment seg = list[r];
+    if (is_sentinel(seg)) continue;
+    const bool report = tile == 0 && threadIdx.x == 0;
+    if (!segment_ok(seg, !kWrite, p.num_tokens, p.batch_size)) {
+      if (report) count_error(p.error_count);
+      continue;
+    }
+    const int first_in_chunk = (int)(seg.position % DSA_CHUNK) - (int)seg.window_len + 1;
+    const bool continues = first_in_chunk != 0;
+    const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
+    const int32_t store_slot = kWrite ? p.indices[seg.batch_id] : 0;
+    if ((continues && !slot_ok(load_slot, p.num_slots)) || (kWrite && !slot_ok(store_slot, p.num_slots))) {
+      if (report) count_error(p.error_count);
+      continue;
+    }
+
+    const int n = (int)seg.window_len;
+    const int ch = tile * kTile + lane * VEC;
+    const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
+    Partial part[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) part[i] = Partial{-INFINITY, 0.0f, 0.0f};
+    for (int j0 = warp; j0 < n; j0 += kPrefillWarps * kTokensInFlight) {
+      float score[VEC][kTokensInFlight], kv[VEC][kTokensInFlight];
+#pragma unroll
+      for (int u = 0; u < kTokensInFlight; ++u) {
+        const int j = j0 + u * kPrefillWarps;
+        if (j < n) {
+          const float* token = p.kv_score + (first_row + j) * 2 * D + ch;
+          const Lanes<VEC> x = load_lanes<VEC>(token), t = load_lanes<VEC>(token + D);
+          const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)(first_in_chunk + j) * D + ch);
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) kv[i][u] = x.v[i], score[i][u] = t.v[i] + bias.v[i];
+        }
+      }
+      const int valid = min(kTokensInFlight, (n - j0 + kPrefillWarps - 1) / kPrefillWarps);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) part[i] = absorb(part[i], score[i], kv[i], valid);
+    }
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) {
+      partial_max[warp][lane * VEC + i] = part[i].max;
+      partial_sum[warp][lane * VEC + i] = part[i].sum;
+      partial_acc[warp][lane * VEC + i] = part[i].acc;
+    }
+    __syncthreads();
+    if (threadIdx.x < kTile) {
+      const int t = threadIdx.x, c = tile * kTile + t;
+      Partial total{partial_max[0][t], partial_sum[0][t], partial_acc[0][t]};
+      const int warps_used = min(kPrefillWarps, n);
+      for (int w = 1; w < warps_used; ++w)
+        total = merge(total, Partial{partial_max[w][t], partial_sum[w][t], partial_acc[w][t]});
+      if (continues) {
+        const float* prior = p.state + (int64_t)load_slot * 3 * D + c;
+        total = merge(from_state(prior[0], prior[D], prior[2 * D]), total);
+      }
+      if (kWrite) {
+        float* state = p.state + (int64_t)store_slot * 3 * D + c;
+        state[0] = total.max;
+        state[D] = total.sum;
+        state[2 * D] = mean_of(total);
+      } else {
+        p.out[(int64_t)seg.ragged_id * D + c] = mean_of(total);
+      }
+    }
+    __syncthreads();
+  }
+  allow_dependents();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host backend: the same arithmetic, one token at a time, compress list before write list.
+
+void host_decode(const dsa_c128_decode_params& p) {
+  const int D = p.head_dim;
+  for (int64_t b = 0; b < p.batch_size; ++b) {
+    const int32_t seq_len = p.seq_lens[b], slot = p.indices[b];
+    if (seq_len <= 0) continue;
+    if (!slot_ok(slot, p.num_slots)) {
+      if (p.error_count) ++*p.error_count;
+      continue;
+    }
+    const int c = (seq_len - 1) % DSA_CHUNK;
+    const float* token = p.kv_score + b * 2 * D;
+    float* state = p.state + (int64_t)slot * 3 * D;
+    for (int d = 0; d < D; ++d) {
+      const float t[1] = {token[D + d] + p.ape[(int64_t)c * D + d]}, v[1] = {token[d]};
+      const Partial r = c == 0 ? partial_of(t[0], v[0])
+                               : absorb(from_state(state[d], state[D + d], state[2 * D + d]), t, v, 1);
+      if (c == DSA_CHUNK - 1) {
+        p.out[b * D + d] = mean_of(r);
+      } else {
+        state[d] = r.max, state[D + d] = r.sum, state[2 * D + d] = mean_of(r);
+      }
+    }
+  }
+}
+
+void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass) {
+  const int D = p.head_dim;
+  const dsa_segment* list = write_pass ? p.write : p.compress;
+  int64_t count = write_pass ? p.write_capacity : p.compress_capacity;
+  if (p.counts != nullptr) count = std::max<int64_t>(0, std::min(count, p.counts[write_pass ? 1 : 0]));
+  const int32_t* load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
+  for (int64_t r = 0; r < count; ++r) {
+    const dsa_segment seg = list[r];
+    if (is_sentinel(seg)) continue;
+    if (!segment_ok(seg, !write_pass, p.num_tokens, p.batch_size)) {
+      if (p.error_count) ++*p.error_count;
+      continue;
+    }
+    const int n = (int)seg.window_len;
+    const int first_in_chunk = (int)(seg.position % DSA_CHUNK) - n + 1;
+    const bool continues = first_in_chunk != 0;
+    const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
+    const int32_t store_slot = write_pass ? p.indices[seg.batch_id] : 0;
+    if ((continues && !slot_ok(load_slot, p.num_slots)) || (write_pass && !slot_ok(store_slot, p.num_slots))) {
+      if (p.error_count) ++*p.error_count;
+      continue;
+    }
+    const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
+    for (int d = 0; d < D; ++d) {
+      Partial total{-INFINITY, 0.0f, 0.0f};
+      for (int j = 0; j < n; ++j) {
+        const float* token = p.kv_score + (first_row + j) * 2 * D;
+        const float t[1] = {token[D + d] + p.ape[(int64_t)(first_in_chunk + j) * D + d]}, v[1] = {token[d]};
+        total = absorb(total, t, v, 1);
+      }
+      if (continues) {
+        const float* prior = p.state + (int64_t)load_slot * 3 * D + d;
+        total = merge(from_state(prior[0], prior[D], prior[2 * D]), total);
+      }
+      if (write_pass) {
+        float* state = p.state + (int64_t)store_slot * 3 * D + d;
+        state[0] = total.max, state[D] = total.sum, state[2 * D] = mean_of(total);
+      } else {
+        p.out[(int64_t)seg.ragged_id * D + d] = mean_of(total);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Argument checks shared by both ops.
+
+bool aligned(const void* ptr, int bytes) { return ((uintptr_t)ptr % bytes) == 0; }
+
+// Channels per thread: 4 when D and every float buffer allow 16-byte accesses, else 2.
+template <typename P>
+dsa_status pick_vector_width(const P& p, const char* op, int* vec) {
+  const void* buffers[] = {p.state, p.kv_score, p.out, p.ape};
+  bool by16 = p.head_dim % 128 == 0, by8 = true;
+  for (const void* b : buffers) by16 = by16 && aligned(b, 16), by8 = by8 && aligned(b, 8);
+  if (!by8)
+    return fail(DSA_STATUS_INVALID_ARGUMENT,
+                "%s: state, kv_score, out and ape must be 8-byte aligned float32 buffers", op);
+  *vec = by16 ? 4 : 2;
+  return DSA_STATUS_OK;
+}
+
+dsa_status check_common(int32_t head_dim, int64_t num_slots, const float* state, const float* ape,
+                        const int32_t* indices, const char* op) {
+  if (head_dim <= 0 || head_dim % 64 != 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected a positive multiple of 64",
+                op, head_dim);
+  if (num_slots <= 0 || num_slots > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_slots is %lld; expected 1..%d", op,
+                (long long)num_slots, INT32_MAX);
+  if (state == nullptr || ape == nullptr || indices == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state, ape and indices must be non-null", op);
+  return DSA_STATUS_OK;
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c128_decode";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c128_decode_params& p = *params;
+  if (p.batch_size < 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
+  if (p.batch_size == 0) return ok();
+  DSA_TRY(check_common(p.head_dim, p.num_slots, p.state, p.ape, p.indices, op));
+  if (p.kv_score == nullptr || p.out == nullptr || p.seq_lens == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kv_score, out and seq_lens must be non-null", op);
+  int vec = 0;
+  DSA_TRY(pick_vector_width(p, op, &vec));
+  if (p.device == DSA_DEVICE_HOST) {
+    host_decode(p);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  const int64_t threads = p.batch_size * (p.head_dim / vec);
+  const int64_t blocks = (threads + kDecodeThreads - 1) / kDecodeThreads;
+  if (blocks > INT32_MAX) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size too large", op);
+  DeviceGuard guard(p.device);
+  const bool pdl = p.flags & DSA_FLAG_PDL;
+  const cudaError_t err =
+      vec == 4 ? launch(c128_decode_kernel<4>, (unsigned)blocks, kDecodeThreads, (cudaStream_t)stream, pdl, p)
+               : launch(c128_decode_kernel<2>, (unsigned)blocks, kDecodeThreads, (cudaStream_t)stream, pdl, p);
+  DSA_TRY(launch_status(err, op));
+  return ok();
+}
+
+extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c128_prefill";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c128_prefill_params& p = *params;
+  if (p.batch_size < 0 || p.num_tokens < 0 || p.compress_capacity < 0 || p.write_capacity < 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT,
+                "%s: batch_size, num_tokens, compress_capacity and write_capacity must be >= 0 "
+                "(got %lld, %lld, %lld, %lld)", op, (long long)p.batch_size, (long long)p.num_tokens,
+                (long long)p.compress_capacity, (long long)p.write_capacity);
+  if ((p.compress_capacity > 0 && p.compress == nullptr) || (p.write_capacity > 0 && p.write == nullptr))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a record list with non-zero capacity is null", op);
+  if (p.compress_capacity + p.write_capacity == 0 || p.batch_size == 0 || p.num_tokens == 0) return ok();
+  DSA_TRY(check_common(p.head_dim, p.num_slots, p.state, p.ape, p.indices, op));
+  if (p.kv_score == nullptr || p.out == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kv_score and out must be non-null", op);
+  int vec = 0;
+  DSA_TRY(pick_vector_width(p, op, &vec));
+  if (p.device == DSA_DEVICE_HOST) {
+    host_prefill_pass(p, false);
+    host_prefill_pass(p, true);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  DeviceGuard guard(p.device);
+  const int tiles = p.head_dim / (32 * vec);
+  const bool pdl = p.flags & DSA_FLAG_PDL;
+  const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
+  const int64_t capacities[2] = {p.compress_capacity, p.write_capacity};
+  for (int pass = 0; pass < 2; ++pass) {
+    if (capacities[pass] == 0) continue;
+    const unsigned grid = (unsigned)std::min(capacities[pass] * tiles, resident);
+    auto kernel = vec == 4 ? (pass ? c128_prefill_kernel<4, true> : c128_prefill_kernel<4, false>)
+                           : (pass ? c128_prefill_kernel<2, true> : c128_prefill_kernel<2, false>);
+    DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, (cudaStream_t)stream, pdl, p), op));
+  }
+  return ok();
+}

@@ -1,0 +1,66 @@
+// Launch plumbing for the .cu op families: current-device guard and launches with optional
+// programmatic dependent launch.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common.h"
+
+namespace dsa {
+
+// Makes `device` current for the lifetime of the guard; restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&previous_);
+    if (previous_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = previous_;
+    cudaGetDevice(&now);
+    if (now != previous_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream,
+                   bool pdl, Args&&... args) {
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+inline dsa_status launch_status(cudaError_t err, const char* op) {
+  if (err == cudaSuccess) return DSA_STATUS_OK;
+  return fail(DSA_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));
+}
+
+// Every kernel calls this before its first global read: with PDL, data written by the previous
+// kernel in the stream is visible only after it. Without PDL it returns at once.
+__device__ __forceinline__ void wait_for_producers() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Lets the next kernel in the stream start its launch; its own wait still sees our writes.
+__device__ __forceinline__ void allow_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+}  // namespace dsa

@@ -1,0 +1,246 @@
+// Fused DSA metadata copy (SPEC 2): one source set into K destination sets in one launch.
+// The host turns the fields into a short list of 2-D row copies ("jobs"); the kernel spreads the
+// rows, cut into fixed tiles, over the grid and stores each loaded vector to every destination.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "common.h"
+#include "cuda_launch.cuh"
+
+namespace dsa {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kUnroll = 4;
+constexpr int64_t kTileElements = kThreads * 4 * kUnroll;  // int32 per tile: one int4 x kUnroll per thread
+constexpr int kMaxJobs = 9;
+constexpr int kBlocksPerSm = 8;
+
+struct CopyJob {
+  const int32_t* src;
+  int64_t src_stride;  // elements between source rows
+  int64_t rows;
+  int64_t width;          // elements copied per row
+  int64_t first_tile;     // index of this job's first tile in the launch
+  int64_t tiles_per_row;  // ceil(width / kTileElements)
+  int32_t* dst[DSA_MAX_DESTINATIONS];
+  int64_t dst_stride[DSA_MAX_DESTINATIONS];
+};
+
+struct CopyPlan {
+  CopyJob job[kMaxJobs];
+  int32_t num_jobs;
+  int32_t num_dst;
+  int64_t total_tiles;
+};
+
+// Copies elements [0, n) of one row slice to every destination, with 16-byte accesses when the
+// source and all destinations share one alignment, else with 4-byte accesses.
+__device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& job, int64_t row,
+                                          int64_t col, int64_t n) {
+  const int32_t* src = job.src + row * job.src_stride + col;
+  const uintptr_t misalignment = (uintptr_t)src & 15;
+  bool vectorizable = (misalignment & 3) == 0;
+  for (int k = 0; k < plan.num_dst; ++k)
+    vectorizable &= ((uintptr_t)(job.dst[k] + row * job.dst_stride[k] + col) & 15) == misalignment;
+  int64_t head = vectorizable ? std::min<int64_t>(n, ((16 - misalignment) & 15) / 4) : n;
+  const int64_t vectors = vectorizable ? (n - head) / 4 : 0;
+  const int64_t tail_begin = head + vectors * 4;
+
+  // Scalar head (or the whole span when not vectorizable) and tail.
+  for (int64_t i0 = threadIdx.x; i0 < head; i0 += kThreads * kUnroll) {
+    int32_t v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (i0 + u * kThreads < head) v[u] = __ldg(src + i0 + u * kThreads);
+    for (int k = 0; k < plan.num_dst; ++k) {
+      int32_t* dst = job.dst[k] + row * job.dst_stride[k] + col;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (i0 + u * kThreads < head) dst[i0 + u * kThreads] = v[u];
+    }
+  }
+  if (!vectorizable) return;
+  const int4* src4 = reinterpret_cast<const int4*>(src + head);
+  for (int64_t i0 = threadIdx.x; i0 < vectors; i0 += kThreads * kUnroll) {
+    int4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (i0 + u * kThreads < vectors) v[u] = __ldg(src4 + i0 + u * kThreads);
+    for (int k = 0; k < plan.num_dst; ++k) {
+      int4* dst4 = reinterpret_cast<int4*>(job.dst[k] + row * job.dst_stride[k] + col + head);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (i0 + u * kThreads < vectors) dst4[i0 + u * kThreads] = v[u];
+    }
+  }
+  const int64_t i = tail_begin + threadIdx.x;
+  if (i < n) {
+    const int32_t v = __ldg(src + i);
+    for (int k = 0; k < plan.num_dst; ++k) job.dst[k][row * job.dst_stride[k] + col + i] = v;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan plan) {
+  wait_for_producers();
+  allow_dependents();
+  for (int64_t tile = blockIdx.x; tile < plan.total_tiles; tile += gridDim.x) {
+    int j = 0;
+    while (j + 1 < plan.num_jobs && plan.job[j + 1].first_tile <= tile) ++j;
+    const CopyJob& job = plan.job[j];
+    const int64_t local = tile - job.first_tile;
+    const int64_t row = local / job.tiles_per_row;
+    const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
+    const int64_t remaining = job.width - col;
+    copy_span(plan, job, row, col, remaining < kTileElements ? remaining : kTileElements);
+  }
+}
+
+void host_copy(const CopyPlan& plan) {
+  for (int j = 0; j < plan.num_jobs; ++j) {
+    const CopyJob& job = plan.job[j];
+    for (int64_t r = 0; r < job.rows; ++r)
+      for (int k = 0; k < plan.num_dst; ++k)
+        std::memcpy(job.dst[k] + r * job.dst_stride[k], job.src + r * job.src_stride,
+                    (size_t)job.width * sizeof(int32_t));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation and job list.
+
+const char* const kOp = "dsa_metadata_copy";
+
+using DestinationMember = int32_t* dsa_metadata_destination::*;
+
+// One field: which source, which destination member, its copy shape and the capacity it needs.
+struct Field {
+  const char* name;
+  const int32_t* src;
+  DestinationMember dst;
+  int64_t offset;  // first element copied (1 for the cu_seqlens arrays)
+  int64_t rows, width;
+  int64_t src_stride;
+};
+
+dsa_status check_capacity(int k, const char* name, int64_t have, int64_t need) {
+  if (need > have)
+    return fail(DSA_STATUS_CAPACITY, "%s: destinations[%d].%s holds %lld elements but %lld are copied",
+                kOp, k, name, (long long)have, (long long)need);
+  return DSA_STATUS_OK;
+}
+
+void add_job(CopyPlan& plan, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
+  if (rows <= 0 || width <= 0) return;
+  CopyJob& job = plan.job[plan.num_jobs++];
+  job.src = src;
+  job.src_stride = src_stride;
+  job.rows = rows;
+  job.width = width;
+  job.first_tile = plan.total_tiles;
+  job.tiles_per_row = (width + kTileElements - 1) / kTileElements;
+  plan.total_tiles += rows * job.tiles_per_row;
+}
+
+dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
+  if (p.mode < DSA_MODE_DECODE || p.mode > DSA_MODE_DRAFT_EXTEND)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: mode is %d; expected 0 (DECODE), 1 (TARGET_VERIFY) or 2 (DRAFT_EXTEND)", kOp, p.mode);
+  if (p.num_destinations < 1 || p.num_destinations > DSA_MAX_DESTINATIONS || p.destinations == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_destinations is %d; expected 1..%d with a non-null destinations array",
+                kOp, p.num_destinations, DSA_MAX_DESTINATIONS);
+  const bool decode = p.mode == DSA_MODE_DECODE;
+  const int64_t sizes[] = {p.bs, p.page_rows, p.page_width, p.expanded, p.real_cols, p.metadata_size};
+  for (int64_t s : sizes)
+    if (s < 0)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: bs, page_rows, page_width, expanded, real_cols and metadata_size must be >= 0", kOp);
+  if (decode && p.page_rows != p.bs)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: DECODE copies bs = %lld page-table rows but page_rows is %lld", kOp,
+                (long long)p.bs, (long long)p.page_rows);
+  const dsa_metadata_sources& s = p.src;
+  const bool real = s.real_page_table != nullptr;
+  const bool flashmla = s.num_splits != nullptr;
+  if (flashmla != (s.flashmla_metadata != nullptr))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: the FlashMLA group needs both src.num_splits and src.flashmla_metadata, or neither", kOp);
+  const int64_t n = decode ? p.bs : p.expanded;
+  const Field fields[] = {
+      {"cache_seqlens", s.cache_seqlens, &dsa_metadata_destination::cache_seqlens, 0, 1, p.bs, 0},
+      {"cu_seqlens_k", s.cu_seqlens_k, &dsa_metadata_destination::cu_seqlens_k, 1, 1, p.bs, 0},
+      {"page_table", s.page_indices, &dsa_metadata_destination::page_table, 0, p.page_rows, p.page_width, p.page_width},
+      {"seqlens_expanded", decode ? nullptr : s.seqlens_expanded, &dsa_metadata_destination::seqlens_expanded, 0, decode ? 0 : 1, p.expanded, 0},
+      {"dsa_cache_seqlens", s.dsa_cache_seqlens, &dsa_metadata_destination::dsa_cache_seqlens, 0, 1, n, 0},
+      {"dsa_cu_seqlens_k", s.dsa_cu_seqlens_k, &dsa_metadata_destination::dsa_cu_seqlens_k, 1, 1, n, 0},
+      {"real_page_table", s.real_page_table, &dsa_metadata_destination::real_page_table, 0, real ? p.page_rows : 0, p.real_cols, p.real_cols},
+      {"num_splits", s.num_splits, &dsa_metadata_destination::num_splits, 0, flashmla ? 1 : 0, n + 1, 0},
+      {"flashmla_metadata", s.flashmla_metadata, &dsa_metadata_destination::flashmla_metadata, 0, flashmla ? 1 : 0, p.metadata_size, 0},
+  };
+  std::memset(&plan, 0, sizeof(plan));
+  plan.num_dst = p.num_destinations;
+  for (const Field& f : fields) {
+    if (f.rows == 0 || f.width == 0) continue;
+    if (f.src == nullptr)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: src.%s is null but %lld x %lld elements are to be copied", kOp,
+                  f.name, (long long)f.rows, (long long)f.width);
+    const int job = plan.num_jobs;
+    add_job(plan, f.src + f.offset, f.src_stride, f.rows, f.width);
+    for (int k = 0; k < p.num_destinations; ++k) {
+      const dsa_metadata_destination& d = p.destinations[k];
+      int32_t* dst = d.*(f.dst);
+      if (dst == nullptr)
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: destinations[%d].%s is null but the field is copied", kOp, k, f.name);
+      int64_t stride = 0;
+      if (f.dst == &dsa_metadata_destination::page_table) {
+        DSA_TRY(check_capacity(k, "page_table rows", d.page_table_rows, f.rows));
+        DSA_TRY(check_capacity(k, "page_table columns", d.page_table_cols, f.width));
+        if (d.page_table_stride < d.page_table_cols)
+          return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: destinations[%d].page_table_stride %lld < page_table_cols %lld", kOp, k,
+                      (long long)d.page_table_stride, (long long)d.page_table_cols);
+        stride = d.page_table_stride;
+      } else if (f.dst == &dsa_metadata_destination::real_page_table) {
+        DSA_TRY(check_capacity(k, "real_page_table rows", d.real_page_table_rows, f.rows));
+        DSA_TRY(check_capacity(k, "real_page_table columns", d.real_page_table_cols, f.width));
+        if (d.real_page_table_stride < d.real_page_table_cols)
+          return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: destinations[%d].real_page_table_stride %lld < real_page_table_cols %lld", kOp, k,
+                      (long long)d.real_page_table_stride, (long long)d.real_page_table_cols);
+        stride = d.real_page_table_stride;
+      } else {
+        const int64_t have = f.dst == &dsa_metadata_destination::cache_seqlens       ? d.cache_seqlens_len
+                             : f.dst == &dsa_metadata_destination::cu_seqlens_k      ? d.cu_seqlens_k_len
+                             : f.dst == &dsa_metadata_destination::seqlens_expanded  ? d.seqlens_expanded_len
+                             : f.dst == &dsa_metadata_destination::dsa_cache_seqlens ? d.dsa_cache_seqlens_len
+                             : f.dst == &dsa_metadata_destination::dsa_cu_seqlens_k  ? d.dsa_cu_seqlens_k_len
+                             : f.dst == &dsa_metadata_destination::num_splits        ? d.num_splits_len
+                                                                                     : d.flashmla_metadata_len;
+        DSA_TRY(check_capacity(k, f.name, have, f.offset + f.width));
+      }
+      plan.job[job].dst[k] = dst + f.offset;
+      plan.job[job].dst_stride[k] = stride;
+    }
+  }
+  return DSA_STATUS_OK;
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, void* stream) {
+  using namespace dsa;
+  DSA_TRY(check_struct(params, kOp));
+  const dsa_metadata_copy_params& p = *params;
+  if (p.bs == 0) return ok();
+  CopyPlan plan;
+  DSA_TRY(build_plan(p, plan));
+  if (plan.total_tiles == 0) return ok();
+  if (p.device == DSA_DEVICE_HOST) {
+    host_copy(plan);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, kOp, &sms));
+  DeviceGuard guard(p.device);
+  const unsigned grid = (unsigned)std::min<int64_t>(plan.total_tiles, (int64_t)sms * kBlocksPerSm);
+  DSA_TRY(launch_status(launch(metadata_copy_kernel, grid, kThreads, (cudaStream_t)stream, p.flags & DSA_FLAG_PDL, plan), kOp));
+  return ok();
+}

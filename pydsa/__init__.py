@@ -1,0 +1,23 @@
+"""pydsa: kernels for serving DeepSeek sparse-attention models.
+
+- online c128 KV compression (DeepSeek-V4): c128_decode, c128_prefill, DevicePlan;
+  plans come from the Cython planner pyplan.plan_prefill;
+- fused DSA metadata copy for CUDA-graph replay: MetadataCopy, metadata_copy.
+
+Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
+"""
+from ._abi import ABI_VERSION, DsaError, lib as _lib
+from ._tensors import error_count, reset_error_count
+from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill
+from .metadata import MetadataCopy, metadata_copy
+
+__version__ = _lib.dsa_version_string().decode()
+
+__all__ = ["ABI_VERSION", "DsaError", "C128Decode", "C128Prefill", "DevicePlan", "MetadataCopy",
+           "c128_decode", "c128_prefill", "error_count", "library_path", "metadata_copy",
+           "reset_error_count", "__version__"]
+
+
+def library_path() -> str:
+    """Where libdsa_kernels was loaded from."""
+    return _lib.path

@@ -1,0 +1,198 @@
+"""ctypes mirror of native/include/dsa_kernels.h and the loader of libdsa_kernels.
+
+The library is loaded once, from the installed package (or from $PYDSA_LIBRARY), and checked
+against these mirrors: ABI version and the size of every params struct.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import os
+import sys
+from importlib import resources
+
+ABI_VERSION = 1
+DEVICE_HOST = -1
+CHUNK = 128
+MAX_DESTINATIONS = 8
+FLAG_PDL = 1
+
+STATUS_OK = 0
+STATUS_NAMES = {
+    1: "invalid argument",
+    2: "ABI mismatch",
+    3: "capacity exceeded",
+    4: "CUDA error",
+    5: "no CUDA device",
+}
+
+MODE_DECODE, MODE_TARGET_VERIFY, MODE_DRAFT_EXTEND = 0, 1, 2
+
+_p_i32 = C.POINTER(C.c_int32)
+_p_i64 = C.POINTER(C.c_int64)
+_p_f32 = C.POINTER(C.c_float)
+_p_u32 = C.POINTER(C.c_uint32)
+
+
+class Segment(C.Structure):
+    _fields_ = [("ragged_id", C.c_uint32), ("batch_id", C.c_uint32),
+                ("position", C.c_uint32), ("window_len", C.c_uint32)]
+
+
+class PlanParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("graph_mode", C.c_uint32),
+        ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
+        ("seq_lens", C.c_void_p), ("extend_lens", C.c_void_p),
+        ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
+        ("num_compress", C.c_void_p), ("num_write", C.c_void_p),
+    ]
+
+
+class DecodeParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
+        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
+        ("indices", C.c_void_p), ("seq_lens", C.c_void_p), ("error_count", C.c_void_p),
+    ]
+
+
+class PrefillParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
+        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
+        ("indices", C.c_void_p), ("load_indices", C.c_void_p),
+        ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
+        ("counts", C.c_void_p), ("error_count", C.c_void_p),
+    ]
+
+
+SOURCE_FIELDS = ("cache_seqlens", "cu_seqlens_k", "page_indices", "seqlens_expanded",
+                 "dsa_cache_seqlens", "dsa_cu_seqlens_k", "real_page_table", "num_splits",
+                 "flashmla_metadata")
+
+
+class MetadataSources(C.Structure):
+    _fields_ = [(name, C.c_void_p) for name in SOURCE_FIELDS]
+
+
+class MetadataDestination(C.Structure):
+    _fields_ = [
+        ("cache_seqlens", C.c_void_p), ("cache_seqlens_len", C.c_int64),
+        ("cu_seqlens_k", C.c_void_p), ("cu_seqlens_k_len", C.c_int64),
+        ("page_table", C.c_void_p), ("page_table_rows", C.c_int64), ("page_table_cols", C.c_int64),
+        ("page_table_stride", C.c_int64),
+        ("seqlens_expanded", C.c_void_p), ("seqlens_expanded_len", C.c_int64),
+        ("dsa_cache_seqlens", C.c_void_p), ("dsa_cache_seqlens_len", C.c_int64),
+        ("dsa_cu_seqlens_k", C.c_void_p), ("dsa_cu_seqlens_k_len", C.c_int64),
+        ("real_page_table", C.c_void_p), ("real_page_table_rows", C.c_int64),
+        ("real_page_table_cols", C.c_int64), ("real_page_table_stride", C.c_int64),
+        ("num_splits", C.c_void_p), ("num_splits_len", C.c_int64),
+        ("flashmla_metadata", C.c_void_p), ("flashmla_metadata_len", C.c_int64),
+    ]
+
+
+class MetadataCopyParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("mode", C.c_int32),
+        ("bs", C.c_int64), ("page_rows", C.c_int64), ("page_width", C.c_int64),
+        ("expanded", C.c_int64), ("real_cols", C.c_int64), ("metadata_size", C.c_int64),
+        ("src", MetadataSources),
+        ("num_destinations", C.c_int32), ("reserved", C.c_int32),
+        ("destinations", C.c_void_p),
+    ]
+
+
+# dsa_struct_id -> mirror
+STRUCTS = {0: Segment, 1: PlanParams, 2: DecodeParams, 3: PrefillParams, 4: MetadataSources,
+           5: MetadataDestination, 6: MetadataCopyParams}
+
+_BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
+               "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
+
+
+def _library_path() -> str:
+    override = os.environ.get("PYDSA_LIBRARY")
+    if override:
+        return override
+    packaged = resources.files(__package__).joinpath("libdsa_kernels.so")
+    if packaged.is_file():
+        return str(packaged)
+    # Editable installs keep compiled files in site-packages beside the source package.
+    for folder in getattr(sys.modules.get(__package__), "__path__", ()):
+        candidate = os.path.join(folder, "libdsa_kernels.so")
+        if os.path.isfile(candidate):
+            return candidate
+    return str(packaged)
+
+
+def _load() -> C.CDLL:
+    path = _library_path()
+    if not os.path.exists(path):
+        raise ImportError(f"pydsa: the shared library libdsa_kernels.so was not found at {path}; {_BUILD_HINT}")
+    try:
+        lib = C.CDLL(path)
+    except OSError as exc:
+        raise ImportError(f"pydsa: cannot load {path}: {exc}; {_BUILD_HINT}") from exc
+    try:
+        lib.dsa_abi_version.restype = C.c_int32
+        lib.dsa_struct_size.restype = C.c_size_t
+        lib.dsa_struct_size.argtypes = [C.c_int]
+    except AttributeError as exc:
+        raise ImportError(f"pydsa: {path} is not a libdsa_kernels build ({exc}); {_BUILD_HINT}") from exc
+    found = lib.dsa_abi_version()
+    if found != ABI_VERSION:
+        raise ImportError(f"pydsa: {path} has ABI version {found} but this pydsa expects {ABI_VERSION} "
+                          f"(a stale build); {_BUILD_HINT}")
+    for sid, mirror in STRUCTS.items():
+        size = lib.dsa_struct_size(sid)
+        if size != C.sizeof(mirror):
+            raise ImportError(f"pydsa: {path} lays out {mirror.__name__} in {size} bytes but pydsa's mirror "
+                              f"has {C.sizeof(mirror)} (a stale build); {_BUILD_HINT}")
+    for name, restype in (("dsa_version_string", C.c_char_p), ("dsa_status_string", C.c_char_p),
+                          ("dsa_last_error", C.c_char_p), ("dsa_cuda_architectures", C.c_char_p),
+                          ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64)):
+        getattr(lib, name).restype = restype
+    lib.dsa_status_string.argtypes = [C.c_int]
+    lib.dsa_c128_compress_capacity.argtypes = [C.c_int64, C.c_int64]
+    for name, params in (("dsa_c128_plan_prefill", PlanParams),):
+        fn = getattr(lib, name)
+        fn.restype = C.c_int
+        fn.argtypes = [C.POINTER(params)]
+    for name, params in (("dsa_c128_decode", DecodeParams), ("dsa_c128_prefill", PrefillParams),
+                         ("dsa_metadata_copy", MetadataCopyParams)):
+        fn = getattr(lib, name)
+        fn.restype = C.c_int
+        fn.argtypes = [C.POINTER(params), C.c_void_p]
+    lib.path = path
+    return lib
+
+
+lib = _load()
+
+
+class DsaError(RuntimeError):
+    """A libdsa_kernels call returned a non-OK status; the message is dsa_last_error()."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(f"{message} [{STATUS_NAMES.get(status, 'unknown status')}]")
+
+
+def check(status: int) -> None:
+    """Raises DsaError carrying dsa_last_error() for a non-OK status."""
+    if status != STATUS_OK:
+        raise DsaError(status, lib.dsa_last_error().decode())
+
+
+def new(struct_type):
+    """A zeroed params struct with struct_size set."""
+    s = struct_type()
+    s.struct_size = C.sizeof(struct_type)
+    return s

@@ -1,0 +1,188 @@
+"""Fused DSA metadata copy (SPEC 2): refresh the static metadata buffers of one or several
+attention backends before a CUDA-graph replay, in one launch.
+
+    copy = MetadataCopy([backend0_buffers, backend1_buffers], mode="decode")   # once
+    copy(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k)  # each step
+
+Destination buffers are dicts with keys cache_seqlens, cu_seqlens_k, page_table_1,
+dsa_cache_seqlens, dsa_cu_seqlens_k and, as needed, seqlens_expanded, real_page_table,
+flashmla_num_splits, flashmla_metadata. Sizes come from the source tensors' shapes.
+"""
+from __future__ import annotations
+
+import ctypes as C
+
+import torch
+
+from ._abi import (FLAG_PDL, MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY,
+                   MetadataCopyParams, MetadataDestination, check as _check_status, lib, new)
+from ._tensors import _int32, current_stream, device_index
+
+__all__ = ["MetadataCopy", "metadata_copy", "MODES"]
+
+MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_extend": MODE_DRAFT_EXTEND}
+_copy_fn = lib.dsa_metadata_copy
+
+# (key in a destination dict, C field, kind): kind 1 = 1-D, 2 = 2-D with a row stride.
+_DEST_FIELDS = (
+    ("cache_seqlens", "cache_seqlens", 1),
+    ("cu_seqlens_k", "cu_seqlens_k", 1),
+    ("page_table_1", "page_table", 2),
+    ("seqlens_expanded", "seqlens_expanded", 1),
+    ("dsa_cache_seqlens", "dsa_cache_seqlens", 1),
+    ("dsa_cu_seqlens_k", "dsa_cu_seqlens_k", 1),
+    ("real_page_table", "real_page_table", 2),
+    ("flashmla_num_splits", "num_splits", 1),
+    ("flashmla_metadata", "flashmla_metadata", 1),
+)
+_REQUIRED = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
+
+
+def _mode_id(mode) -> int:
+    if isinstance(mode, str) and mode.lower() in MODES:
+        return MODES[mode.lower()]
+    if mode in MODES.values():
+        return int(mode)
+    raise ValueError(f"mode must be one of {sorted(MODES)} (got {mode!r})")
+
+
+def _bad(name: str, why: str):
+    return ValueError(f"{name}: {why}")
+
+
+class MetadataCopy:
+    """One bound set of K destination backends (1 <= K <= 8), validated once.
+
+    Each call takes the step's source tensors, checks them (dtype, device, contiguity, shape,
+    capacity) and launches one kernel on the current stream (or `stream`)."""
+
+    def __init__(self, destinations, *, mode="decode", pdl=False):
+        if isinstance(destinations, dict):
+            destinations = [destinations]
+        destinations = list(destinations)
+        if not 1 <= len(destinations) <= MAX_DESTINATIONS:
+            raise ValueError(f"destinations: expected 1..{MAX_DESTINATIONS} backends (got {len(destinations)})")
+        self.mode = _mode_id(mode)
+        self.decode = self.mode == MODE_DECODE
+        first = destinations[0].get("cache_seqlens")
+        if not isinstance(first, torch.Tensor):
+            raise TypeError("destinations[0]['cache_seqlens'] must be a torch.Tensor")
+        self.device = first.device
+        self._dev = device_index(first)
+        present = {key for key, _, _ in _DEST_FIELDS if destinations[0].get(key) is not None}
+        self.has_real_page_table = "real_page_table" in present
+        self.has_flashmla = "flashmla_num_splits" in present or "flashmla_metadata" in present
+        self._dests = (MetadataDestination * len(destinations))()
+        for k, dest in enumerate(destinations):
+            for key in _REQUIRED + (() if self.decode else ("seqlens_expanded",)):
+                if dest.get(key) is None:
+                    raise _bad(f"destinations[{k}]['{key}']", f"required in mode {mode!r} but missing")
+            if self.has_flashmla and (dest.get("flashmla_num_splits") is None or dest.get("flashmla_metadata") is None):
+                raise _bad(f"destinations[{k}]", "the FlashMLA group needs both flashmla_num_splits and flashmla_metadata")
+            for key, field, kind in _DEST_FIELDS:
+                t = dest.get(key)
+                wanted = key in present
+                if (t is not None) != wanted:
+                    raise _bad(f"destinations[{k}]['{key}']", "present in some destinations and not in others; "
+                               "every backend must carry the same optional groups")
+                if t is None:
+                    continue
+                self._check_dest(t, f"destinations[{k}]['{key}']", kind)
+                d = self._dests[k]
+                setattr(d, field, t.data_ptr())
+                if kind == 1:
+                    setattr(d, field + "_len", t.numel())
+                else:
+                    setattr(d, field + "_rows", t.shape[0])
+                    setattr(d, field + "_cols", t.shape[1])
+                    setattr(d, field + "_stride", t.stride(0))
+        self._keep = destinations
+        p = new(MetadataCopyParams)
+        p.flags = FLAG_PDL if pdl else 0
+        p.device = self._dev
+        p.mode = self.mode
+        p.num_destinations = len(destinations)
+        p.destinations = C.addressof(self._dests)
+        self._params = p
+        self._src = p.src
+        self._ref = C.byref(p)
+
+    def _check_dest(self, t, name, kind):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+        if t.dtype != _int32:
+            raise TypeError(f"{name} must have dtype torch.int32 (got {t.dtype})")
+        if t.device != self.device:
+            raise ValueError(f"{name} is on {t.device} but destinations[0]['cache_seqlens'] is on {self.device}")
+        if kind == 1 and (t.dim() != 1 or not t.is_contiguous()):
+            raise ValueError(f"{name} must be a contiguous 1-D tensor (got shape {list(t.shape)}, strides {t.stride()})")
+        if kind == 2 and (t.dim() != 2 or t.stride(1) != 1):
+            raise ValueError(f"{name} must be 2-D with unit column stride (got shape {list(t.shape)}, strides {t.stride()})")
+
+    def _source(self, t, name, ndim):
+        if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+        if t.dtype is not _int32:
+            raise TypeError(f"{name} must have dtype torch.int32 (got {t.dtype})")
+        if t.get_device() != self._dev:
+            raise ValueError(f"{name} is on {t.device} but the destination buffers are on {self.device}")
+        if t.dim() != ndim or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {ndim}-D tensor (got shape {list(t.shape)}, strides {t.stride()})")
+        return t.shape
+
+    def __call__(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                 seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None,
+                 *, stream=None) -> None:
+        """Copies one step's metadata into every bound destination (SPEC 2)."""
+        src, p, source = self._src, self._params, self._source
+        (bs,) = source(cache_seqlens, "cache_seqlens", 1)
+        if source(cu_seqlens_k, "cu_seqlens_k", 1)[0] != bs + 1:
+            raise _bad("cu_seqlens_k", f"expected {bs + 1} elements (bs + 1), got {cu_seqlens_k.shape[0]}")
+        rows, width = source(page_indices, "page_indices", 2)
+        if self.decode:
+            if seqlens_expanded is not None:
+                raise _bad("seqlens_expanded", "is not used in DECODE mode")
+            if rows != bs:
+                raise _bad("page_indices", f"DECODE copies bs = {bs} rows but page_indices has {rows}")
+            n = bs
+            src.seqlens_expanded = None
+            p.expanded = 0
+        else:
+            if seqlens_expanded is None:
+                raise _bad("seqlens_expanded", "is required in TARGET_VERIFY and DRAFT_EXTEND modes")
+            (n,) = source(seqlens_expanded, "seqlens_expanded", 1)
+            src.seqlens_expanded = seqlens_expanded.data_ptr()
+            p.expanded = n
+        if source(dsa_cache_seqlens, "dsa_cache_seqlens", 1)[0] != n:
+            raise _bad("dsa_cache_seqlens", f"expected {n} elements, got {dsa_cache_seqlens.shape[0]}")
+        if source(dsa_cu_seqlens_k, "dsa_cu_seqlens_k", 1)[0] != n + 1:
+            raise _bad("dsa_cu_seqlens_k", f"expected {n + 1} elements, got {dsa_cu_seqlens_k.shape[0]}")
+        if (real_page_table is not None) != self.has_real_page_table:
+            raise _bad("real_page_table", "must be given exactly when the destinations carry real_page_table")
+        if real_page_table is not None:
+            r_rows, p.real_cols = source(real_page_table, "real_page_table", 2)
+            if r_rows != rows:
+                raise _bad("real_page_table", f"has {r_rows} rows but page_indices has {rows}")
+            src.real_page_table = real_page_table.data_ptr()
+        if (num_splits is not None or flashmla_metadata is not None) != self.has_flashmla or \
+                (num_splits is None) != (flashmla_metadata is None):
+            raise _bad("num_splits/flashmla_metadata", "the FlashMLA group is all-or-nothing and must match the destinations")
+        if num_splits is not None:
+            if source(num_splits, "num_splits", 1)[0] != n + 1:
+                raise _bad("num_splits", f"expected {n + 1} elements, got {num_splits.shape[0]}")
+            (p.metadata_size,) = source(flashmla_metadata, "flashmla_metadata", 1)
+            src.num_splits = num_splits.data_ptr()
+            src.flashmla_metadata = flashmla_metadata.data_ptr()
+        p.bs, p.page_rows, p.page_width = bs, rows, width
+        src.cache_seqlens = cache_seqlens.data_ptr()
+        src.cu_seqlens_k = cu_seqlens_k.data_ptr()
+        src.page_indices = page_indices.data_ptr()
+        src.dsa_cache_seqlens = dsa_cache_seqlens.data_ptr()
+        src.dsa_cu_seqlens_k = dsa_cu_seqlens_k.data_ptr()
+        _check_status(_copy_fn(self._ref, current_stream(self._dev) if stream is None else stream))
+
+
+def metadata_copy(sources: dict, destinations, *, mode="decode", stream=None, pdl=False) -> None:
+    """One-shot form: sources is a dict with the __call__ argument names; destinations one dict
+    or a list of up to 8."""
+    MetadataCopy(destinations, mode=mode, pdl=pdl)(stream=stream, **sources)

@@ -1,0 +1,8 @@
+"""Host prefill planner for online c128 compression (SPEC 1.4), written in Cython.
+
+``compress, write = plan_prefill(seq_lens, extend_lens)`` cuts every request's new tokens into
+segments that stay inside one 128-token chunk and returns two arrays of ``SEGMENT_DTYPE``.
+"""
+from ._plan import SEGMENT_DTYPE, SENTINEL, CHUNK, compress_capacity, plan_prefill
+
+__all__ = ["SEGMENT_DTYPE", "SENTINEL", "CHUNK", "compress_capacity", "plan_prefill"]

@@ -1,0 +1,214 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Cython planner: typed loops over the callers' buffers, no GIL held while planning."""
+from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
+from libc.stdint cimport int64_t, uint32_t
+
+import numpy as np
+
+SEGMENT_DTYPE = np.dtype(
+    [("ragged_id", "<u4"), ("batch_id", "<u4"), ("position", "<u4"), ("window_len", "<u4")]
+)
+SENTINEL = 0xFFFFFFFF
+CHUNK = 128
+
+cdef int64_t _CHUNK = 128
+cdef int64_t _MAX_COORDINATE = 0xFFFFFFFE
+cdef object _empty = np.empty
+cdef object _int64 = np.dtype(np.int64)
+
+ctypedef struct Segment:
+    uint32_t ragged_id
+    uint32_t batch_id
+    uint32_t position
+    uint32_t window_len
+
+
+def compress_capacity(int64_t num_tokens, int64_t batch_size):
+    """Compress records a plan can need: sum(extend) // 128 + B (write records need at most B)."""
+    if num_tokens < 0 or batch_size < 0:
+        raise ValueError("num_tokens and batch_size must be >= 0")
+    return num_tokens // _CHUNK + batch_size
+
+
+cdef object _as_int64(object x, str name):
+    """A C-contiguous int64 numpy array with the values of x (numpy, torch CPU tensor, sequence)."""
+    if type(x) is np.ndarray and x.dtype is _int64 and x.flags.c_contiguous:
+        return x
+    if hasattr(x, "numpy") and hasattr(x, "device"):
+        if x.device.type != "cpu":
+            raise ValueError(f"{name} must be on the host (got a tensor on {x.device})")
+        x = x.numpy()
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (got shape {a.shape})")
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integers (got dtype {a.dtype})")
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+cdef object _as_records(object buf, str name):
+    """A numpy view of a caller-owned record buffer (numpy array or torch CPU / pinned tensor)."""
+    if hasattr(buf, "numpy") and hasattr(buf, "device"):
+        if buf.device.type != "cpu":
+            raise ValueError(f"{name} must be in host memory (got a tensor on {buf.device})")
+        buf = buf.numpy()
+    if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous or not buf.flags.writeable:
+        raise ValueError(f"{name} must be a writable C-contiguous numpy array or CPU tensor")
+    if buf.nbytes % 16 != 0:
+        raise ValueError(f"{name} must hold whole 16-byte records (got {buf.nbytes} bytes)")
+    return buf.reshape(-1).view(np.uint8).view(SEGMENT_DTYPE)
+
+
+cdef int _fail(str msg) except -1:
+    raise ValueError(msg)
+
+
+def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None,
+                 out=None, return_counts=False):
+    """Plan one prefill batch.
+
+    seq_lens, extend_lens: int64[B] (numpy, torch CPU tensor or sequence); request b's new tokens
+    are positions seq_lens[b] - extend_lens[b] .. seq_lens[b].
+    num_tokens: rows of the ragged input. Plain mode: must equal sum(extend_lens) (default).
+    graph: CUDA-graph mode. Both lists are padded with sentinel records to their capacity;
+        num_tokens (required) may exceed the real sum of extends (padding rows).
+    capacity: (compress, write) record capacities for graph mode; default
+        (num_tokens // 128 + B, B).
+    out: (compress, write) caller-owned record buffers (numpy SEGMENT_DTYPE arrays, or any
+        writable C-contiguous host array / torch CPU or pinned tensor of whole 16-byte records);
+        no allocation happens then. Their sizes are the capacities.
+    return_counts: also return the real record counts.
+
+    Returns (compress, write) or (compress, write, num_compress, num_write). Plain mode returns
+    exactly the real records; graph mode returns the whole padded buffers.
+    """
+    cdef object seq_obj = _as_int64(seq_lens, "seq_lens")
+    cdef object ext_obj = _as_int64(extend_lens, "extend_lens")
+    cdef const int64_t[::1] seq = seq_obj
+    cdef const int64_t[::1] ext = ext_obj
+    cdef Py_ssize_t B = seq.shape[0]
+    if ext.shape[0] != B:
+        raise ValueError(f"extend_lens has {ext.shape[0]} entries but seq_lens has {B}")
+    cdef bint graph_mode = bool(graph)
+
+    # Validate everything and count records before anything is written.
+    cdef int64_t total = 0, n_compress = 0, n_write = 0, s, e
+    cdef Py_ssize_t b, bad = -1
+    cdef int why = 0
+    with nogil:
+        for b in range(B):
+            s = seq[b]
+            e = ext[b]
+            if s < 0 or s > _MAX_COORDINATE:
+                why = 1
+                bad = b
+                break
+            if e <= 0 or e > s:
+                why = 2
+                bad = b
+                break
+            total += e
+            if total > _MAX_COORDINATE:
+                why = 3
+                bad = b
+                break
+            n_compress += s // _CHUNK - (s - e) // _CHUNK
+            n_write += (s % _CHUNK) != 0
+    if why == 1:
+        _fail(f"seq_lens[{bad}] is {seq[bad]}; expected 0..{_MAX_COORDINATE}")
+    elif why == 2:
+        _fail(f"extend_lens[{bad}] is {ext[bad]}; expected 1..seq_lens[{bad}] = {seq[bad]}")
+    elif why == 3:
+        _fail(f"sum of extend_lens exceeds {_MAX_COORDINATE} at request {bad}")
+
+    cdef int64_t tokens
+    if num_tokens is None:
+        if graph_mode:
+            raise ValueError("num_tokens is required in graph mode (the padded bucket's token count)")
+        tokens = total
+    else:
+        tokens = num_tokens
+        if tokens < 0 or tokens > _MAX_COORDINATE:
+            raise ValueError(f"num_tokens is {tokens}; expected 0..{_MAX_COORDINATE}")
+        if graph_mode and tokens < total:
+            raise ValueError(f"num_tokens is {tokens} but the extends sum to {total} (graph mode needs >=)")
+        if not graph_mode and tokens != total:
+            raise ValueError(f"num_tokens is {tokens} but the extends sum to {total} (they must be equal)")
+
+    cdef int64_t cap_c, cap_w
+    if out is not None:
+        if capacity is not None:
+            raise ValueError("pass either out or capacity; out's sizes are the capacities")
+        compress_arr = _as_records(out[0], "out[0]")
+        write_arr = _as_records(out[1], "out[1]")
+        cap_c = compress_arr.shape[0]
+        cap_w = write_arr.shape[0]
+    else:
+        if capacity is not None:
+            cap_c, cap_w = capacity
+        elif graph_mode:
+            cap_c = tokens // _CHUNK + B
+            cap_w = B
+        else:
+            cap_c = n_compress
+            cap_w = n_write
+        if cap_c < 0 or cap_w < 0:
+            raise ValueError(f"capacity must be >= 0 (got {(cap_c, cap_w)})")
+    if n_compress > cap_c:
+        raise ValueError(f"the plan needs {n_compress} compress records but the capacity is {cap_c}")
+    if n_write > cap_w:
+        raise ValueError(f"the plan needs {n_write} write records but the capacity is {cap_w}")
+    if out is None:
+        compress_arr = _empty(cap_c, SEGMENT_DTYPE)
+        write_arr = _empty(cap_w, SEGMENT_DTYPE)
+
+    cdef Py_buffer cbuf, wbuf
+    PyObject_GetBuffer(compress_arr, &cbuf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    try:
+        PyObject_GetBuffer(write_arr, &wbuf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
+    except BaseException:
+        PyBuffer_Release(&cbuf)
+        raise
+    cdef Segment* cseg = <Segment*>cbuf.buf
+    cdef Segment* wseg = <Segment*>wbuf.buf
+    cdef int64_t c = 0, w = 0, ragged = 0, prefix, start, end, chunk_end, i
+    cdef Segment seg
+    with nogil:
+        for b in range(B):
+            s = seq[b]
+            e = ext[b]
+            prefix = s - e
+            start = prefix
+            while start < s:
+                chunk_end = (start // _CHUNK + 1) * _CHUNK
+                end = chunk_end if chunk_end < s else s
+                seg.ragged_id = <uint32_t>(ragged + end - 1 - prefix)
+                seg.batch_id = <uint32_t>b
+                seg.position = <uint32_t>(end - 1)
+                seg.window_len = <uint32_t>(end - start)
+                if end == chunk_end:
+                    cseg[c] = seg
+                    c += 1
+                else:
+                    wseg[w] = seg
+                    w += 1
+                start = end
+            ragged += e
+        if graph_mode:
+            seg.ragged_id = 0xFFFFFFFF
+            seg.batch_id = 0xFFFFFFFF
+            seg.position = 0xFFFFFFFF
+            seg.window_len = 0xFFFFFFFF
+            for i in range(c, cap_c):
+                cseg[i] = seg
+            for i in range(w, cap_w):
+                wseg[i] = seg
+    PyBuffer_Release(&cbuf)
+    PyBuffer_Release(&wbuf)
+
+    if not graph_mode and (cap_c != c or cap_w != w):
+        compress_arr = compress_arr[:c]
+        write_arr = write_arr[:w]
+    if return_counts:
+        return compress_arr, write_arr, c, w
+    return compress_arr, write_arr
