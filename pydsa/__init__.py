@@ -8,13 +8,13 @@ Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
 """
 from ._abi import ABI_VERSION, DsaError, lib as _lib
 from ._tensors import error_count, reset_error_count
-from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill
+from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill, plan_prefill_c
 from .metadata import MetadataCopy, metadata_copy
 
 __version__ = _lib.dsa_version_string().decode()
 
 __all__ = ["ABI_VERSION", "DsaError", "C128Decode", "C128Prefill", "DevicePlan", "MetadataCopy",
-           "c128_decode", "c128_prefill", "error_count", "library_path", "metadata_copy",
+           "c128_decode", "c128_prefill", "error_count", "library_path", "metadata_copy", "plan_prefill_c",
            "reset_error_count", "__version__"]
 
 

@@ -16,7 +16,7 @@ from . import _abi
 from ._abi import CHUNK, FLAG_PDL, DecodeParams, PrefillParams, check as _check_status, lib, new
 from ._tensors import _float32, _int32, check, current_stream, device_index, error_counter
 
-__all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan"]
+__all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
 
 _decode_fn = lib.dsa_c128_decode
 _prefill_fn = lib.dsa_c128_prefill
@@ -219,3 +219,32 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     DevicePlan."""
     C128Prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, pdl=pdl,
                 error_count=error_count).launch(stream)
+
+
+def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None):
+    """The C planner (dsa_c128_plan_prefill) through ctypes, with pyplan.plan_prefill's plain
+    contract: returns (compress, write, num_compress, num_write). For C-ABI parity tests and
+    benchmarks; Python callers normally use pyplan."""
+    seq = np.ascontiguousarray(seq_lens, dtype=np.int64)
+    ext = np.ascontiguousarray(extend_lens, dtype=np.int64)
+    if seq.shape != ext.shape or seq.ndim != 1:
+        raise ValueError(f"seq_lens and extend_lens must be 1-D of one length (got {seq.shape}, {ext.shape})")
+    b = seq.shape[0]
+    total = int(ext.sum()) if num_tokens is None else int(num_tokens)
+    if capacity is None:
+        capacity = (pyplan.compress_capacity(max(total, 0), b), b)
+    compress = np.empty(capacity[0], pyplan.SEGMENT_DTYPE)
+    write = np.empty(capacity[1], pyplan.SEGMENT_DTYPE)
+    counts = np.zeros(2, np.int64)
+    p = new(_abi.PlanParams)
+    p.graph_mode = 1 if graph else 0
+    p.batch_size, p.num_tokens = b, total
+    p.seq_lens, p.extend_lens = seq.ctypes.data, ext.ctypes.data
+    p.compress, p.write = compress.ctypes.data, write.ctypes.data
+    p.compress_capacity, p.write_capacity = capacity
+    p.num_compress, p.num_write = counts.ctypes.data, counts.ctypes.data + 8
+    _check_status(lib.dsa_c128_plan_prefill(C.byref(p)))
+    nc, nw = int(counts[0]), int(counts[1])
+    if not graph:
+        compress, write = compress[:nc], write[:nw]
+    return compress, write, nc, nw

@@ -1,0 +1,420 @@
+"""Online c128 compression (SPEC 1): the same properties on the host backend and on the GPU."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import pydsa
+import pyplan
+from conftest import HAS_GPU, gpu
+from reference import CHUNK, TokenStream, online_step_fp32, rel_err
+
+POISON = float("nan")
+
+
+def random_state(num_slots, d, gen):
+    m = torch.randn(num_slots, 1, d, generator=gen) * 2
+    s = torch.rand(num_slots, 1, d, generator=gen) * 20 + 1
+    k = torch.randn(num_slots, 1, d, generator=gen)
+    return torch.cat([m, s, k], dim=2)
+
+
+def ape_for(d, seed=7):
+    return torch.randn(CHUNK, d, generator=torch.Generator().manual_seed(seed))
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode step semantics
+
+
+@pytest.mark.parametrize("d", [128, 256, 512, 192])
+def test_decode_step_matches_spec_update_at_chunk_edges(device, d):
+    """Positions 0, 1, 63, 126, 127, 128, 129: fresh start at 0, SPEC update elsewhere, chunk
+    close at 127 writes out and leaves the slot alone; untouched out rows keep their poison."""
+    gen = torch.Generator().manual_seed(d)
+    positions = [0, 1, 63, 126, 127, 128, 129, 255]
+    b = len(positions)
+    slots = torch.randperm(b + 3, generator=gen)[:b].to(torch.int32)
+    state0 = random_state(b + 3, d, gen)
+    kv_score = torch.randn(b, 2 * d, generator=gen)
+    ape = ape_for(d)
+    seq_lens = torch.tensor([p + 1 for p in positions], dtype=torch.int32)
+    state = state0.clone().to(device)
+    out = torch.full((b, d), POISON, device=device)
+    pydsa.c128_decode(state, kv_score.to(device), out, ape.to(device), slots.to(device), seq_lens.to(device))
+    state, out = state.cpu(), out.cpu()
+    for i, p in enumerate(positions):
+        c = p % CHUNK
+        row = state0[slots[i], 0].numpy()
+        t = (kv_score[i, d:] + ape[c]).numpy()
+        v = kv_score[i, :d].numpy()
+        if c == 0:
+            m, s, k = t, np.ones(d, np.float32), v
+        else:
+            m, s, k = online_step_fp32(row[:d], row[d:2 * d], row[2 * d:], t, v)
+        if c == CHUNK - 1:
+            assert rel_err(out[i].numpy(), k) < 1e-6
+            assert torch.equal(state[slots[i]], state0[slots[i]]), "a chunk close must not write the slot"
+        else:
+            assert torch.isnan(out[i]).all(), "out rows of requests that do not close a chunk stay untouched"
+            got = state[slots[i], 0].numpy()
+            assert rel_err(got[:d], m) < 1e-6 and rel_err(got[d:2 * d], s) < 1e-6 and rel_err(got[2 * d:], k) < 1e-6
+    untouched = torch.ones(b + 3, dtype=torch.bool)
+    untouched[slots.long()] = False
+    assert torch.equal(state[untouched], state0[untouched])
+
+
+def test_decode_padding_rows_and_empty_batch(device):
+    """seq_len <= 0 is padding: even a garbage slot index is neither read nor counted; B = 0 is a
+    no-op."""
+    d = 128
+    gen = torch.Generator().manual_seed(3)
+    state0 = random_state(4, d, gen).to(device)
+    state = state0.clone()
+    out = torch.full((3, d), POISON, device=device)
+    pydsa.reset_error_count(device)
+    pydsa.c128_decode(state, torch.randn(3, 2 * d, device=device), out, ape_for(d).to(device),
+                      torch.tensor([1 << 30, -7, 2], dtype=torch.int32, device=device),
+                      torch.tensor([0, -5, 128], dtype=torch.int32, device=device))
+    assert pydsa.error_count(device) == 0
+    assert torch.equal(state[:2], state0[:2]) and torch.equal(state[3], state0[3])
+    assert torch.isnan(out[:2]).all() and not torch.isnan(out[2]).any()
+    empty = torch.zeros(0, dtype=torch.int32, device=device)
+    pydsa.c128_decode(state, torch.zeros(0, 2 * d, device=device), torch.zeros(0, d, device=device),
+                      ape_for(d).to(device), empty, empty)
+
+
+def test_decode_out_of_range_slot_is_skipped_and_counted(device):
+    d = 128
+    state0 = random_state(4, d, torch.Generator().manual_seed(5)).to(device)
+    state = state0.clone()
+    out = torch.full((3, d), POISON, device=device)
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    pydsa.c128_decode(state, torch.randn(3, 2 * d, device=device), out, ape_for(d).to(device),
+                      torch.tensor([4, -1, 1 << 31 - 1], dtype=torch.int32, device=device),
+                      torch.tensor([5, 128, 1], dtype=torch.int32, device=device), error_count=counter)
+    assert int(counter.item()) == 3
+    assert torch.equal(state, state0) and torch.isnan(out).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# End-to-end: any schedule of prefill extends and decode steps emits the offline chunk vectors.
+
+
+class Server:
+    """Drives requests through prefill and decode steps on one device and checks every chunk
+    vector the library emits against the float64 offline formula."""
+
+    def __init__(self, device, d, lengths, num_slots, seed):
+        self.device = device
+        self.d = d
+        self.stream = TokenStream(d, seed)
+        self.ape = ape_for(d, seed).numpy()
+        self.ape_t = torch.from_numpy(self.ape).to(device)
+        self.state = torch.full((num_slots, 1, 3 * d), POISON, device=device)
+        self.lengths = lengths  # target total length per request
+        self.done = [0] * len(lengths)  # tokens absorbed so far
+        rng = np.random.default_rng(seed)
+        self.free = list(rng.permutation(num_slots))
+        self.slot = [int(self.free.pop()) for _ in lengths]
+        self.emitted = 0
+        self.max_err = 0.0
+
+    def _check(self, b, pos, vector):
+        ref = self.stream.chunk_vector(b, pos // CHUNK, self.ape)
+        err = rel_err(vector, ref)
+        self.max_err = max(self.max_err, err)
+        assert err < 1e-5, f"request {b} chunk {pos // CHUNK}: relative error {err:.2e}"
+        self.emitted += 1
+
+    def prefill(self, extends: dict, cow: set):
+        reqs = sorted(extends)
+        seq = np.array([self.done[b] + extends[b] for b in reqs], np.int64)
+        ext = np.array([extends[b] for b in reqs], np.int64)
+        rows = np.concatenate([self.stream.rows(b, self.done[b], self.done[b] + extends[b]) for b in reqs])
+        load = [self.slot[b] for b in reqs]
+        store = []
+        for b in reqs:
+            if b in cow:  # copy-on-write: continue from the old slot, store into a fresh one
+                new = int(self.free.pop())
+                self.free.insert(0, self.slot[b])
+                self.slot[b] = new
+            store.append(self.slot[b])
+        compress, write = pyplan.plan_prefill(seq, ext)
+        out = torch.full((len(rows), self.d), POISON, device=self.device)
+        i32 = dict(dtype=torch.int32, device=self.device)
+        pydsa.c128_prefill(self.state, torch.from_numpy(rows).to(self.device), out, self.ape_t,
+                           torch.tensor(store, **i32), (compress, write),
+                           load_indices=torch.tensor(load, **i32))
+        out = out.cpu()
+        closing = set()
+        for rid, j, pos, _ in compress.tolist():
+            closing.add(rid)
+            self._check(reqs[j], pos, out[rid].numpy())
+        others = [r for r in range(len(rows)) if r not in closing]
+        assert torch.isnan(out[others]).all(), "rows that close no chunk must stay untouched"
+        for b, e in extends.items():
+            self.done[b] += e
+
+    def decode(self, reqs: list, padding: int):
+        b_all = reqs + [-1] * padding
+        kv = np.stack([self.stream.rows(b, self.done[b], self.done[b] + 1)[0] if b >= 0
+                       else np.full(2 * self.d, 1e30, np.float32) for b in b_all])
+        i32 = dict(dtype=torch.int32, device=self.device)
+        seq_lens = torch.tensor([self.done[b] + 1 if b >= 0 else 0 for b in b_all], **i32)
+        slots = torch.tensor([self.slot[b] if b >= 0 else 10**9 for b in b_all], **i32)
+        out = torch.full((len(b_all), self.d), POISON, device=self.device)
+        pydsa.c128_decode(self.state, torch.from_numpy(kv).to(self.device), out, self.ape_t, slots, seq_lens)
+        out = out.cpu()
+        for i, b in enumerate(b_all):
+            pos = self.done[b] if b >= 0 else -1
+            if b >= 0 and pos % CHUNK == CHUNK - 1:
+                self._check(b, pos, out[i].numpy())
+            else:
+                assert torch.isnan(out[i]).all()
+        for b in reqs:
+            self.done[b] += 1
+
+
+@st.composite
+def schedules(draw):
+    n = draw(st.integers(1, 5))
+    lengths = [draw(st.one_of(st.integers(1, 300), st.sampled_from([127, 128, 129, 256, 257]), st.integers(300, 700)))
+               for _ in range(n)]
+    d = draw(st.sampled_from([128, 256, 512, 64]))
+    steps = []
+    done = [0] * n
+    while any(done[b] < lengths[b] for b in range(n)):
+        active = [b for b in range(n) if done[b] < lengths[b]]
+        if draw(st.booleans()):
+            chosen = draw(st.lists(st.sampled_from(active), min_size=1, unique=True))
+            extends = {b: draw(st.integers(1, lengths[b] - done[b])) for b in chosen}
+            cow = set(draw(st.lists(st.sampled_from(chosen), unique=True)))
+            steps.append(("prefill", extends, cow))
+            for b, e in extends.items():
+                done[b] += e
+        else:
+            chosen = draw(st.lists(st.sampled_from(active), min_size=1, unique=True))
+            steps.append(("decode", chosen, draw(st.integers(0, 2))))
+            for b in chosen:
+                done[b] += 1
+    return d, lengths, steps, draw(st.integers(0, 2**31))
+
+
+def run_schedule(device, sched):
+    d, lengths, steps, seed = sched
+    server = Server(device, d, lengths, num_slots=2 * len(lengths) + 3, seed=seed)
+    for step in steps:
+        if step[0] == "prefill":
+            server.prefill(step[1], step[2])
+        else:
+            server.decode(step[1], step[2])
+    assert server.emitted == sum(n // CHUNK for n in lengths)
+    return server
+
+
+@settings(max_examples=25)
+@given(schedules())
+def test_any_schedule_emits_the_offline_chunk_vectors_host(sched):
+    """Every chunk vector, whichever mix of prefill segments (mid-chunk starts, copy-on-write
+    slots, many requests per batch) and decode steps produced it, equals the float64 offline
+    formula within 1e-5 norm-wise relative error."""
+    run_schedule(torch.device("cpu"), sched)
+
+
+@gpu
+@pytest.mark.gpu
+@settings(max_examples=25)
+@given(schedules())
+def test_any_schedule_emits_the_offline_chunk_vectors_gpu(sched):
+    """The same property on the GPU kernels."""
+    run_schedule(torch.device("cuda"), sched)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [128, 256, 512])
+def test_gpu_equals_host_backend(d):
+    """GPU and host backend agree to fp32 rounding on one random prefill + decode."""
+    gen = torch.Generator().manual_seed(d)
+    seq = np.array([1000, 130, 77, 4096, 300], np.int64)
+    ext = np.array([900, 130, 20, 4000, 1], np.int64)
+    compress, write = pyplan.plan_prefill(seq, ext)
+    n = int(ext.sum())
+    kv = torch.randn(n, 2 * d, generator=gen) * 2
+    ape = ape_for(d)
+    state0 = random_state(8, d, gen)
+    idx = torch.tensor([3, 0, 7, 5, 1], dtype=torch.int32)
+    results = []
+    for dev in ("cpu", "cuda"):
+        state = state0.clone().to(dev)
+        out = torch.full((n, d), POISON, device=dev)
+        pydsa.c128_prefill(state, kv.to(dev), out, ape.to(dev), idx.to(dev), (compress, write))
+        out2 = torch.full((5, d), POISON, device=dev)
+        pydsa.c128_decode(state, kv[:5].to(dev), out2, ape.to(dev), idx.to(dev),
+                          torch.tensor(seq + 1, dtype=torch.int32).to(dev))
+        results.append((state.cpu(), out.cpu(), out2.cpu()))
+    for a, b in zip(*results):
+        assert torch.equal(torch.isnan(a), torch.isnan(b))
+        torch.testing.assert_close(a.nan_to_num(), b.nan_to_num(), rtol=2e-6, atol=2e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs and device plans
+
+
+def test_device_plan_reused_across_replans(device):
+    """A DevicePlan padded to its capacity: re-plan with other lengths, launch the prepared op
+    again (no re-validation) and get the right chunk vectors; the work follows real counts."""
+    d = 128
+    stream = TokenStream(d, 11)
+    ape = ape_for(d, 11).numpy()
+    max_tokens = 1024
+    plan = pydsa.DevicePlan(max_tokens, 4, device=device)
+    state = torch.full((6, 1, 3 * d), POISON, device=device)
+    kv = torch.zeros(max_tokens, 2 * d, device=device)
+    out = torch.full((max_tokens, d), POISON, device=device)
+    idx = torch.tensor([4, 1, 2, 0], dtype=torch.int32, device=device)
+    op = pydsa.C128Prefill(state, kv, out, torch.from_numpy(ape).to(device), idx, plan)
+    done = [0, 0, 0, 0]
+    for extends in ([300, 5, 128, 1], [200, 300, 128, 126], [1, 250, 1, 2]):
+        seq = np.array([done[b] + e for b, e in enumerate(extends)], np.int64)
+        plan.plan(seq, np.array(extends, np.int64), num_tokens=max_tokens)
+        rows = np.concatenate([stream.rows(b, done[b], done[b] + e) for b, e in enumerate(extends)])
+        kv[:len(rows)].copy_(torch.from_numpy(rows))
+        out.fill_(POISON)
+        op.launch()
+        compress, _ = pyplan.plan_prefill(seq, np.array(extends, np.int64))
+        got = out.cpu()
+        for rid, b, pos, _ in compress.tolist():
+            assert rel_err(got[rid].numpy(), stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
+        assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
+        done = list(seq)
+
+
+@gpu
+@pytest.mark.gpu
+def test_cuda_graph_capture_once_replan_and_replay():
+    """Capture prefill once; re-plan with other lengths outside the graph; replay; compare."""
+    d = 256
+    stream = TokenStream(d, 5)
+    ape = ape_for(d, 5).numpy()
+    dev = torch.device("cuda")
+    max_tokens = 2048
+    plan = pydsa.DevicePlan(max_tokens, 3, device=dev)
+    state = torch.full((3, 1, 3 * d), POISON, device=dev)
+    kv = torch.zeros(max_tokens, 2 * d, device=dev)
+    out = torch.full((max_tokens, d), POISON, device=dev)
+    idx = torch.tensor([2, 0, 1], dtype=torch.int32, device=dev)
+    plan.plan(np.array([1, 1, 1]), np.array([1, 1, 1]), num_tokens=max_tokens)
+    op = pydsa.C128Prefill(state, kv, out, torch.from_numpy(ape).to(dev), idx, plan)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        op.launch()  # warm-up outside capture
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op.launch()
+    state.fill_(POISON)
+    done = [0, 0, 0]
+    for extends in ([700, 129, 1], [100, 1000, 300], [5, 1, 127]):
+        seq = np.array([done[b] + e for b, e in enumerate(extends)], np.int64)
+        plan.plan(seq, np.array(extends, np.int64), num_tokens=max_tokens)
+        rows = np.concatenate([stream.rows(b, done[b], done[b] + e) for b, e in enumerate(extends)])
+        kv[:len(rows)].copy_(torch.from_numpy(rows))
+        out.fill_(POISON)
+        graph.replay()
+        torch.cuda.synchronize()
+        compress, _ = pyplan.plan_prefill(seq, np.array(extends, np.int64))
+        got = out.cpu()
+        for rid, b, pos, _ in compress.tolist():
+            assert rel_err(got[rid].numpy(), stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
+        assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
+        done = list(seq)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input
+
+
+def _valid(device, d=128, b=2):
+    return dict(state=torch.zeros(4, 1, 3 * d, device=device), kv_score=torch.randn(b, 2 * d, device=device),
+                out=torch.zeros(b, d, device=device), ape=torch.zeros(CHUNK, d, device=device),
+                indices=torch.zeros(b, dtype=torch.int32, device=device),
+                seq_lens=torch.ones(b, dtype=torch.int32, device=device))
+
+
+@pytest.mark.parametrize("name,bad,error,match", [
+    ("state", lambda t: t.double(), TypeError, "state must have dtype torch.float32"),
+    ("state", lambda t: t[:, :, :300], ValueError, "multiple of 64"),
+    ("kv_score", lambda t: t[:, :100], ValueError, r"kv_score must have shape \[2, 256\]"),
+    ("out", lambda t: t[:1], ValueError, r"out must have shape \[2, 128\]"),
+    ("out", lambda t: torch.zeros(128, 2, device=t.device).t(), ValueError, "out must be contiguous"),
+    ("ape", lambda t: t[:127], ValueError, r"ape must have shape \[128, 128\]"),
+    ("indices", lambda t: t.long(), TypeError, "indices must have dtype torch.int32"),
+    ("seq_lens", lambda t: t.numpy() if t.device.type == "cpu" else t.cpu().numpy(), TypeError, "seq_lens must be a torch.Tensor"),
+])
+def test_decode_bad_arguments_are_named(device, name, bad, error, match):
+    args = _valid(device)
+    args[name] = bad(args[name])
+    with pytest.raises(error, match=match):
+        pydsa.c128_decode(**args)
+
+
+@gpu
+@pytest.mark.gpu
+def test_mixed_devices_are_refused():
+    args = _valid("cuda")
+    args["ape"] = args["ape"].cpu()
+    with pytest.raises(ValueError, match="ape is on cpu but the other tensors are on cuda"):
+        pydsa.c128_decode(**args)
+
+
+def test_corrupted_plan_records_are_skipped_and_counted(device):
+    """Records outside the input, crossing a chunk, on the wrong list, with a bad request index or
+    a slot outside the state are skipped, counted, and write nothing."""
+    d = 64
+    n = 300
+    state0 = random_state(3, d, torch.Generator().manual_seed(1)).to(device)
+    state = state0.clone()
+    out = torch.full((n, d), POISON, device=device)
+    bad_compress = np.array([(n, 0, 127, 1),          # ragged row past the input
+                             (130, 0, 255, 129),      # window longer than a chunk
+                             (9, 0, 127, 11),         # starts before ragged row 0
+                             (50, 5, 127, 10),        # request index past B
+                             (60, 0, 126, 10),        # does not close its chunk
+                             (70, 1, 127, 10),        # load slot out of range (mid-chunk start)
+                             (0xFFFFFFFF, 0, 0, 0)],  # half a sentinel
+                            pyplan.SEGMENT_DTYPE)
+    bad_write = np.array([(80, 0, 127, 5),            # closes its chunk: wrong list
+                          (90, 2, 50, 5),             # store slot out of range
+                          (0xFFFFFFFF,) * 4],         # a real sentinel: skipped, not counted
+                         pyplan.SEGMENT_DTYPE)
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    idx = torch.tensor([0, 1, 77], dtype=torch.int32, device=device)
+    load = torch.tensor([0, -4, 1], dtype=torch.int32, device=device)
+    pydsa.c128_prefill(state, torch.randn(n, 2 * d, device=device), out, torch.zeros(CHUNK, d, device=device),
+                       idx, (bad_compress, bad_write), load_indices=load, error_count=counter)
+    assert int(counter.item()) == 9
+    assert torch.equal(state, state0) and torch.isnan(out).all()
+
+
+def test_prefill_plan_must_be_records(device):
+    args = _valid(device)
+    del args["seq_lens"]
+    with pytest.raises(TypeError, match="plan"):
+        pydsa.c128_prefill(**args, plan=[1, 2, 3])
+    with pytest.raises(TypeError, match="SEGMENT_DTYPE"):
+        pydsa.c128_prefill(**args, plan=(np.zeros(3), np.zeros(3)))
+
+
+def test_abi_refuses_a_wrong_struct_size():
+    import ctypes
+    from pydsa import _abi
+    p = _abi.new(_abi.DecodeParams)
+    p.struct_size -= 8
+    status = _abi.lib.dsa_c128_decode(ctypes.byref(p), None)
+    assert status == 2
+    assert "struct_size" in _abi.lib.dsa_last_error().decode()

@@ -1,0 +1,298 @@
+"""Fused DSA metadata copy (SPEC 2): bit-exact equality with the per-field copy sequence, nothing
+outside the copied region touched, K destinations, graphs, and every error case."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import pydsa
+from conftest import gpu
+from reference import metadata_copy_reference
+
+SENTINEL = -777
+AWKWARD = [0, 1, 17, 97, 127, 128, 129, 255, 256, 257]
+
+
+def rand_i32(*shape, device, gen):
+    return torch.randint(-2**31, 2**31 - 1, shape, dtype=torch.int32, generator=gen).to(device)
+
+
+def make_case(device, mode, bs, width, expanded, real_cols, meta, k, extra, seed):
+    gen = torch.Generator().manual_seed(seed)
+    decode = mode == "decode"
+    n = bs if decode else expanded
+    rows = bs if decode else expanded
+    src = dict(cache_seqlens=rand_i32(bs, device=device, gen=gen),
+               cu_seqlens_k=rand_i32(bs + 1, device=device, gen=gen),
+               page_indices=rand_i32(rows, width, device=device, gen=gen),
+               dsa_cache_seqlens=rand_i32(n, device=device, gen=gen),
+               dsa_cu_seqlens_k=rand_i32(n + 1, device=device, gen=gen))
+    if not decode:
+        src["seqlens_expanded"] = rand_i32(n, device=device, gen=gen)
+    if real_cols is not None:
+        src["real_page_table"] = rand_i32(rows, real_cols, device=device, gen=gen)
+    if meta is not None:
+        src["num_splits"] = rand_i32(n + 1, device=device, gen=gen)
+        src["flashmla_metadata"] = rand_i32(meta, device=device, gen=gen)
+
+    def buf(*shape):
+        return torch.full(shape, SENTINEL, dtype=torch.int32, device=device)
+
+    dsts = []
+    for j in range(k):
+        e = extra + j  # destinations larger than the sources, differently per backend
+        d = dict(cache_seqlens=buf(bs + e), cu_seqlens_k=buf(bs + 1 + e),
+                 page_table_1=buf(rows + e, width + 3 * e + 1)[:, :width + 2 * e + 1],
+                 dsa_cache_seqlens=buf(n + e), dsa_cu_seqlens_k=buf(n + 1 + e))
+        if not decode:
+            d["seqlens_expanded"] = buf(n + e)
+        if real_cols is not None:
+            d["real_page_table"] = buf(rows + e, real_cols + 2 * e + 1)
+        if meta is not None:
+            d["flashmla_num_splits"] = buf(n + 1 + e)
+            d["flashmla_metadata"] = buf(meta + e)
+        dsts.append(d)
+    return src, dsts
+
+
+@st.composite
+def cases(draw):
+    mode = draw(st.sampled_from(["decode", "target_verify", "draft_extend"]))
+    bs = draw(st.one_of(st.sampled_from(AWKWARD), st.integers(0, 512)))
+    width = draw(st.one_of(st.sampled_from([1, 3, 4, 5, 127, 128, 129, 4095, 4096, 4097]), st.integers(1, 600)))
+    expanded = draw(st.integers(0, 3)) * bs + draw(st.integers(0, 2))
+    real_cols = draw(st.one_of(st.none(), st.integers(1, 70)))
+    meta = draw(st.one_of(st.none(), st.integers(1, 300)))
+    k = draw(st.one_of(st.integers(1, 3), st.just(8)))
+    extra = draw(st.integers(0, 5))
+    if bs * width > 60000:  # keep the host suite quick; large shapes run in the GPU tests
+        width = max(1, 60000 // max(bs, 1))
+    return mode, bs, width, expanded, real_cols, meta, k, extra, draw(st.integers(0, 2**31))
+
+
+def run_case(device, case):
+    mode, bs, width, expanded, real_cols, meta, k, extra, seed = case
+    src, dsts = make_case(device, mode, bs, width, expanded, real_cols, meta, k, extra, seed)
+    want = [{key: t.clone() for key, t in d.items()} for d in dsts]
+    if bs > 0:
+        for w in want:
+            metadata_copy_reference(src, w, mode)
+    copy = pydsa.MetadataCopy(dsts, mode=mode)
+    copy(**src)
+    return dsts, want
+
+
+@settings(max_examples=60)
+@given(cases())
+def test_equals_per_field_copies_and_touches_nothing_else_host(case):
+    """Every destination equals the per-field torch copy sequence bit for bit, over the whole
+    buffer: nothing outside the copied region (element 0 of the cu_seqlens arrays included)
+    changes; K destinations equal K single copies."""
+    dsts, want = run_case(torch.device("cpu"), case)
+    for got, ref in zip(dsts, want):
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), key
+
+
+@gpu
+@pytest.mark.gpu
+@settings(max_examples=60)
+@given(cases())
+def test_equals_per_field_copies_and_touches_nothing_else_gpu(case):
+    dsts, want = run_case(torch.device("cuda"), case)
+    for got, ref in zip(dsts, want):
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), key
+
+
+@pytest.mark.parametrize("misalign", [0, 1, 2, 3])
+def test_unaligned_rows_and_strides(device, misalign):
+    """Destination rows that do not share the source's 16-byte alignment still copy exactly."""
+    gen = torch.Generator().manual_seed(misalign)
+    bs, width = 37, 4100
+    src = dict(cache_seqlens=rand_i32(bs, device=device, gen=gen), cu_seqlens_k=rand_i32(bs + 1, device=device, gen=gen),
+               page_indices=rand_i32(bs, width, device=device, gen=gen),
+               dsa_cache_seqlens=rand_i32(bs, device=device, gen=gen), dsa_cu_seqlens_k=rand_i32(bs + 1, device=device, gen=gen))
+    big = torch.full((bs * (width + 7) + 8,), SENTINEL, dtype=torch.int32, device=device)
+    table = big[misalign:misalign + bs * (width + 7)].view(bs, width + 7)
+    dst = dict(cache_seqlens=torch.full((bs,), SENTINEL, dtype=torch.int32, device=device),
+               cu_seqlens_k=torch.full((bs + 1,), SENTINEL, dtype=torch.int32, device=device),
+               page_table_1=table, dsa_cache_seqlens=torch.full((bs,), SENTINEL, dtype=torch.int32, device=device),
+               dsa_cu_seqlens_k=torch.full((bs + 1,), SENTINEL, dtype=torch.int32, device=device))
+    want_big = big.clone()
+    want = {key: t.clone() for key, t in dst.items()}
+    want["page_table_1"] = want_big[misalign:misalign + bs * (width + 7)].view(bs, width + 7)
+    metadata_copy_reference(src, want, "decode")
+    pydsa.MetadataCopy(dst)(**src)
+    assert torch.equal(big, want_big)
+    for key in dst:
+        assert torch.equal(dst[key], want[key])
+
+
+def test_zero_batch_is_a_no_op(device):
+    src, dsts = make_case(device, "decode", 0, 8, 0, None, None, 2, 1, 0)
+    before = [{k: t.clone() for k, t in d.items()} for d in dsts]
+    pydsa.MetadataCopy(dsts)(**src)
+    assert all(torch.equal(d[k], b[k]) for d, b in zip(dsts, before) for k in d)
+
+
+@gpu
+@pytest.mark.gpu
+def test_cuda_graph_replay_sees_new_source_contents():
+    """Capture the bound call; change the sources' contents; replay; compare. A smaller batch in
+    the same buffers (sizes within capacity) is a new call of the bound object."""
+    dev = torch.device("cuda")
+    src, dsts = make_case(dev, "decode", 64, 1000, 0, 40, 100, 3, 2, 1)
+    copy = pydsa.MetadataCopy(dsts)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        copy(**src)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        copy(**src)
+    gen = torch.Generator().manual_seed(9)
+    for _ in range(3):
+        for t in src.values():
+            t.copy_(rand_i32(*t.shape, device=dev, gen=gen))
+        want = [{k: t.clone() for k, t in d.items()} for d in dsts]
+        for w in want:
+            metadata_copy_reference(src, w, "decode")
+        graph.replay()
+        torch.cuda.synchronize()
+        for got, ref in zip(dsts, want):
+            assert all(torch.equal(got[k], ref[k]) for k in ref)
+    small = {k: (v[:10] if v.dim() == 1 else v[:10]) for k, v in src.items()}
+    small["cu_seqlens_k"] = src["cu_seqlens_k"][:11]
+    small["num_splits"] = src["num_splits"][:11]
+    small["dsa_cu_seqlens_k"] = src["dsa_cu_seqlens_k"][:11]
+    small["flashmla_metadata"] = src["flashmla_metadata"]
+    want = [{k: t.clone() for k, t in d.items()} for d in dsts]
+    for w in want:
+        metadata_copy_reference(small, w, "decode")
+    copy(**small)
+    torch.cuda.synchronize()
+    for got, ref in zip(dsts, want):
+        assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+@gpu
+@pytest.mark.gpu
+def test_page_table_offsets_beyond_32_bits():
+    """A 512 x 4.2M-column page table: element offsets exceed 2^31; the last rows land right."""
+    dev = torch.device("cuda")
+    free, _ = torch.cuda.mem_get_info()
+    rows, width = 520, (1 << 22) + 3
+    if free < 3 * rows * width * 4:
+        pytest.skip("not enough GPU memory for a >2^31-element page table")
+    gen = torch.Generator(device=dev).manual_seed(1)
+    src_table = torch.randint(0, 2**30, (rows, width), dtype=torch.int32, device=dev, generator=gen)
+    dst_table = torch.full((rows, width + 5), SENTINEL, dtype=torch.int32, device=dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    src = dict(cache_seqlens=torch.arange(rows, **i32), cu_seqlens_k=torch.arange(rows + 1, **i32),
+               page_indices=src_table, dsa_cache_seqlens=torch.arange(rows, **i32),
+               dsa_cu_seqlens_k=torch.arange(rows + 1, **i32))
+    dst = dict(cache_seqlens=torch.zeros(rows, **i32), cu_seqlens_k=torch.zeros(rows + 1, **i32),
+               page_table_1=dst_table, dsa_cache_seqlens=torch.zeros(rows, **i32),
+               dsa_cu_seqlens_k=torch.zeros(rows + 1, **i32))
+    assert rows * (width + 5) > 2**31
+    pydsa.MetadataCopy(dst)(**src)
+    torch.cuda.synchronize()
+    for r in (0, 1, rows // 2, rows - 2, rows - 1):
+        assert torch.equal(dst_table[r, :width], src_table[r])
+        assert (dst_table[r, width:] == SENTINEL).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors, each naming the field
+
+
+def _decode_case(device, **kw):
+    return make_case(device, "decode", 4, 16, 0, kw.get("real"), kw.get("meta"), kw.get("k", 1), 1, 0)
+
+
+def test_wrong_dtype_is_named(device):
+    src, dsts = _decode_case(device)
+    src["page_indices"] = src["page_indices"].long()
+    with pytest.raises(TypeError, match="page_indices must have dtype torch.int32"):
+        pydsa.MetadataCopy(dsts)(**src)
+    dsts[0]["cache_seqlens"] = dsts[0]["cache_seqlens"].float()
+    with pytest.raises(TypeError, match=r"destinations\[0\]\['cache_seqlens'\] must have dtype torch.int32"):
+        pydsa.MetadataCopy(dsts)
+
+
+def test_source_wider_than_destination_is_refused_before_anything_runs(device):
+    src, dsts = make_case(device, "decode", 4, 16, 0, None, None, 2, 0, 0)
+    dsts[1]["page_table_1"] = torch.full((4, 15), SENTINEL, dtype=torch.int32, device=device)
+    before = [{k: t.clone() for k, t in d.items()} for d in dsts]
+    with pytest.raises(pydsa.DsaError, match=r"destinations\[1\].page_table columns holds 15 elements but 16"):
+        pydsa.MetadataCopy(dsts)(**src)
+    assert all(torch.equal(d[k], b[k]) for d, b in zip(dsts, before) for k in d)
+    src, dsts = make_case(device, "decode", 4, 16, 0, None, None, 1, 0, 0)
+    dsts[0]["cu_seqlens_k"] = dsts[0]["cu_seqlens_k"][:4]
+    with pytest.raises(pydsa.DsaError, match=r"cu_seqlens_k holds 4 elements but 5"):
+        pydsa.MetadataCopy(dsts)(**src)
+
+
+def test_partial_optional_group_is_refused(device):
+    src, dsts = _decode_case(device, meta=10)
+    del src["flashmla_metadata"]
+    with pytest.raises(ValueError, match="FlashMLA group is all-or-nothing"):
+        pydsa.MetadataCopy(dsts)(**src)
+    src, dsts = _decode_case(device, meta=10)
+    del dsts[0]["flashmla_metadata"]
+    with pytest.raises(ValueError, match="FlashMLA group needs both"):
+        pydsa.MetadataCopy(dsts)
+    src, dsts = _decode_case(device, real=5, k=2)
+    del dsts[1]["real_page_table"]
+    with pytest.raises(ValueError, match="present in some destinations"):
+        pydsa.MetadataCopy(dsts)
+
+
+def test_missing_seqlens_expanded_in_verify_modes(device):
+    for mode in ("target_verify", "draft_extend"):
+        src, dsts = make_case(device, mode, 4, 16, 8, None, None, 1, 0, 0)
+        del src["seqlens_expanded"]
+        with pytest.raises(ValueError, match="seqlens_expanded: is required"):
+            pydsa.MetadataCopy(dsts, mode=mode)(**src)
+        del dsts[0]["seqlens_expanded"]
+        with pytest.raises(ValueError, match=r"\['seqlens_expanded'\]: required"):
+            pydsa.MetadataCopy(dsts, mode=mode)
+
+
+def test_inconsistent_sizes_and_bad_mode_and_k(device):
+    src, dsts = _decode_case(device)
+    src["cu_seqlens_k"] = src["cu_seqlens_k"][:3]
+    with pytest.raises(ValueError, match="cu_seqlens_k: expected 5 elements"):
+        pydsa.MetadataCopy(dsts)(**src)
+    with pytest.raises(ValueError, match="mode must be one of"):
+        pydsa.MetadataCopy(dsts, mode="prefill")
+    with pytest.raises(ValueError, match="expected 1..8 backends"):
+        pydsa.MetadataCopy(dsts * 9)
+    src, dsts = _decode_case(device)
+    src["page_indices"] = src["page_indices"][:, ::2]
+    with pytest.raises(ValueError, match="page_indices must be a contiguous 2-D tensor"):
+        pydsa.MetadataCopy(dsts)(**src)
+
+
+@gpu
+@pytest.mark.gpu
+def test_mismatched_devices_are_refused():
+    src, dsts = _decode_case(torch.device("cuda"))
+    src["cache_seqlens"] = src["cache_seqlens"].cpu()
+    with pytest.raises(ValueError, match="cache_seqlens is on cpu but the destination buffers are on cuda"):
+        pydsa.MetadataCopy(dsts)(**src)
+    src, dsts = _decode_case(torch.device("cuda"))
+    dsts[0]["page_table_1"] = dsts[0]["page_table_1"].cpu()
+    with pytest.raises(ValueError, match="is on cpu but"):
+        pydsa.MetadataCopy(dsts)
+
+
+def test_one_shot_function(device):
+    src, dsts = make_case(device, "target_verify", 5, 33, 11, 7, 20, 2, 1, 4)
+    want = [{k: t.clone() for k, t in d.items()} for d in dsts]
+    for w in want:
+        metadata_copy_reference(src, w, "target_verify")
+    pydsa.metadata_copy(src, dsts, mode="target_verify")
+    for got, ref in zip(dsts, want):
+        assert all(torch.equal(got[k], ref[k]) for k in ref)
