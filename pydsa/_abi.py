@@ -160,6 +160,8 @@ def _load() -> C.CDLL:
                           ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64)):
         getattr(lib, name).restype = restype
     lib.dsa_status_string.argtypes = [C.c_int]
+    lib.dsa_empty_launch.restype = C.c_int
+    lib.dsa_empty_launch.argtypes = [C.c_int32, C.c_void_p]
     lib.dsa_c128_compress_capacity.argtypes = [C.c_int64, C.c_int64]
     for name, params in (("dsa_c128_plan_prefill", PlanParams),):
         fn = getattr(lib, name)

@@ -1,9 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Cython planner: typed loops over the callers' buffers, no GIL held while planning."""
-from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_C_CONTIGUOUS, PyBUF_FORMAT, PyBUF_WRITABLE
+from cpython.ref cimport Py_INCREF
 from libc.stdint cimport int64_t, uint32_t
 
+cimport numpy as cnp
 import numpy as np
+
+cnp.import_array()
+
+cdef extern from "numpy/arrayobject.h":
+    # Steals a reference to descr.
+    object PyArray_Empty(int nd, cnp.npy_intp* dims, cnp.dtype descr, int fortran)
 
 SEGMENT_DTYPE = np.dtype(
     [("ragged_id", "<u4"), ("batch_id", "<u4"), ("position", "<u4"), ("window_len", "<u4")]
@@ -11,10 +18,11 @@ SEGMENT_DTYPE = np.dtype(
 SENTINEL = 0xFFFFFFFF
 CHUNK = 128
 
-cdef int64_t _CHUNK = 128
+# Compile-time constants: division by 128 becomes a shift.
+cdef enum:
+    _CHUNK = 128
 cdef int64_t _MAX_COORDINATE = 0xFFFFFFFE
-cdef object _empty = np.empty
-cdef object _int64 = np.dtype(np.int64)
+cdef cnp.dtype _SEGMENT = SEGMENT_DTYPE
 
 ctypedef struct Segment:
     uint32_t ragged_id
@@ -30,24 +38,34 @@ def compress_capacity(int64_t num_tokens, int64_t batch_size):
     return num_tokens // _CHUNK + batch_size
 
 
-cdef object _as_int64(object x, str name):
-    """A C-contiguous int64 numpy array with the values of x (numpy, torch CPU tensor, sequence)."""
-    if type(x) is np.ndarray and x.dtype is _int64 and x.flags.c_contiguous:
-        return x
+cdef cnp.ndarray _as_int64(object x, str name):
+    """A C-contiguous 1-D int64 array with the values of x (numpy, torch CPU tensor, sequence)."""
+    cdef cnp.ndarray a
+    if type(x) is np.ndarray:
+        a = <cnp.ndarray>x
+        if cnp.PyArray_TYPE(a) == cnp.NPY_INT64 and cnp.PyArray_NDIM(a) == 1 and cnp.PyArray_IS_C_CONTIGUOUS(a):
+            return a
     if hasattr(x, "numpy") and hasattr(x, "device"):
         if x.device.type != "cpu":
             raise ValueError(f"{name} must be on the host (got a tensor on {x.device})")
         x = x.numpy()
-    a = np.asarray(x)
-    if a.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional (got shape {a.shape})")
-    if a.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold integers (got dtype {a.dtype})")
-    return np.ascontiguousarray(a, dtype=np.int64)
+    y = np.asarray(x)
+    if y.ndim != 1:
+        raise ValueError(f"{name} must be one-dimensional (got shape {y.shape})")
+    if y.dtype.kind not in "iu":
+        raise ValueError(f"{name} must hold integers (got dtype {y.dtype})")
+    return np.ascontiguousarray(y, dtype=np.int64)
 
 
-cdef object _as_records(object buf, str name):
-    """A numpy view of a caller-owned record buffer (numpy array or torch CPU / pinned tensor)."""
+cdef cnp.ndarray _as_records(object buf, str name):
+    """A 1-D SEGMENT_DTYPE view of a caller-owned record buffer (numpy array, torch CPU or
+    pinned tensor) holding whole 16-byte records."""
+    cdef cnp.ndarray a
+    if type(buf) is np.ndarray:
+        a = <cnp.ndarray>buf
+        if (<object>cnp.PyArray_DESCR(a) is _SEGMENT and cnp.PyArray_NDIM(a) == 1
+                and cnp.PyArray_IS_C_CONTIGUOUS(a) and cnp.PyArray_ISWRITEABLE(a)):
+            return a
     if hasattr(buf, "numpy") and hasattr(buf, "device"):
         if buf.device.type != "cpu":
             raise ValueError(f"{name} must be in host memory (got a tensor on {buf.device})")
@@ -57,6 +75,11 @@ cdef object _as_records(object buf, str name):
     if buf.nbytes % 16 != 0:
         raise ValueError(f"{name} must hold whole 16-byte records (got {buf.nbytes} bytes)")
     return buf.reshape(-1).view(np.uint8).view(SEGMENT_DTYPE)
+
+
+cdef cnp.ndarray _new_records(cnp.npy_intp n):
+    Py_INCREF(_SEGMENT)  # PyArray_Empty steals a reference to the descriptor
+    return PyArray_Empty(1, &n, _SEGMENT, 0)
 
 
 cdef int _fail(str msg) except -1:
@@ -82,13 +105,13 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
     Returns (compress, write) or (compress, write, num_compress, num_write). Plain mode returns
     exactly the real records; graph mode returns the whole padded buffers.
     """
-    cdef object seq_obj = _as_int64(seq_lens, "seq_lens")
-    cdef object ext_obj = _as_int64(extend_lens, "extend_lens")
-    cdef const int64_t[::1] seq = seq_obj
-    cdef const int64_t[::1] ext = ext_obj
-    cdef Py_ssize_t B = seq.shape[0]
-    if ext.shape[0] != B:
-        raise ValueError(f"extend_lens has {ext.shape[0]} entries but seq_lens has {B}")
+    cdef cnp.ndarray seq_arr = _as_int64(seq_lens, "seq_lens")
+    cdef cnp.ndarray ext_arr = _as_int64(extend_lens, "extend_lens")
+    cdef const int64_t* seq = <const int64_t*>cnp.PyArray_DATA(seq_arr)
+    cdef const int64_t* ext = <const int64_t*>cnp.PyArray_DATA(ext_arr)
+    cdef Py_ssize_t B = cnp.PyArray_DIM(seq_arr, 0)
+    if cnp.PyArray_DIM(ext_arr, 0) != B:
+        raise ValueError(f"extend_lens has {cnp.PyArray_DIM(ext_arr, 0)} entries but seq_lens has {B}")
     cdef bint graph_mode = bool(graph)
 
     # Validate everything and count records before anything is written.
@@ -136,13 +159,14 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
             raise ValueError(f"num_tokens is {tokens} but the extends sum to {total} (they must be equal)")
 
     cdef int64_t cap_c, cap_w
+    cdef cnp.ndarray compress_arr, write_arr
     if out is not None:
         if capacity is not None:
             raise ValueError("pass either out or capacity; out's sizes are the capacities")
         compress_arr = _as_records(out[0], "out[0]")
         write_arr = _as_records(out[1], "out[1]")
-        cap_c = compress_arr.shape[0]
-        cap_w = write_arr.shape[0]
+        cap_c = cnp.PyArray_DIM(compress_arr, 0)
+        cap_w = cnp.PyArray_DIM(write_arr, 0)
     else:
         if capacity is not None:
             cap_c, cap_w = capacity
@@ -159,18 +183,11 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
     if n_write > cap_w:
         raise ValueError(f"the plan needs {n_write} write records but the capacity is {cap_w}")
     if out is None:
-        compress_arr = _empty(cap_c, SEGMENT_DTYPE)
-        write_arr = _empty(cap_w, SEGMENT_DTYPE)
+        compress_arr = _new_records(cap_c)
+        write_arr = _new_records(cap_w)
 
-    cdef Py_buffer cbuf, wbuf
-    PyObject_GetBuffer(compress_arr, &cbuf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
-    try:
-        PyObject_GetBuffer(write_arr, &wbuf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS)
-    except BaseException:
-        PyBuffer_Release(&cbuf)
-        raise
-    cdef Segment* cseg = <Segment*>cbuf.buf
-    cdef Segment* wseg = <Segment*>wbuf.buf
+    cdef Segment* cseg = <Segment*>cnp.PyArray_DATA(compress_arr)
+    cdef Segment* wseg = <Segment*>cnp.PyArray_DATA(write_arr)
     cdef int64_t c = 0, w = 0, ragged = 0, prefix, start, end, chunk_end, i
     cdef Segment seg
     with nogil:
@@ -203,12 +220,10 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
                 cseg[i] = seg
             for i in range(w, cap_w):
                 wseg[i] = seg
-    PyBuffer_Release(&cbuf)
-    PyBuffer_Release(&wbuf)
-
     if not graph_mode and (cap_c != c or cap_w != w):
-        compress_arr = compress_arr[:c]
-        write_arr = write_arr[:w]
+        if return_counts:
+            return compress_arr[:c], write_arr[:w], c, w
+        return compress_arr[:c], write_arr[:w]
     if return_counts:
         return compress_arr, write_arr, c, w
     return compress_arr, write_arr

@@ -4,26 +4,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pydsa.baselines import plan_prefill_python as plan_reference  # noqa: F401
+
 CHUNK = 128
 SENTINEL = (0xFFFFFFFF,) * 4
-
-
-def plan_reference(seq_lens, extend_lens):
-    """SPEC 1.4, one token at a time: returns (compress, write) lists of 4-tuples."""
-    compress, write = [], []
-    ragged = 0
-    for b, (seq, ext) in enumerate(zip(seq_lens, extend_lens)):
-        prefix = seq - ext
-        start = prefix
-        for pos in range(prefix, seq):
-            closes = pos % CHUNK == CHUNK - 1
-            last = pos == seq - 1
-            if closes or last:
-                record = (ragged + pos - prefix, b, pos, pos - start + 1)
-                (compress if closes else write).append(record)
-                start = pos + 1
-        ragged += ext
-    return compress, write
 
 
 def records(arr) -> list:
@@ -77,25 +61,3 @@ class TokenStream:
     def chunk_vector(self, b: int, chunk: int, ape: np.ndarray) -> np.ndarray:
         rows = self.rows(b, chunk * CHUNK, (chunk + 1) * CHUNK)
         return compress_offline(rows[:, :self.d], rows[:, self.d:], ape)
-
-
-def metadata_copy_reference(src: dict, dst: dict, mode: str) -> None:
-    """The per-field torch copy sequence an attention backend runs today (SPEC 2)."""
-    bs = src["cache_seqlens"].shape[0]
-    dst["cache_seqlens"][:bs].copy_(src["cache_seqlens"])
-    dst["cu_seqlens_k"][1:bs + 1].copy_(src["cu_seqlens_k"][1:])
-    rows, width = src["page_indices"].shape
-    dst["page_table_1"][:rows, :width].copy_(src["page_indices"])
-    n = bs
-    if mode != "decode":
-        n = src["seqlens_expanded"].shape[0]
-        dst["seqlens_expanded"][:n].copy_(src["seqlens_expanded"])
-    dst["dsa_cache_seqlens"][:n].copy_(src["dsa_cache_seqlens"])
-    dst["dsa_cu_seqlens_k"][1:n + 1].copy_(src["dsa_cu_seqlens_k"][1:])
-    if src.get("real_page_table") is not None:
-        r, c = src["real_page_table"].shape
-        dst["real_page_table"][:r, :c].copy_(src["real_page_table"])
-    if src.get("num_splits") is not None:
-        dst["flashmla_num_splits"][:n + 1].copy_(src["num_splits"])
-        m = src["flashmla_metadata"].shape[0]
-        dst["flashmla_metadata"][:m].copy_(src["flashmla_metadata"])

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import pydsa
 from conftest import gpu
-from reference import metadata_copy_reference
+from pydsa.baselines import metadata_copy_torch as metadata_copy_reference
 
 SENTINEL = -777
 AWKWARD = [0, 1, 17, 97, 127, 128, 129, 255, 256, 257]

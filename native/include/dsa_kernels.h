@@ -77,6 +77,9 @@ DSA_API size_t dsa_struct_size(dsa_struct_id id);
 DSA_API const char* dsa_cuda_architectures(void);
 /* Number of CUDA devices usable by this library (0 without a GPU or driver). */
 DSA_API int32_t dsa_device_count(void);
+/* Launches one empty kernel (1 block, 32 threads) on `device`: the launch-overhead floor that
+ * benchmarks and consumers compare the ops against. */
+DSA_API dsa_status dsa_empty_launch(int32_t device, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Prefill plan (SPEC 1.4).                                                                   */

@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common.h"
+#include "cuda_launch.cuh"
 
 #ifndef DSA_VERSION_STRING
 #define DSA_VERSION_STRING "0.0.0"
@@ -68,9 +69,20 @@ dsa_status check_device(int32_t device, const char* op, int* num_sms) {
   return DSA_STATUS_OK;
 }
 
+__global__ void empty_kernel() {}
+
 }  // namespace dsa
 
 extern "C" {
+
+dsa_status dsa_empty_launch(int32_t device, void* stream) {
+  int sms = 0;
+  DSA_TRY(dsa::check_device(device, "dsa_empty_launch", &sms));
+  dsa::DeviceGuard guard(device);
+  DSA_TRY(dsa::launch_status(dsa::launch(dsa::empty_kernel, 1, 32, (cudaStream_t)stream, false), "dsa_empty_launch"));
+  return dsa::ok();
+}
+
 
 int32_t dsa_abi_version(void) { return DSA_ABI_VERSION; }
 

@@ -1,0 +1,29 @@
+"""`python -m pydsa info`: what was loaded and what it can run on."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from . import _abi
+
+
+def main(argv=None) -> int:
+    argparse.ArgumentParser(prog="python -m pydsa info").parse_args(argv)
+    lib = _abi.lib
+    print(f"pydsa {lib.dsa_version_string().decode()} (ABI {lib.dsa_abi_version()})")
+    print(f"library: {lib.path}")
+    archs = lib.dsa_cuda_architectures().decode()
+    print(f"compiled CUDA architectures: {archs or 'none'}")
+    n = lib.dsa_device_count()
+    if n == 0:
+        print("GPU: none found (ops run on the host backend for CPU tensors)")
+    for i in range(n):
+        props = torch.cuda.get_device_properties(i) if torch.cuda.is_available() else None
+        if props is not None:
+            print(f"GPU {i}: {props.name}, sm_{props.major}{props.minor}, {props.total_memory / 2**30:.0f} GiB, "
+                  f"{props.multi_processor_count} SMs")
+        else:
+            print(f"GPU {i}: present (torch sees no CUDA)")
+    print(f"torch {torch.__version__}, CUDA available to torch: {torch.cuda.is_available()}")
+    return 0
