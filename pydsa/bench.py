@@ -434,11 +434,15 @@ def _commit() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pydsa bench", description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="*", default=["all"], choices=["all", "planner", "c128", "metadata"])
+    ap.add_argument("what", nargs="*", metavar="{all,planner,c128,metadata}",
+                    help="which rows to run (default: all)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write a PNG of achieved bandwidth versus bytes moved")
     args = ap.parse_args(argv)
-    what = set(args.what)
+    what = set(args.what or ["all"])
+    unknown = what - {"all", "planner", "c128", "metadata"}
+    if unknown:
+        ap.error(f"unknown benchmark {sorted(unknown)}; choose from all, planner, c128, metadata")
     if "all" in what:
         what = {"planner", "c128", "metadata"}
     gpu = torch.cuda.is_available() and _abi.lib.dsa_device_count() > 0
