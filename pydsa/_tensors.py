@@ -22,9 +22,7 @@ def device_index(t: torch.Tensor) -> int:
 
 def current_stream(device: int) -> int:
     """Raw handle of the framework's current stream on `device` (0 for the host backend)."""
-    if device == DEVICE_HOST:
-        return 0
-    return _current_raw_stream(device)
+    return 0 if device < 0 else _current_raw_stream(device)
 
 
 def check(t, name: str, dtype, shape: tuple, device: torch.device) -> torch.Tensor:

@@ -69,7 +69,10 @@ class C128Decode:
         self._dev = p.device
 
     def launch(self, stream=None) -> None:
-        _check_status(_decode_fn(self._ref, current_stream(self._dev) if stream is None else stream))
+        """Runs the prepared call on `stream` (raw handle) or the current stream."""
+        status = _decode_fn(self._ref, current_stream(self._dev) if stream is None else stream)
+        if status:
+            _check_status(status)
 
 
 def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pdl=False,
@@ -209,7 +212,10 @@ class C128Prefill:
         self._dev = p.device
 
     def launch(self, stream=None) -> None:
-        _check_status(_prefill_fn(self._ref, current_stream(self._dev) if stream is None else stream))
+        """Runs the prepared call on `stream` (raw handle) or the current stream."""
+        status = _prefill_fn(self._ref, current_stream(self._dev) if stream is None else stream)
+        if status:
+            _check_status(status)
 
 
 def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, stream=None,

@@ -188,29 +188,42 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
 
     cdef Segment* cseg = <Segment*>cnp.PyArray_DATA(compress_arr)
     cdef Segment* wseg = <Segment*>cnp.PyArray_DATA(write_arr)
-    cdef int64_t c = 0, w = 0, ragged = 0, prefix, start, end, chunk_end, i
+    cdef int64_t c = 0, w = 0, ragged = 0, prefix, end, full_end, i
     cdef Segment seg
     with nogil:
         for b in range(B):
             s = seq[b]
-            e = ext[b]
-            prefix = s - e
-            start = prefix
-            while start < s:
-                chunk_end = (start // _CHUNK + 1) * _CHUNK
-                end = chunk_end if chunk_end < s else s
+            prefix = s - ext[b]
+            seg.batch_id = <uint32_t>b
+            # The first segment runs to the end of the prefix's chunk or to seq_len.
+            end = (prefix // _CHUNK + 1) * _CHUNK
+            if end > s:
+                end = s
+            seg.ragged_id = <uint32_t>(ragged + end - 1 - prefix)
+            seg.position = <uint32_t>(end - 1)
+            seg.window_len = <uint32_t>(end - prefix)
+            if end % _CHUNK == 0:
+                cseg[c] = seg
+                c += 1
+            else:
+                wseg[w] = seg
+                w += 1
+            # Then whole chunks, then the trailing partial chunk.
+            full_end = (s // _CHUNK) * _CHUNK
+            seg.window_len = _CHUNK
+            while end < full_end:
+                end += _CHUNK
                 seg.ragged_id = <uint32_t>(ragged + end - 1 - prefix)
-                seg.batch_id = <uint32_t>b
                 seg.position = <uint32_t>(end - 1)
-                seg.window_len = <uint32_t>(end - start)
-                if end == chunk_end:
-                    cseg[c] = seg
-                    c += 1
-                else:
-                    wseg[w] = seg
-                    w += 1
-                start = end
-            ragged += e
+                cseg[c] = seg
+                c += 1
+            if end < s:
+                seg.ragged_id = <uint32_t>(ragged + s - 1 - prefix)
+                seg.position = <uint32_t>(s - 1)
+                seg.window_len = <uint32_t>(s - end)
+                wseg[w] = seg
+                w += 1
+            ragged += ext[b]
         if graph_mode:
             seg.ragged_id = 0xFFFFFFFF
             seg.batch_id = 0xFFFFFFFF

@@ -12,10 +12,9 @@ namespace dsa {
 namespace {
 
 constexpr int kDecodeThreads = 128;
-constexpr int kPrefillWarps = 8;
+constexpr int kPrefillWarps = 16;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
-constexpr int kPrefillBlocksPerSm = 8;
-constexpr int kTokensInFlight = 4;  // tokens each warp loads before folding them in
+constexpr int kPrefillBlocksPerSm = 2;
 
 // VEC consecutive channels per thread, moved with one VEC*4-byte access.
 template <int VEC>
@@ -34,15 +33,16 @@ __device__ __forceinline__ Lanes<VEC> load_lanes(const float* p) {
   }
   return r;
 }
-// Loads that may alias a store of this launch (state) bypass the read-only path.
+// Data read once (tokens, state): streaming loads that do not keep lines in cache. They bypass
+// the read-only path, so they may also read state this launch writes elsewhere.
 template <int VEC>
-__device__ __forceinline__ Lanes<VEC> load_state(const float* p) {
+__device__ __forceinline__ Lanes<VEC> load_once(const float* p) {
   Lanes<VEC> r;
   if constexpr (VEC == 4) {
-    const float4 x = *reinterpret_cast<const float4*>(p);
+    const float4 x = __ldcs(reinterpret_cast<const float4*>(p));
     r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
   } else {
-    const float2 x = *reinterpret_cast<const float2*>(p);
+    const float2 x = __ldcs(reinterpret_cast<const float2*>(p));
     r.v[0] = x.x, r.v[1] = x.y;
   }
   return r;
@@ -50,9 +50,9 @@ __device__ __forceinline__ Lanes<VEC> load_state(const float* p) {
 template <int VEC>
 __device__ __forceinline__ void store_lanes(float* p, const Lanes<VEC>& r) {
   if constexpr (VEC == 4)
-    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    __stcs(reinterpret_cast<float4*>(p), make_float4(r.v[0], r.v[1], r.v[2], r.v[3]));
   else
-    *reinterpret_cast<float2*>(p) = make_float2(r.v[0], r.v[1]);
+    __stcs(reinterpret_cast<float2*>(p), make_float2(r.v[0], r.v[1]));
 }
 
 __device__ __forceinline__ void count_error(uint32_t* error_count) {
@@ -83,10 +83,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int c = (seq_len - 1) % DSA_CHUNK;
   const float* token = p.kv_score + b * 2 * D + ch;
   float* state = p.state + (int64_t)slot * 3 * D + ch;
-  const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
+  const Lanes<VEC> kv = load_once<VEC>(token), score = load_once<VEC>(token + D);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)c * D + ch);
   Lanes<VEC> m, s, k;
-  if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
+  if (c != 0) m = load_once<VEC>(state), s = load_once<VEC>(state + D), k = load_once<VEC>(state + 2 * D);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const float t[1] = {score.v[i] + bias.v[i]}, v[1] = {kv.v[i]};
@@ -103,21 +103,25 @@ __global__ void __launch_bounds__(kDecodeThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: one work item = one segment x one tile of 32*VEC channels. The block's warps split the
-// segment's tokens, fold them into per-warp partials, and merge those through shared memory.
+// Prefill: one work item = one segment x one tile of 64 channels (2 per lane). Each of the 16
+// warps takes every 16th token of the segment and issues all its loads (<= 8 tokens) at once, so
+// an item costs one memory round trip; the warps' partials are then merged through shared memory.
 // The compress pass (kWrite = false) only reads state; the write pass runs as a later launch.
 
-template <int VEC, bool kWrite>
-__global__ void __launch_bounds__(kPrefillThreads)
+constexpr int kPrefillVec = 2;
+constexpr int kPrefillTile = 32 * kPrefillVec;
+constexpr int kTokensPerWarp = DSA_CHUNK / kPrefillWarps;
+
+template <bool kWrite>
+__global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ dsa_c128_prefill_params p) {
-  constexpr int kTile = 32 * VEC;
-  __shared__ float partial_max[kPrefillWarps][kTile];
-  __shared__ float partial_sum[kPrefillWarps][kTile];
-  __shared__ float partial_acc[kPrefillWarps][kTile];
+  __shared__ float part_max[kPrefillWarps][kPrefillTile];
+  __shared__ float part_sum[kPrefillWarps][kPrefillTile];
+  __shared__ float part_acc[kPrefillWarps][kPrefillTile];
 
   wait_for_producers();
   const int D = p.head_dim;
-  const int tiles = D / kTile;
+  const int tiles = D / kPrefillTile;
   const dsa_segment* list = kWrite ? p.write : p.compress;
   int64_t count = kWrite ? p.write_capacity : p.compress_capacity;
   if (p.counts != nullptr) count = max((int64_t)0, min(count, p.counts[kWrite ? 1 : 0]));
@@ -135,55 +139,67 @@ __global__ void __launch_bounds__(kPrefillThreads)
       if (report) count_error(p.error_count);
       continue;
     }
-    const int first_in_chunk = (int)(seg.position % DSA_CHUNK) - (int)seg.window_len + 1;
+    const int n = (int)seg.window_len;
+    const int first_in_chunk = (int)(seg.position % DSA_CHUNK) - n + 1;
     const bool continues = first_in_chunk != 0;
     const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
     const int32_t store_slot = kWrite ? p.indices[seg.batch_id] : 0;
+
+    // All token loads of this warp first; the slot indices above are in flight meanwhile.
+    const int ch = tile * kPrefillTile + lane * kPrefillVec;
+    const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
+    float score[kPrefillVec][kTokensPerWarp], kv[kPrefillVec][kTokensPerWarp];
+#pragma unroll
+    for (int u = 0; u < kTokensPerWarp; ++u) {
+      const int j = warp + u * kPrefillWarps;
+      if (j < n) {
+        const float* token = p.kv_score + (first_row + j) * 2 * D + ch;
+        const Lanes<kPrefillVec> x = load_once<kPrefillVec>(token), t = load_once<kPrefillVec>(token + D);
+        const Lanes<kPrefillVec> bias = load_lanes<kPrefillVec>(p.ape + (int64_t)(first_in_chunk + j) * D + ch);
+#pragma unroll
+        for (int i = 0; i < kPrefillVec; ++i) kv[i][u] = x.v[i], score[i][u] = t.v[i] + bias.v[i];
+      }
+    }
     if ((continues && !slot_ok(load_slot, p.num_slots)) || (kWrite && !slot_ok(store_slot, p.num_slots))) {
       if (report) count_error(p.error_count);
-      continue;
+      continue;  // uniform: every thread read the same slots
     }
-
-    const int n = (int)seg.window_len;
-    const int ch = tile * kTile + lane * VEC;
-    const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
-    Partial part[VEC];
+    const bool merger = threadIdx.x < kPrefillTile;
+    const int c = tile * kPrefillTile + threadIdx.x;
+    float prior_m = 0.0f, prior_s = 0.0f, prior_k = 0.0f;
+    if (continues && merger) {
+      const float* prior = p.state + (int64_t)load_slot * 3 * D + c;
+      prior_m = prior[0], prior_s = prior[D], prior_k = prior[2 * D];
+    }
+    const int tokens = warp < n ? min(kTokensPerWarp, (n - warp + kPrefillWarps - 1) / kPrefillWarps) : 0;
+    if (tokens > 0) {
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) part[i] = Partial{-INFINITY, 0.0f, 0.0f};
-    for (int j0 = warp; j0 < n; j0 += kPrefillWarps * kTokensInFlight) {
-      float score[VEC][kTokensInFlight], kv[VEC][kTokensInFlight];
-#pragma unroll
-      for (int u = 0; u < kTokensInFlight; ++u) {
-        const int j = j0 + u * kPrefillWarps;
-        if (j < n) {
-          const float* token = p.kv_score + (first_row + j) * 2 * D + ch;
-          const Lanes<VEC> x = load_lanes<VEC>(token), t = load_lanes<VEC>(token + D);
-          const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)(first_in_chunk + j) * D + ch);
-#pragma unroll
-          for (int i = 0; i < VEC; ++i) kv[i][u] = x.v[i], score[i][u] = t.v[i] + bias.v[i];
-        }
+      for (int i = 0; i < kPrefillVec; ++i) {
+        const Partial part = absorb(Partial{-INFINITY, 0.0f, 0.0f}, score[i], kv[i], tokens);
+        part_max[warp][lane * kPrefillVec + i] = part.max;
+        part_sum[warp][lane * kPrefillVec + i] = part.sum;
+        part_acc[warp][lane * kPrefillVec + i] = part.acc;
       }
-      const int valid = min(kTokensInFlight, (n - j0 + kPrefillWarps - 1) / kPrefillWarps);
-#pragma unroll
-      for (int i = 0; i < VEC; ++i) part[i] = absorb(part[i], score[i], kv[i], valid);
-    }
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      partial_max[warp][lane * VEC + i] = part[i].max;
-      partial_sum[warp][lane * VEC + i] = part[i].sum;
-      partial_acc[warp][lane * VEC + i] = part[i].acc;
     }
     __syncthreads();
-    if (threadIdx.x < kTile) {
-      const int t = threadIdx.x, c = tile * kTile + t;
-      Partial total{partial_max[0][t], partial_sum[0][t], partial_acc[0][t]};
-      const int warps_used = min(kPrefillWarps, n);
-      for (int w = 1; w < warps_used; ++w)
-        total = merge(total, Partial{partial_max[w][t], partial_sum[w][t], partial_acc[w][t]});
-      if (continues) {
-        const float* prior = p.state + (int64_t)load_slot * 3 * D + c;
-        total = merge(from_state(prior[0], prior[D], prior[2 * D]), total);
+    // Two-level merge of the warps that had tokens: rows q and q + 8, then rows 0..7.
+    const int warps_used = min(kPrefillWarps, n);
+    {
+      const int q = threadIdx.x / kPrefillTile, t = threadIdx.x % kPrefillTile;
+      if (q + kPrefillWarps / 2 < warps_used) {
+        const int w = q + kPrefillWarps / 2;
+        const Partial m = merge(Partial{part_max[q][t], part_sum[q][t], part_acc[q][t]},
+                                Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
+        part_max[q][t] = m.max, part_sum[q][t] = m.sum, part_acc[q][t] = m.acc;
       }
+    }
+    __syncthreads();
+    if (merger) {
+      const int t = threadIdx.x;
+      Partial total{part_max[0][t], part_sum[0][t], part_acc[0][t]};
+      for (int w = 1; w < min(kPrefillWarps / 2, warps_used); ++w)
+        total = merge(total, Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
+      if (continues) total = merge(from_state(prior_m, prior_s, prior_k), total);
       if (kWrite) {
         float* state = p.state + (int64_t)store_slot * 3 * D + c;
         state[0] = total.max;
@@ -351,7 +367,7 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   DSA_TRY(check_common(p.head_dim, p.num_slots, p.state, p.ape, p.indices, op));
   if (p.kv_score == nullptr || p.out == nullptr)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kv_score and out must be non-null", op);
-  int vec = 0;
+  int vec = 0;  // the prefill kernel always moves 2 channels per access; this checks alignment
   DSA_TRY(pick_vector_width(p, op, &vec));
   if (p.device == DSA_DEVICE_HOST) {
     host_prefill_pass(p, false);
@@ -361,15 +377,14 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
   DeviceGuard guard(p.device);
-  const int tiles = p.head_dim / (32 * vec);
+  const int tiles = p.head_dim / kPrefillTile;
   const bool pdl = p.flags & DSA_FLAG_PDL;
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
   const int64_t capacities[2] = {p.compress_capacity, p.write_capacity};
   for (int pass = 0; pass < 2; ++pass) {
     if (capacities[pass] == 0) continue;
     const unsigned grid = (unsigned)std::min(capacities[pass] * tiles, resident);
-    auto kernel = vec == 4 ? (pass ? c128_prefill_kernel<4, true> : c128_prefill_kernel<4, false>)
-                           : (pass ? c128_prefill_kernel<2, true> : c128_prefill_kernel<2, false>);
+    auto kernel = pass ? c128_prefill_kernel<true> : c128_prefill_kernel<false>;
     DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, (cudaStream_t)stream, pdl, p), op));
   }
   return ok();

@@ -14,8 +14,8 @@ namespace dsa {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kUnroll = 4;
-constexpr int64_t kTileElements = kThreads * 4 * kUnroll;  // int32 per tile: one int4 x kUnroll per thread
+constexpr int kUnroll = 8;
+constexpr int64_t kTileElements = kThreads * 4 * kUnroll;  // int32 per tile: kUnroll int4 per thread
 constexpr int kMaxJobs = 9;
 constexpr int kBlocksPerSm = 8;
 
@@ -69,12 +69,12 @@ __device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& j
     int4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kThreads < vectors) v[u] = __ldg(src4 + i0 + u * kThreads);
+      if (i0 + u * kThreads < vectors) v[u] = __ldcs(src4 + i0 + u * kThreads);
     for (int k = 0; k < plan.num_dst; ++k) {
       int4* dst4 = reinterpret_cast<int4*>(job.dst[k] + row * job.dst_stride[k] + col + head);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (i0 + u * kThreads < vectors) dst4[i0 + u * kThreads] = v[u];
+        if (i0 + u * kThreads < vectors) __stcs(dst4 + i0 + u * kThreads, v[u]);
     }
   }
   const int64_t i = tail_begin + threadIdx.x;

@@ -77,21 +77,26 @@ extern "C" dsa_status dsa_c128_plan_prefill(const dsa_plan_params* params) {
   int64_t num_compress = 0, num_write = 0;
   DSA_TRY(count_segments(p, &num_compress, &num_write));
 
-  int64_t c = 0, w = 0, ragged_start = 0;
+  int64_t c = 0, w = 0, ragged = 0;
   for (int64_t b = 0; b < p.batch_size; ++b) {
-    const int64_t seq = p.seq_lens[b], extend = p.extend_lens[b], prefix = seq - extend;
-    for (int64_t start = prefix; start < seq;) {
-      const int64_t chunk_end = (start / kChunk + 1) * kChunk;
-      const int64_t end = chunk_end < seq ? chunk_end : seq;  // exclusive
-      const dsa_segment s = {(uint32_t)(ragged_start + (end - 1 - prefix)), (uint32_t)b,
-                             (uint32_t)(end - 1), (uint32_t)(end - start)};
-      if (end == chunk_end)
-        p.compress[c++] = s;
-      else
-        p.write[w++] = s;
-      start = end;
+    const int64_t seq = p.seq_lens[b], prefix = seq - p.extend_lens[b];
+    // The first segment runs to the end of the prefix's chunk or to seq_len; then whole chunks;
+    // then the trailing partial chunk.
+    int64_t end = (prefix / kChunk + 1) * kChunk;
+    if (end > seq) end = seq;
+    const dsa_segment first = {(uint32_t)(ragged + end - 1 - prefix), (uint32_t)b, (uint32_t)(end - 1),
+                               (uint32_t)(end - prefix)};
+    if (end % kChunk == 0)
+      p.compress[c++] = first;
+    else
+      p.write[w++] = first;
+    for (const int64_t full_end = seq / kChunk * kChunk; end < full_end;) {
+      end += kChunk;
+      p.compress[c++] = {(uint32_t)(ragged + end - 1 - prefix), (uint32_t)b, (uint32_t)(end - 1), (uint32_t)kChunk};
     }
-    ragged_start += extend;
+    if (end < seq)
+      p.write[w++] = {(uint32_t)(ragged + seq - 1 - prefix), (uint32_t)b, (uint32_t)(seq - 1), (uint32_t)(seq - end)};
+    ragged += p.extend_lens[b];
   }
   if (p.graph_mode) {
     for (int64_t i = c; i < p.compress_capacity; ++i) p.compress[i] = kSentinel;
