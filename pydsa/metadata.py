@@ -11,7 +11,6 @@ flashmla_num_splits, flashmla_metadata. Sizes come from the source tensors' shap
 from __future__ import annotations
 
 import ctypes as C
-from operator import is_
 
 import torch
 
@@ -141,9 +140,12 @@ class MetadataCopy:
         Sizes come from the sources' shapes. Sources are checked when they are new tensor
         objects; passing the very same objects as the previous call (static source buffers,
         refilled in place) skips the checks and reuses the prepared launch."""
-        sources = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                   seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
-        if not all(map(is_, sources, self._last)):
+        last = self._last
+        if not (cache_seqlens is last[0] and cu_seqlens_k is last[1] and page_indices is last[2]
+                and dsa_cache_seqlens is last[3] and dsa_cu_seqlens_k is last[4] and seqlens_expanded is last[5]
+                and real_page_table is last[6] and num_splits is last[7] and flashmla_metadata is last[8]):
+            sources = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                       seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
             self._prepare(*sources)
             self._last = sources
         if stream is None:

@@ -12,9 +12,9 @@ namespace dsa {
 namespace {
 
 constexpr int kDecodeThreads = 128;
-constexpr int kPrefillWarps = 16;
+constexpr int kPrefillWarps = 8;
 constexpr int kPrefillThreads = kPrefillWarps * 32;
-constexpr int kPrefillBlocksPerSm = 2;
+constexpr int kPrefillBlocksPerSm = 4;
 
 // VEC consecutive channels per thread, moved with one VEC*4-byte access.
 template <int VEC>
@@ -33,16 +33,15 @@ __device__ __forceinline__ Lanes<VEC> load_lanes(const float* p) {
   }
   return r;
 }
-// Data read once (tokens, state): streaming loads that do not keep lines in cache. They bypass
-// the read-only path, so they may also read state this launch writes elsewhere.
+// State may be written by this launch (another segment's slot), so it bypasses the read-only path.
 template <int VEC>
-__device__ __forceinline__ Lanes<VEC> load_once(const float* p) {
+__device__ __forceinline__ Lanes<VEC> load_state(const float* p) {
   Lanes<VEC> r;
   if constexpr (VEC == 4) {
-    const float4 x = __ldcs(reinterpret_cast<const float4*>(p));
+    const float4 x = *reinterpret_cast<const float4*>(p);
     r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
   } else {
-    const float2 x = __ldcs(reinterpret_cast<const float2*>(p));
+    const float2 x = *reinterpret_cast<const float2*>(p);
     r.v[0] = x.x, r.v[1] = x.y;
   }
   return r;
@@ -50,9 +49,9 @@ __device__ __forceinline__ Lanes<VEC> load_once(const float* p) {
 template <int VEC>
 __device__ __forceinline__ void store_lanes(float* p, const Lanes<VEC>& r) {
   if constexpr (VEC == 4)
-    __stcs(reinterpret_cast<float4*>(p), make_float4(r.v[0], r.v[1], r.v[2], r.v[3]));
+    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
   else
-    __stcs(reinterpret_cast<float2*>(p), make_float2(r.v[0], r.v[1]));
+    *reinterpret_cast<float2*>(p) = make_float2(r.v[0], r.v[1]);
 }
 
 __device__ __forceinline__ void count_error(uint32_t* error_count) {
@@ -83,15 +82,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int c = (seq_len - 1) % DSA_CHUNK;
   const float* token = p.kv_score + b * 2 * D + ch;
   float* state = p.state + (int64_t)slot * 3 * D + ch;
-  const Lanes<VEC> kv = load_once<VEC>(token), score = load_once<VEC>(token + D);
+  const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)c * D + ch);
   Lanes<VEC> m, s, k;
-  if (c != 0) m = load_once<VEC>(state), s = load_once<VEC>(state + D), k = load_once<VEC>(state + 2 * D);
+  if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    const float t[1] = {score.v[i] + bias.v[i]}, v[1] = {kv.v[i]};
+    const float t[1] = {to_log2(score.v[i] + bias.v[i])}, v[1] = {kv.v[i]};
     const Partial r = c == 0 ? partial_of(t[0], v[0]) : absorb(from_state(m.v[i], s.v[i], k.v[i]), t, v, 1);
-    m.v[i] = r.max, s.v[i] = r.sum, k.v[i] = mean_of(r);
+    m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
   }
   if (c == DSA_CHUNK - 1) {
     store_lanes<VEC>(p.out + b * D + ch, k);
@@ -103,25 +102,25 @@ __global__ void __launch_bounds__(kDecodeThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: one work item = one segment x one tile of 64 channels (2 per lane). Each of the 16
-// warps takes every 16th token of the segment and issues all its loads (<= 8 tokens) at once, so
-// an item costs one memory round trip; the warps' partials are then merged through shared memory.
+// Prefill: one work item = one segment x one tile of 32*VEC channels, taken by the 8 warps of a
+// block. Warp w folds tokens w, w+8, ... in batches whose loads are all issued before any
+// arithmetic (16 floats of kv and score per thread in flight); the 8 partials then merge through
+// shared memory. VEC = 2 (64-channel tiles) doubles the items for small plans; VEC = 4 halves
+// the load instructions for large ones.
 // The compress pass (kWrite = false) only reads state; the write pass runs as a later launch.
 
-constexpr int kPrefillVec = 2;
-constexpr int kPrefillTile = 32 * kPrefillVec;
-constexpr int kTokensPerWarp = DSA_CHUNK / kPrefillWarps;
-
-template <bool kWrite>
+template <bool kWrite, int VEC>
 __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ dsa_c128_prefill_params p) {
-  __shared__ float part_max[kPrefillWarps][kPrefillTile];
-  __shared__ float part_sum[kPrefillWarps][kPrefillTile];
-  __shared__ float part_acc[kPrefillWarps][kPrefillTile];
+  constexpr int kTile = 32 * VEC;
+  constexpr int kBatch = 16 / VEC;
+  __shared__ float part_max[kPrefillWarps][kTile];
+  __shared__ float part_sum[kPrefillWarps][kTile];
+  __shared__ float part_acc[kPrefillWarps][kTile];
 
   wait_for_producers();
   const int D = p.head_dim;
-  const int tiles = D / kPrefillTile;
+  const int tiles = D / kTile;
   const dsa_segment* list = kWrite ? p.write : p.compress;
   int64_t count = kWrite ? p.write_capacity : p.compress_capacity;
   if (p.counts != nullptr) count = max((int64_t)0, min(count, p.counts[kWrite ? 1 : 0]));
@@ -145,64 +144,57 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
     const int32_t store_slot = kWrite ? p.indices[seg.batch_id] : 0;
 
-    // All token loads of this warp first; the slot indices above are in flight meanwhile.
-    const int ch = tile * kPrefillTile + lane * kPrefillVec;
+    const int ch = tile * kTile + lane * VEC;
     const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
-    float score[kPrefillVec][kTokensPerWarp], kv[kPrefillVec][kTokensPerWarp];
+    Partial part[VEC];
 #pragma unroll
-    for (int u = 0; u < kTokensPerWarp; ++u) {
-      const int j = warp + u * kPrefillWarps;
-      if (j < n) {
-        const float* token = p.kv_score + (first_row + j) * 2 * D + ch;
-        const Lanes<kPrefillVec> x = load_once<kPrefillVec>(token), t = load_once<kPrefillVec>(token + D);
-        const Lanes<kPrefillVec> bias = load_lanes<kPrefillVec>(p.ape + (int64_t)(first_in_chunk + j) * D + ch);
+    for (int i = 0; i < VEC; ++i) part[i] = Partial{-INFINITY, 0.0f, 0.0f};
+    for (int t0 = warp; t0 < n; t0 += kPrefillWarps * kBatch) {
+      float score[VEC][kBatch], kv[VEC][kBatch];
 #pragma unroll
-        for (int i = 0; i < kPrefillVec; ++i) kv[i][u] = x.v[i], score[i][u] = t.v[i] + bias.v[i];
+      for (int u = 0; u < kBatch; ++u) {
+        const int j = t0 + u * kPrefillWarps;
+        if (j < n) {
+          const float* token = p.kv_score + (first_row + j) * 2 * D + ch;
+          const Lanes<VEC> x = load_lanes<VEC>(token), t = load_lanes<VEC>(token + D);
+          const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)(first_in_chunk + j) * D + ch);
+#pragma unroll
+          for (int i = 0; i < VEC; ++i) kv[i][u] = x.v[i], score[i][u] = to_log2(t.v[i] + bias.v[i]);
+        }
       }
+      const int batch = min(kBatch, (n - t0 + kPrefillWarps - 1) / kPrefillWarps);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) part[i] = absorb(part[i], score[i], kv[i], batch);
     }
     if ((continues && !slot_ok(load_slot, p.num_slots)) || (kWrite && !slot_ok(store_slot, p.num_slots))) {
       if (report) count_error(p.error_count);
       continue;  // uniform: every thread read the same slots
     }
-    const bool merger = threadIdx.x < kPrefillTile;
-    const int c = tile * kPrefillTile + threadIdx.x;
+    const bool merger = threadIdx.x < kTile;
+    const int c = tile * kTile + threadIdx.x;
     float prior_m = 0.0f, prior_s = 0.0f, prior_k = 0.0f;
     if (continues && merger) {
       const float* prior = p.state + (int64_t)load_slot * 3 * D + c;
       prior_m = prior[0], prior_s = prior[D], prior_k = prior[2 * D];
     }
-    const int tokens = warp < n ? min(kTokensPerWarp, (n - warp + kPrefillWarps - 1) / kPrefillWarps) : 0;
-    if (tokens > 0) {
+    if (warp < n) {
 #pragma unroll
-      for (int i = 0; i < kPrefillVec; ++i) {
-        const Partial part = absorb(Partial{-INFINITY, 0.0f, 0.0f}, score[i], kv[i], tokens);
-        part_max[warp][lane * kPrefillVec + i] = part.max;
-        part_sum[warp][lane * kPrefillVec + i] = part.sum;
-        part_acc[warp][lane * kPrefillVec + i] = part.acc;
-      }
-    }
-    __syncthreads();
-    // Two-level merge of the warps that had tokens: rows q and q + 8, then rows 0..7.
-    const int warps_used = min(kPrefillWarps, n);
-    {
-      const int q = threadIdx.x / kPrefillTile, t = threadIdx.x % kPrefillTile;
-      if (q + kPrefillWarps / 2 < warps_used) {
-        const int w = q + kPrefillWarps / 2;
-        const Partial m = merge(Partial{part_max[q][t], part_sum[q][t], part_acc[q][t]},
-                                Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
-        part_max[q][t] = m.max, part_sum[q][t] = m.sum, part_acc[q][t] = m.acc;
+      for (int i = 0; i < VEC; ++i) {
+        part_max[warp][lane * VEC + i] = part[i].max;
+        part_sum[warp][lane * VEC + i] = part[i].sum;
+        part_acc[warp][lane * VEC + i] = part[i].acc;
       }
     }
     __syncthreads();
     if (merger) {
       const int t = threadIdx.x;
       Partial total{part_max[0][t], part_sum[0][t], part_acc[0][t]};
-      for (int w = 1; w < min(kPrefillWarps / 2, warps_used); ++w)
+      for (int w = 1; w < min(kPrefillWarps, n); ++w)
         total = merge(total, Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
       if (continues) total = merge(from_state(prior_m, prior_s, prior_k), total);
       if (kWrite) {
         float* state = p.state + (int64_t)store_slot * 3 * D + c;
-        state[0] = total.max;
+        state[0] = state_max(total);
         state[D] = total.sum;
         state[2 * D] = mean_of(total);
       } else {
@@ -230,13 +222,13 @@ void host_decode(const dsa_c128_decode_params& p) {
     const float* token = p.kv_score + b * 2 * D;
     float* state = p.state + (int64_t)slot * 3 * D;
     for (int d = 0; d < D; ++d) {
-      const float t[1] = {token[D + d] + p.ape[(int64_t)c * D + d]}, v[1] = {token[d]};
+      const float t[1] = {to_log2(token[D + d] + p.ape[(int64_t)c * D + d])}, v[1] = {token[d]};
       const Partial r = c == 0 ? partial_of(t[0], v[0])
                                : absorb(from_state(state[d], state[D + d], state[2 * D + d]), t, v, 1);
       if (c == DSA_CHUNK - 1) {
         p.out[b * D + d] = mean_of(r);
       } else {
-        state[d] = r.max, state[D + d] = r.sum, state[2 * D + d] = mean_of(r);
+        state[d] = state_max(r), state[D + d] = r.sum, state[2 * D + d] = mean_of(r);
       }
     }
   }
@@ -269,7 +261,7 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass) {
       Partial total{-INFINITY, 0.0f, 0.0f};
       for (int j = 0; j < n; ++j) {
         const float* token = p.kv_score + (first_row + j) * 2 * D;
-        const float t[1] = {token[D + d] + p.ape[(int64_t)(first_in_chunk + j) * D + d]}, v[1] = {token[d]};
+        const float t[1] = {to_log2(token[D + d] + p.ape[(int64_t)(first_in_chunk + j) * D + d])}, v[1] = {token[d]};
         total = absorb(total, t, v, 1);
       }
       if (continues) {
@@ -278,7 +270,7 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass) {
       }
       if (write_pass) {
         float* state = p.state + (int64_t)store_slot * 3 * D + d;
-        state[0] = total.max, state[D] = total.sum, state[2 * D] = mean_of(total);
+        state[0] = state_max(total), state[D] = total.sum, state[2 * D] = mean_of(total);
       } else {
         p.out[(int64_t)seg.ragged_id * D + d] = mean_of(total);
       }
@@ -367,7 +359,7 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   DSA_TRY(check_common(p.head_dim, p.num_slots, p.state, p.ape, p.indices, op));
   if (p.kv_score == nullptr || p.out == nullptr)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kv_score and out must be non-null", op);
-  int vec = 0;  // the prefill kernel always moves 2 channels per access; this checks alignment
+  int vec = 0;
   DSA_TRY(pick_vector_width(p, op, &vec));
   if (p.device == DSA_DEVICE_HOST) {
     host_prefill_pass(p, false);
@@ -377,14 +369,18 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
   DeviceGuard guard(p.device);
-  const int tiles = p.head_dim / kPrefillTile;
+  // 128-channel tiles when the plan has enough items to fill the GPU with them, else 64.
+  const bool wide = p.head_dim % 128 == 0 && vec == 4 &&
+                    std::max(p.compress_capacity, p.write_capacity) * (p.head_dim / 128) >= (int64_t)sms * kPrefillBlocksPerSm;
+  const int tiles = p.head_dim / (wide ? 128 : 64);
   const bool pdl = p.flags & DSA_FLAG_PDL;
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
   const int64_t capacities[2] = {p.compress_capacity, p.write_capacity};
   for (int pass = 0; pass < 2; ++pass) {
     if (capacities[pass] == 0) continue;
     const unsigned grid = (unsigned)std::min(capacities[pass] * tiles, resident);
-    auto kernel = pass ? c128_prefill_kernel<true> : c128_prefill_kernel<false>;
+    auto kernel = wide ? (pass ? c128_prefill_kernel<true, 4> : c128_prefill_kernel<false, 4>)
+                       : (pass ? c128_prefill_kernel<true, 2> : c128_prefill_kernel<false, 2>);
     DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, (cudaStream_t)stream, pdl, p), op));
   }
   return ok();

@@ -15,8 +15,15 @@
 
 namespace dsa {
 
+// Scores are carried in base 2 (score * log2(e)) so every exponential is one exp2f, a single
+// hardware instruction on the GPU; exp2(a*log2e - b*log2e) == exp(a - b) up to rounding.
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+DSA_HD float to_log2(float biased_score) { return biased_score * kLog2e; }
+
 // A partial softmax over some tokens of one channel, in unnormalized form:
-// max = largest biased score, sum = sum exp(score - max), acc = sum kv * exp(score - max).
+// max = largest biased score (base 2), sum = sum exp2(score - max), acc = sum kv * exp2(score - max).
 struct Partial {
   float max;
   float sum;
@@ -33,12 +40,12 @@ DSA_HD Partial absorb(Partial p, const float (&score)[N], const float (&kv)[N], 
   for (int i = 1; i < N; ++i)
     if (i < count) m = fmaxf(m, score[i]);
   const float M = fmaxf(p.max, m);
-  const float scale = expf(p.max - M);
+  const float scale = exp2f(p.max - M);
   float sum = p.sum * scale, acc = p.acc * scale;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     if (i < count) {
-      const float e = expf(score[i] - M);
+      const float e = exp2f(score[i] - M);
       sum += e;
       acc = fmaf(kv[i], e, acc);
     }
@@ -48,12 +55,14 @@ DSA_HD Partial absorb(Partial p, const float (&score)[N], const float (&kv)[N], 
 
 DSA_HD Partial merge(Partial a, Partial b) {
   const float M = fmaxf(a.max, b.max);
-  const float ea = expf(a.max - M), eb = expf(b.max - M);
+  const float ea = exp2f(a.max - M), eb = exp2f(b.max - M);
   return Partial{M, a.sum * ea + b.sum * eb, a.acc * ea + b.acc * eb};
 }
 
-// A slot's stored state (m, s, k) with k the normalized mean, as a Partial.
-DSA_HD Partial from_state(float m, float s, float k) { return Partial{m, s, k * s}; }
+// A slot's stored state (m in natural units, s, k the normalized mean) as a Partial, and back.
+DSA_HD Partial from_state(float m, float s, float k) { return Partial{to_log2(m), s, k * s}; }
+
+DSA_HD float state_max(Partial p) { return p.max * kLn2; }
 
 DSA_HD float mean_of(Partial p) { return p.acc / p.sum; }
 

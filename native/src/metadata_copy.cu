@@ -23,18 +23,19 @@ struct CopyJob {
   const int32_t* src;
   int64_t src_stride;  // elements between source rows
   int64_t rows;
-  int64_t width;          // elements copied per row
-  int64_t first_tile;     // index of this job's first tile in the launch
+  int64_t width;           // elements copied per row
   int64_t tiles_per_row;  // ceil(width / kTileElements)
   int32_t* dst[DSA_MAX_DESTINATIONS];
   int64_t dst_stride[DSA_MAX_DESTINATIONS];
 };
 
+// Kernel parameters live in constant memory, fetched on first use: the fields every block reads
+// first (the tile ranges) share one line so that finding a block's job costs a single fetch.
 struct CopyPlan {
-  CopyJob job[kMaxJobs];
+  int64_t first_tile[kMaxJobs + 1];  // job j covers tiles [first_tile[j], first_tile[j + 1])
   int32_t num_jobs;
   int32_t num_dst;
-  int64_t total_tiles;
+  CopyJob job[kMaxJobs];
 };
 
 // Copies elements [0, n) of one row slice to every destination, with 16-byte accesses when the
@@ -69,12 +70,12 @@ __device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& j
     int4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kThreads < vectors) v[u] = __ldcs(src4 + i0 + u * kThreads);
+      if (i0 + u * kThreads < vectors) v[u] = __ldg(src4 + i0 + u * kThreads);
     for (int k = 0; k < plan.num_dst; ++k) {
       int4* dst4 = reinterpret_cast<int4*>(job.dst[k] + row * job.dst_stride[k] + col + head);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (i0 + u * kThreads < vectors) __stcs(dst4 + i0 + u * kThreads, v[u]);
+        if (i0 + u * kThreads < vectors) dst4[i0 + u * kThreads] = v[u];
     }
   }
   const int64_t i = tail_begin + threadIdx.x;
@@ -87,11 +88,12 @@ __device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& j
 __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan plan) {
   wait_for_producers();
   allow_dependents();
-  for (int64_t tile = blockIdx.x; tile < plan.total_tiles; tile += gridDim.x) {
+  const int64_t total_tiles = plan.first_tile[plan.num_jobs];
+  for (int64_t tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     int j = 0;
-    while (j + 1 < plan.num_jobs && plan.job[j + 1].first_tile <= tile) ++j;
+    while (j + 1 < plan.num_jobs && plan.first_tile[j + 1] <= tile) ++j;
     const CopyJob& job = plan.job[j];
-    const int64_t local = tile - job.first_tile;
+    const int64_t local = tile - plan.first_tile[j];
     const int64_t row = local / job.tiles_per_row;
     const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
     const int64_t remaining = job.width - col;
@@ -133,16 +135,20 @@ dsa_status check_capacity(int k, const char* name, int64_t have, int64_t need) {
   return DSA_STATUS_OK;
 }
 
-void add_job(CopyPlan& plan, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
-  if (rows <= 0 || width <= 0) return;
+// Appends a job; false when the launch would exceed 2^62 tiles (only for corrupt sizes).
+bool add_job(CopyPlan& plan, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
+  const int64_t tiles_per_row = (width + kTileElements - 1) / kTileElements;
+  if (rows > (INT64_C(1) << 62) / tiles_per_row) return false;
+  const int64_t end = plan.first_tile[plan.num_jobs] + rows * tiles_per_row;
+  if (end > (INT64_C(1) << 62)) return false;
   CopyJob& job = plan.job[plan.num_jobs++];
   job.src = src;
   job.src_stride = src_stride;
   job.rows = rows;
   job.width = width;
-  job.first_tile = plan.total_tiles;
-  job.tiles_per_row = (width + kTileElements - 1) / kTileElements;
-  plan.total_tiles += rows * job.tiles_per_row;
+  job.tiles_per_row = tiles_per_row;
+  plan.first_tile[plan.num_jobs] = end;
+  return true;
 }
 
 dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
@@ -184,7 +190,8 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: src.%s is null but %lld x %lld elements are to be copied", kOp,
                   f.name, (long long)f.rows, (long long)f.width);
     const int job = plan.num_jobs;
-    add_job(plan, f.src + f.offset, f.src_stride, f.rows, f.width);
+    if (!add_job(plan, f.src + f.offset, f.src_stride, f.rows, f.width))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s is too large to copy in one launch", kOp, f.name);
     for (int k = 0; k < p.num_destinations; ++k) {
       const dsa_metadata_destination& d = p.destinations[k];
       int32_t* dst = d.*(f.dst);
@@ -232,7 +239,7 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   if (p.bs == 0) return ok();
   CopyPlan plan;
   DSA_TRY(build_plan(p, plan));
-  if (plan.total_tiles == 0) return ok();
+  if (plan.num_jobs == 0) return ok();
   if (p.device == DSA_DEVICE_HOST) {
     host_copy(plan);
     return ok();
@@ -240,7 +247,7 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   int sms = 0;
   DSA_TRY(check_device(p.device, kOp, &sms));
   DeviceGuard guard(p.device);
-  const unsigned grid = (unsigned)std::min<int64_t>(plan.total_tiles, (int64_t)sms * kBlocksPerSm);
+  const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], (int64_t)sms * kBlocksPerSm);
   DSA_TRY(launch_status(launch(metadata_copy_kernel, grid, kThreads, (cudaStream_t)stream, p.flags & DSA_FLAG_PDL, plan), kOp));
   return ok();
 }
