@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "c128_math.h"
 #include "common.h"
@@ -107,9 +108,13 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // arithmetic (16 floats of kv and score per thread in flight); the 8 partials then merge through
 // shared memory. VEC = 2 (64-channel tiles) doubles the items for small plans; VEC = 4 halves
 // the load instructions for large ones.
-// The compress pass (kWrite = false) only reads state; the write pass runs as a later launch.
+// The compress pass (kWrite = false) only reads state; the write pass is a later launch in the
+// same stream. When it directly follows the compress pass (kAfterCompress), it is launched with
+// programmatic dependent launch: it starts as soon as the compress pass has passed its own wait
+// (so everything written before the compress pass is visible), computes its segments alongside
+// it, and waits for the compress pass to complete only before its first state store.
 
-template <bool kWrite, int VEC>
+template <bool kWrite, int VEC, bool kAfterCompress>
 __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ dsa_c128_prefill_params p) {
   constexpr int kTile = 32 * VEC;
@@ -118,7 +123,8 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   __shared__ float part_sum[kPrefillWarps][kTile];
   __shared__ float part_acc[kPrefillWarps][kTile];
 
-  wait_for_producers();
+  if constexpr (!kAfterCompress) wait_for_producers();
+  if constexpr (!kWrite) allow_dependents();
   const int D = p.head_dim;
   const int tiles = D / kTile;
   const dsa_segment* list = kWrite ? p.write : p.compress;
@@ -186,6 +192,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       }
     }
     __syncthreads();
+    if constexpr (kAfterCompress) wait_for_producers();  // every compress-pass read of state is done
     if (merger) {
       const int t = threadIdx.x;
       Partial total{part_max[0][t], part_sum[0][t], part_acc[0][t]};
@@ -203,7 +210,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     }
     __syncthreads();
   }
-  allow_dependents();
+  if constexpr (kWrite) allow_dependents();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -234,7 +241,7 @@ void host_decode(const dsa_c128_decode_params& p) {
   }
 }
 
-void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass) {
+void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::vector<Partial>& scratch) {
   const int D = p.head_dim;
   const dsa_segment* list = write_pass ? p.write : p.compress;
   int64_t count = write_pass ? p.write_capacity : p.compress_capacity;
@@ -257,22 +264,27 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass) {
       continue;
     }
     const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
-    for (int d = 0; d < D; ++d) {
-      Partial total{-INFINITY, 0.0f, 0.0f};
-      for (int j = 0; j < n; ++j) {
-        const float* token = p.kv_score + (first_row + j) * 2 * D;
-        const float t[1] = {to_log2(token[D + d] + p.ape[(int64_t)(first_in_chunk + j) * D + d])}, v[1] = {token[d]};
-        total = absorb(total, t, v, 1);
+    std::vector<Partial>& total = scratch;
+    total.assign(D, Partial{-INFINITY, 0.0f, 0.0f});
+    for (int j = 0; j < n; ++j) {  // tokens outer, channels inner: rows are read in order
+      const float* token = p.kv_score + (first_row + j) * 2 * D;
+      const float* bias = p.ape + (int64_t)(first_in_chunk + j) * D;
+      for (int d = 0; d < D; ++d) {
+        const float t[1] = {to_log2(token[D + d] + bias[d])}, v[1] = {token[d]};
+        total[d] = absorb(total[d], t, v, 1);
       }
+    }
+    for (int d = 0; d < D; ++d) {
+      Partial result = total[d];
       if (continues) {
         const float* prior = p.state + (int64_t)load_slot * 3 * D + d;
-        total = merge(from_state(prior[0], prior[D], prior[2 * D]), total);
+        result = merge(from_state(prior[0], prior[D], prior[2 * D]), result);
       }
       if (write_pass) {
         float* state = p.state + (int64_t)store_slot * 3 * D + d;
-        state[0] = state_max(total), state[D] = total.sum, state[2 * D] = mean_of(total);
+        state[0] = state_max(result), state[D] = result.sum, state[2 * D] = mean_of(result);
       } else {
-        p.out[(int64_t)seg.ragged_id * D + d] = mean_of(total);
+        p.out[(int64_t)seg.ragged_id * D + d] = mean_of(result);
       }
     }
   }
@@ -362,8 +374,9 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   int vec = 0;
   DSA_TRY(pick_vector_width(p, op, &vec));
   if (p.device == DSA_DEVICE_HOST) {
-    host_prefill_pass(p, false);
-    host_prefill_pass(p, true);
+    std::vector<Partial> scratch;
+    host_prefill_pass(p, false, scratch);
+    host_prefill_pass(p, true, scratch);
     return ok();
   }
   int sms = 0;
@@ -375,13 +388,18 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   const int tiles = p.head_dim / (wide ? 128 : 64);
   const bool pdl = p.flags & DSA_FLAG_PDL;
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
-  const int64_t capacities[2] = {p.compress_capacity, p.write_capacity};
-  for (int pass = 0; pass < 2; ++pass) {
-    if (capacities[pass] == 0) continue;
-    const unsigned grid = (unsigned)std::min(capacities[pass] * tiles, resident);
-    auto kernel = wide ? (pass ? c128_prefill_kernel<true, 4> : c128_prefill_kernel<false, 4>)
-                       : (pass ? c128_prefill_kernel<true, 2> : c128_prefill_kernel<false, 2>);
-    DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, (cudaStream_t)stream, pdl, p), op));
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p.compress_capacity > 0) {
+    const unsigned grid = (unsigned)std::min(p.compress_capacity * tiles, resident);
+    auto kernel = wide ? c128_prefill_kernel<false, 4, false> : c128_prefill_kernel<false, 2, false>;
+    DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, s, pdl, p), op));
+  }
+  if (p.write_capacity > 0) {
+    const unsigned grid = (unsigned)std::min(p.write_capacity * tiles, resident);
+    const bool overlap = p.compress_capacity > 0;
+    auto kernel = overlap ? (wide ? c128_prefill_kernel<true, 4, true> : c128_prefill_kernel<true, 2, true>)
+                          : (wide ? c128_prefill_kernel<true, 4, false> : c128_prefill_kernel<true, 2, false>);
+    DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, s, overlap || pdl, p), op));
   }
   return ok();
 }

@@ -1,0 +1,39 @@
+"""The demo (the README's first command) and `info` run and check themselves."""
+import pytest
+
+from pydsa import demo, info
+from pydsa.__main__ import main
+
+
+def test_demo_passes_on_defaults_briefly(capsys):
+    assert main(["demo", "--steps", "25", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "host backend" in out.splitlines()[0] and "PASS" in out
+
+
+def test_demo_summary_counts_its_checks():
+    r = demo.run(steps=30, device="cpu", progress=False)
+    assert r["ok"] and r["chunks_emitted"] > 10 and r["verify_steps"] > 0 and r["max_relative_error"] < 1e-5
+
+
+def test_a_broken_check_makes_the_demo_fail(monkeypatch):
+    """A test double corrupts one element of every emitted vector: the demo must exit 1."""
+    original = demo.Checker.__init__
+
+    def corrupting(self, ape, d, corrupt):
+        original(self, ape, d, True)
+
+    monkeypatch.setattr(demo.Checker, "__init__", corrupting)
+    assert main(["demo", "--steps", "12", "--device", "cpu"]) == 1
+
+
+def test_info_runs(capsys):
+    assert info.main([]) == 0
+    out = capsys.readouterr().out
+    assert "ABI" in out and "library:" in out
+
+
+def test_cli_rejects_unknown_commands():
+    assert main(["nope"]) == 2
+    with pytest.raises(SystemExit):
+        main(["bench", "nothing"])
