@@ -1,0 +1,231 @@
+/* A C99 consumer of libdsa_kernels: plans a prefill, runs c128 prefill and decode and a metadata
+ * copy through the host backend on built-in data, checks every result against values computed
+ * here, and prints a one-line verdict. Exit status 0 only if every check passed. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dsa_kernels.h"
+
+#define D 64
+#define TOKENS 384 /* three chunks: 300 by prefill, 84 by decode */
+#define PREFILL 300
+
+static int failures = 0;
+
+static void expect(int ok, const char* what) {
+  if (!ok) {
+    fprintf(stderr, "check failed: %s (%s)\n", what, dsa_last_error());
+    ++failures;
+  }
+}
+
+static unsigned lcg = 12345u;
+static float next_float(void) { /* uniform in [-2, 2) */
+  lcg = lcg * 1664525u + 1013904223u;
+  return (float)((lcg >> 8) & 0xFFFF) / 16384.0f - 2.0f;
+}
+
+/* The compressed vector of chunk c, in double, straight from the formula. */
+static void chunk_reference(const float* rows, const float* ape, int c, double* out) {
+  for (int d = 0; d < D; ++d) {
+    double m = -INFINITY, s = 0.0, acc = 0.0;
+    for (int j = 0; j < DSA_CHUNK; ++j) {
+      const double t = rows[(c * DSA_CHUNK + j) * 2 * D + D + d] + ape[j * D + d];
+      m = t > m ? t : m;
+    }
+    for (int j = 0; j < DSA_CHUNK; ++j) {
+      const double w = exp(rows[(c * DSA_CHUNK + j) * 2 * D + D + d] + ape[j * D + d] - m);
+      s += w;
+      acc += w * rows[(c * DSA_CHUNK + j) * 2 * D + d];
+    }
+    out[d] = acc / s;
+  }
+}
+
+static double relative_error(const float* got, const double* want) {
+  double num = 0.0, den = 0.0;
+  for (int d = 0; d < D; ++d) {
+    num += (got[d] - want[d]) * (got[d] - want[d]);
+    den += want[d] * want[d];
+  }
+  return sqrt(num / den);
+}
+
+static void check_plan(void) {
+  const int64_t seq[2] = {300, 50}, ext[2] = {200, 50};
+  dsa_segment compress[8], write[8];
+  int64_t nc = -1, nw = -1;
+  dsa_plan_params p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.batch_size = 2;
+  p.num_tokens = 250;
+  p.seq_lens = seq;
+  p.extend_lens = ext;
+  p.compress = compress;
+  p.write = write;
+  p.compress_capacity = 8;
+  p.write_capacity = 8;
+  p.num_compress = &nc;
+  p.num_write = &nw;
+  expect(dsa_c128_plan_prefill(&p) == DSA_STATUS_OK, "plan");
+  /* Expected records, cut here position by position. */
+  int64_t c = 0, w = 0, ragged = 0;
+  for (int b = 0; b < 2; ++b) {
+    int64_t start = seq[b] - ext[b];
+    for (int64_t pos = seq[b] - ext[b]; pos < seq[b]; ++pos) {
+      const int closes = pos % DSA_CHUNK == DSA_CHUNK - 1;
+      if (!closes && pos != seq[b] - 1) continue;
+      const dsa_segment* got = closes ? &compress[c++] : &write[w++];
+      expect(got->ragged_id == (uint32_t)(ragged + pos - (seq[b] - ext[b])) && got->batch_id == (uint32_t)b &&
+                 got->position == (uint32_t)pos && got->window_len == (uint32_t)(pos - start + 1),
+             "plan record");
+      start = pos + 1;
+    }
+    ragged += ext[b];
+  }
+  expect(nc == c && nw == w, "plan counts");
+  p.compress_capacity = 1;
+  expect(dsa_c128_plan_prefill(&p) == DSA_STATUS_CAPACITY, "too small a capacity is refused");
+}
+
+static void check_c128(void) {
+  static float rows[TOKENS * 2 * D], ape[DSA_CHUNK * D], state[2 * 3 * D], out[TOKENS * D];
+  for (int i = 0; i < TOKENS * 2 * D; ++i) rows[i] = next_float();
+  for (int i = 0; i < DSA_CHUNK * D; ++i) ape[i] = next_float();
+  for (int i = 0; i < 2 * 3 * D; ++i) state[i] = 1e30f; /* stale: must never be read */
+  for (int i = 0; i < TOKENS * D; ++i) out[i] = NAN;
+
+  /* Prefill 300 tokens of one request (slot 1) from position 0. */
+  const int64_t seq = PREFILL, ext = PREFILL;
+  dsa_segment compress[4], write[2];
+  int64_t nc = 0, nw = 0;
+  dsa_plan_params plan;
+  memset(&plan, 0, sizeof plan);
+  plan.struct_size = sizeof plan;
+  plan.batch_size = 1;
+  plan.num_tokens = PREFILL;
+  plan.seq_lens = &seq;
+  plan.extend_lens = &ext;
+  plan.compress = compress;
+  plan.write = write;
+  plan.compress_capacity = 4;
+  plan.write_capacity = 2;
+  plan.num_compress = &nc;
+  plan.num_write = &nw;
+  expect(dsa_c128_plan_prefill(&plan) == DSA_STATUS_OK && nc == 2 && nw == 1, "prefill plan");
+
+  const int32_t slot = 1;
+  dsa_c128_prefill_params p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.device = DSA_DEVICE_HOST;
+  p.head_dim = D;
+  p.num_slots = 2;
+  p.batch_size = 1;
+  p.num_tokens = PREFILL;
+  p.state = state;
+  p.kv_score = rows;
+  p.out = out;
+  p.ape = ape;
+  p.indices = &slot;
+  p.compress = compress;
+  p.write = write;
+  p.compress_capacity = nc;
+  p.write_capacity = nw;
+  expect(dsa_c128_prefill(&p, NULL) == DSA_STATUS_OK, "prefill");
+
+  double want[D];
+  for (int c = 0; c < 2; ++c) {
+    chunk_reference(rows, ape, c, want);
+    expect(relative_error(&out[(c * DSA_CHUNK + DSA_CHUNK - 1) * D], want) < 1e-5, "prefill chunk vector");
+  }
+  /* Decode the rest of chunk 2 one token at a time; the last one closes it. */
+  float decoded[D];
+  for (int pos = PREFILL; pos < TOKENS; ++pos) {
+    const int32_t seq_len = pos + 1;
+    for (int d = 0; d < D; ++d) decoded[d] = NAN;
+    dsa_c128_decode_params q;
+    memset(&q, 0, sizeof q);
+    q.struct_size = sizeof q;
+    q.device = DSA_DEVICE_HOST;
+    q.head_dim = D;
+    q.num_slots = 2;
+    q.batch_size = 1;
+    q.state = state;
+    q.kv_score = &rows[pos * 2 * D];
+    q.out = decoded;
+    q.ape = ape;
+    q.indices = &slot;
+    q.seq_lens = &seq_len;
+    expect(dsa_c128_decode(&q, NULL) == DSA_STATUS_OK, "decode");
+  }
+  chunk_reference(rows, ape, 2, want);
+  expect(relative_error(decoded, want) < 1e-5, "decode chunk vector");
+  for (int i = 0; i < 3 * D; ++i) expect(state[i] == 1e30f, "slot 0 untouched");
+
+  dsa_c128_decode_params bad;
+  memset(&bad, 0, sizeof bad);
+  bad.struct_size = sizeof bad - 4;
+  expect(dsa_c128_decode(&bad, NULL) == DSA_STATUS_ABI_MISMATCH, "a wrong struct_size is refused");
+}
+
+static void check_metadata_copy(void) {
+  enum { BS = 3, WIDTH = 5, STRIDE = 8 };
+  int32_t cache[BS], cu[BS + 1], pages[BS * WIDTH], dsa_cache[BS], dsa_cu[BS + 1];
+  for (int i = 0; i < BS; ++i) cache[i] = 10 + i, dsa_cache[i] = 20 + i;
+  for (int i = 0; i <= BS; ++i) cu[i] = 100 * i, dsa_cu[i] = 7 * i;
+  for (int i = 0; i < BS * WIDTH; ++i) pages[i] = 1000 + i;
+  int32_t d_cache[BS], d_cu[BS + 1], d_pages[BS * STRIDE], d_dsa_cache[BS], d_dsa_cu[BS + 1];
+  int32_t* all[] = {d_cache, d_cu, d_pages, d_dsa_cache, d_dsa_cu};
+  const int sizes[] = {BS, BS + 1, BS * STRIDE, BS, BS + 1};
+  for (int f = 0; f < 5; ++f)
+    for (int i = 0; i < sizes[f]; ++i) all[f][i] = -1;
+
+  dsa_metadata_destination dst;
+  memset(&dst, 0, sizeof dst);
+  dst.cache_seqlens = d_cache, dst.cache_seqlens_len = BS;
+  dst.cu_seqlens_k = d_cu, dst.cu_seqlens_k_len = BS + 1;
+  dst.page_table = d_pages, dst.page_table_rows = BS, dst.page_table_cols = STRIDE, dst.page_table_stride = STRIDE;
+  dst.dsa_cache_seqlens = d_dsa_cache, dst.dsa_cache_seqlens_len = BS;
+  dst.dsa_cu_seqlens_k = d_dsa_cu, dst.dsa_cu_seqlens_k_len = BS + 1;
+  dsa_metadata_copy_params p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.device = DSA_DEVICE_HOST;
+  p.mode = DSA_MODE_DECODE;
+  p.bs = BS;
+  p.page_rows = BS;
+  p.page_width = WIDTH;
+  p.src.cache_seqlens = cache;
+  p.src.cu_seqlens_k = cu;
+  p.src.page_indices = pages;
+  p.src.dsa_cache_seqlens = dsa_cache;
+  p.src.dsa_cu_seqlens_k = dsa_cu;
+  p.num_destinations = 1;
+  p.destinations = &dst;
+  expect(dsa_metadata_copy(&p, NULL) == DSA_STATUS_OK, "metadata copy");
+  int ok = d_cu[0] == -1 && d_dsa_cu[0] == -1;
+  for (int i = 0; i < BS; ++i)
+    ok &= d_cache[i] == cache[i] && d_cu[i + 1] == cu[i + 1] && d_dsa_cache[i] == dsa_cache[i] && d_dsa_cu[i + 1] == dsa_cu[i + 1];
+  for (int r = 0; r < BS; ++r)
+    for (int c = 0; c < STRIDE; ++c) ok &= d_pages[r * STRIDE + c] == (c < WIDTH ? pages[r * WIDTH + c] : -1);
+  expect(ok, "metadata copy contents");
+  dst.page_table_cols = WIDTH - 1;
+  expect(dsa_metadata_copy(&p, NULL) == DSA_STATUS_CAPACITY, "a source wider than its destination is refused");
+}
+
+int main(void) {
+  if (dsa_abi_version() != DSA_ABI_VERSION) {
+    printf("dsa_kernels C consumer: FAIL (library ABI %d, header ABI %d)\n", dsa_abi_version(), DSA_ABI_VERSION);
+    return 1;
+  }
+  check_plan();
+  check_c128();
+  check_metadata_copy();
+  printf("dsa_kernels C consumer: %s (library %s, ABI %d, host backend)\n", failures ? "FAIL" : "OK",
+         dsa_version_string(), dsa_abi_version());
+  return failures ? 1 : 0;
+}

@@ -1,0 +1,102 @@
+"""C-ABI hygiene and reuse from other languages: exported symbols, the header as C99 and C++17,
+struct_size checks, and real C and Rust consumers built against the library."""
+import ctypes
+import glob
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import pydsa
+from pydsa import _abi
+
+ROOT = Path(__file__).resolve().parents[1]
+HEADER_DIR = ROOT / "native" / "include"
+LIB = Path(pydsa.library_path())
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, **kw)
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm")
+def test_only_dsa_symbols_are_exported():
+    lines = run(["nm", "-D", "--defined-only", str(LIB)]).stdout.splitlines()
+    names = [line.split()[-1] for line in lines if line.strip()]
+    assert names and all(n.startswith("dsa_") for n in names), [n for n in names if not n.startswith("dsa_")]
+
+
+@pytest.mark.parametrize("compiler,flags", [("gcc", ["-x", "c", "-std=c99"]), ("g++", ["-x", "c++", "-std=c++17"])])
+def test_header_compiles_cleanly(tmp_path, compiler, flags):
+    if shutil.which(compiler) is None:
+        pytest.skip(f"needs {compiler}")
+    src = tmp_path / "h.c"
+    src.write_text('#include "dsa_kernels.h"\nint main(void) { return dsa_abi_version() == DSA_ABI_VERSION ? 0 : 1; }\n')
+    r = run([compiler, *flags, "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only", f"-I{HEADER_DIR}", str(src)])
+    assert r.returncode == 0, r.stderr
+
+
+def test_header_documents_the_abi_version_rule():
+    text = (HEADER_DIR / "dsa_kernels.h").read_text()
+    assert "ABI version rule" in text and "#define DSA_ABI_VERSION" in text
+
+
+@pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", _abi.DecodeParams), ("dsa_c128_prefill", _abi.PrefillParams),
+                                       ("dsa_metadata_copy", _abi.MetadataCopyParams), ("dsa_c128_plan_prefill", _abi.PlanParams)])
+@pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(_abi.DecodeParams)])
+def test_wrong_struct_size_is_refused_with_a_clear_message(fn, struct, delta):
+    p = _abi.new(struct)
+    p.struct_size = max(0, p.struct_size + delta)
+    args = [ctypes.byref(p)] + ([] if fn == "dsa_c128_plan_prefill" else [None])
+    assert getattr(_abi.lib, fn)(*args) == 2
+    assert f"expects {ctypes.sizeof(struct)}" in _abi.lib.dsa_last_error().decode()
+
+
+def test_null_params_are_refused():
+    assert _abi.lib.dsa_c128_decode(None, None) == 1
+    assert "params is null" in _abi.lib.dsa_last_error().decode()
+
+
+def _build_tree():
+    trees = sorted(glob.glob(str(ROOT / "build" / "*" / "CMakeCache.txt")))
+    return Path(trees[-1]).parent if trees else None
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_c_consumer_builds_against_the_installed_package(tmp_path):
+    """cmake --install lays out header, library, CMake package and pkg-config file; a separate
+    CMake project finds it with find_package(dsa_kernels) and its C99 consumer passes."""
+    tree = _build_tree()
+    if tree is None:
+        pytest.skip("no CMake build tree (install with `pip install --no-build-isolation -e .`)")
+    prefix = tmp_path / "prefix"
+    r = run(["cmake", "--install", str(tree), "--prefix", str(prefix)])
+    assert r.returncode == 0, r.stderr
+    pkg = prefix / "pydsa"
+    for f in ("include/dsa_kernels.h", "libdsa_kernels.so", "lib/cmake/dsa_kernels/dsa_kernelsConfig.cmake",
+              "lib/pkgconfig/dsa_kernels.pc"):
+        assert (pkg / f).exists(), f
+    build = tmp_path / "consumer"
+    r = run(["cmake", "-S", str(ROOT / "examples" / "c"), "-B", str(build), f"-DCMAKE_PREFIX_PATH={pkg}"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(["cmake", "--build", str(build)])
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run([str(build / "consumer")])
+    assert r.returncode == 0 and "dsa_kernels C consumer: OK" in r.stdout, r.stdout + r.stderr
+    if shutil.which("pkg-config"):
+        flags = run(["pkg-config", "--cflags", "--libs", "dsa_kernels"],
+                    env={**os.environ, "PKG_CONFIG_PATH": str(pkg / "lib" / "pkgconfig")}).stdout.split()
+        exe = tmp_path / "consumer_pc"
+        r = run(["gcc", "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", str(ROOT / "examples" / "c" / "consumer.c"),
+                 *flags, f"-Wl,-rpath,{pkg}", "-lm", "-o", str(exe)])
+        assert r.returncode == 0, r.stderr
+        assert "OK" in run([str(exe)]).stdout
+
+
+@pytest.mark.skipif(shutil.which("cargo") is None, reason="cargo is not installed")
+def test_rust_consumer_builds_and_passes(tmp_path):
+    env = {**os.environ, "DSA_KERNELS_LIB_DIR": str(LIB.parent), "CARGO_TARGET_DIR": str(tmp_path / "target")}
+    r = run(["cargo", "run", "--quiet", "--offline", "--manifest-path", str(ROOT / "examples" / "rust" / "Cargo.toml")], env=env)
+    assert r.returncode == 0 and "dsa_kernels Rust consumer: OK" in r.stdout, r.stdout + r.stderr
