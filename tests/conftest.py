@@ -9,6 +9,9 @@ settings.register_profile("ci", max_examples=40, deadline=None, derandomize=True
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", max_examples=400, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
+# Under compute-sanitizer every launch is slow: a handful of examples per property.
+settings.register_profile("sanitize", max_examples=4, deadline=None, derandomize=True,
+                          suppress_health_check=list(HealthCheck))
 settings.load_profile(os.environ.get("PYDSA_HYPOTHESIS_PROFILE", "ci"))
 
 HAS_GPU = torch.cuda.is_available()
