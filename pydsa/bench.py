@@ -508,10 +508,17 @@ def plot(result: dict, path: str) -> None:
 
 
 def _commit() -> str:
+    """The source commit: $PYDSA_COMMIT when set (machines that get a copy of the tree without
+    git), else git's HEAD, with '+dirty' when the tree differs from it."""
+    if os.environ.get("PYDSA_COMMIT"):
+        return os.environ["PYDSA_COMMIT"]
     try:
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
-                              text=True, timeout=5).stdout.strip() or "unknown"
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True,
+                              text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return (head + ("+dirty" if dirty else "")) if head else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
