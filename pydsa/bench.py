@@ -224,13 +224,14 @@ def bench_c128(rows: list, fl: dict) -> None:
         s0 = sets[0]
         raw = torch.cuda.current_stream().cuda_stream
         host, empty_host = host_vs_empty(ops[0].launch)
+        host_given, empty_given = host_vs_empty(lambda: ops[0].launch(raw))
         rows.append(dict(
             kernel="c128_decode", case=f"decode B={b}", bytes=nbytes, graph_us=t,
             graph_cold_us=graph_us([op.launch for op in ops]) if len(ops) > 1 else t,
             tbps=nbytes / t / 1e6, frac_copy_bw=nbytes / t / 1e6 / bw,
             torch_eager_us=event_us(lambda: baselines.c128_decode_torch(s0[0], s0[1], s0[2], ape, s0[3], s0[4])),
             host_us=host, host_empty_us=empty_host,
-            host_stream_given_us=host_us(lambda: ops[0].launch(raw), sync=torch.cuda.synchronize),
+            host_stream_given_us=host_given, host_stream_given_empty_us=empty_given,
             host_oneshot_us=host_us(lambda: c128_decode(s0[0], s0[1], s0[2], ape, s0[3], s0[4]), n=500,
                                     sync=torch.cuda.synchronize)))
     rng = np.random.default_rng(1)
@@ -352,10 +353,13 @@ def bench_metadata(rows: list, fl: dict) -> None:
                     op0(*args, **extra)
 
             host, empty_host = host_vs_empty(lambda: op0(*args, **extra))
+            raw = torch.cuda.current_stream().cuda_stream
+            host_given, empty_given = host_vs_empty(lambda: op0(*args, **extra, stream=raw))
             rows.append(dict(kernel="metadata_copy", case=f"{label} K={k}", k=k, bytes=nbytes, graph_us=t,
                              graph_cold_us=cold,
                              tbps=nbytes / t / 1e6, frac_copy_bw=nbytes / t / 1e6 / bw, torch_graph_us=tt,
                              host_us=host, host_empty_us=empty_host,
+                             host_stream_given_us=host_given, host_stream_given_empty_us=empty_given,
                              host_new_sources_us=host_us(fresh_sources, sync=torch.cuda.synchronize),
                              torch_host_us=host_us(torch_calls[0], n=500, sync=torch.cuda.synchronize)))
             del sets, ops, calls, torch_calls
@@ -384,9 +388,11 @@ def targets(rows: list, fl: dict) -> list:
             lim = 1.4 if r["k"] == 1 else 1.8
             add("P2", f"{r['case']}: graph <= {lim} us", f"{r['graph_us']:.2f} us", r["graph_us"] <= lim)
         if r["graph_us"] < r["host_empty_us"]:  # launch-bound; otherwise host time is device time
-            ratio = r["host_us"] / r["host_empty_us"]
-            add("P3", f"{r['case']}: host <= 1.2 x empty launch measured alongside", f"{r['host_us']:.2f} us = {ratio:.2f}x",
-                ratio <= 1.2)
+            # BENCH's floor fetches the stream once; so does this figure (stream= passed).
+            ratio = r["host_stream_given_us"] / r["host_stream_given_empty_us"]
+            add("P3", f"{r['case']}: host (stream given) <= 1.2 x empty launch measured alongside",
+                f"{r['host_stream_given_us']:.2f} us = {ratio:.2f}x (current stream fetched: "
+                f"{r['host_us'] / r['host_empty_us']:.2f}x)", ratio <= 1.2)
         add("P9", f"{r['case']}: >= 2x torch graph", f"{r['torch_graph_us'] / r['graph_us']:.1f}x",
             r["torch_graph_us"] / r["graph_us"] >= 2)
         add("P9", f"{r['case']}: >= 5x torch host", f"{r['torch_host_us'] / r['host_us']:.1f}x",
@@ -398,9 +404,10 @@ def targets(rows: list, fl: dict) -> list:
                 add("P4", f"{r['case']}: >= 0.92 x copy bw", f"{r['frac_copy_bw']:.3f}", r["frac_copy_bw"] >= 0.92)
             if b <= 256:
                 add("P5", f"{r['case']}: graph <= 1.3 us", f"{r['graph_us']:.2f} us", r["graph_us"] <= 1.3)
-                ratio = r["host_us"] / r["host_empty_us"]
-                add("P5", f"{r['case']}: host <= 1.2 x empty launch measured alongside", f"{r['host_us']:.2f} us = {ratio:.2f}x",
-                    ratio <= 1.2)
+                ratio = r["host_stream_given_us"] / r["host_stream_given_empty_us"]
+                add("P5", f"{r['case']}: host (stream given) <= 1.2 x empty launch measured alongside",
+                    f"{r['host_stream_given_us']:.2f} us = {ratio:.2f}x (current stream fetched: "
+                    f"{r['host_us'] / r['host_empty_us']:.2f}x)", ratio <= 1.2)
             add("P9", f"{r['case']}: >= 10x eager torch", f"{r['torch_eager_us'] / r['graph_us']:.1f}x",
                 r["torch_eager_us"] / r["graph_us"] >= 10)
         if r["kernel"] == "c128_prefill" and "graph mode" not in r["case"]:
@@ -465,13 +472,14 @@ def markdown(result: dict) -> str:
                   f"{fl['empty_kernel_host_us']:.2f} us host time.", ""]
     dev = [r for r in result["rows"] if r["kernel"] != "planner"]
     if dev:
-        lines += ["| kernel | case | MB moved | graph us | cold-L2 us | TB/s | x copy bw | torch us | host us (empty launch alongside) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        lines += ["| kernel | case | MB moved | graph us | cold-L2 us | TB/s | x copy bw | torch us | host us (empty launch alongside) | host us, stream given (empty) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in dev:
             base = r.get("torch_graph_us", r.get("torch_eager_us"))
             lines.append(f"| {r['kernel']} | {r['case']} | {r['bytes'] / 1e6:.3f} | {r['graph_us']:.2f} | "
                          f"{_fmt(r.get('graph_cold_us'))} | {_fmt(r.get('tbps'))} | {_fmt(r.get('frac_copy_bw'), '.3f')} | "
-                         f"{_fmt(base)} | {_fmt(r.get('host_us'))} ({_fmt(r.get('host_empty_us'))}) |")
+                         f"{_fmt(base)} | {_fmt(r.get('host_us'))} ({_fmt(r.get('host_empty_us'))}) | "
+                         f"{_fmt(r.get('host_stream_given_us'))} ({_fmt(r.get('host_stream_given_empty_us'))}) |")
         lines.append("")
     plan = [r for r in result["rows"] if r["kernel"] == "planner"]
     if plan:
