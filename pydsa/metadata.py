@@ -154,6 +154,24 @@ class MetadataCopy:
         if status:
             _check_status(status)
 
+    def bind(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+             seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None) -> "MetadataCopy":
+        """Checks and binds static source buffers (refilled in place each step); launch() then
+        copies them with no per-call argument handling. Returns self."""
+        sources = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                   seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+        self._prepare(*sources)
+        self._last = sources
+        return self
+
+    def launch(self, stream=None) -> None:
+        """Copies the bound sources (see bind) on `stream` (raw handle) or the current stream."""
+        if self._last[0] is None:
+            raise RuntimeError("MetadataCopy.launch: no sources bound; call bind(...) or call the object with sources")
+        status = _copy_fn(self._ref, (self._raw_stream(self._dev) if self._dev >= 0 else 0) if stream is None else stream)
+        if status:
+            _check_status(status)
+
     def _prepare(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                  seqlens_expanded, real_page_table, num_splits, flashmla_metadata) -> None:
         self._last = (None,) * 9

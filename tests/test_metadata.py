@@ -296,3 +296,21 @@ def test_one_shot_function(device):
     pydsa.metadata_copy(src, dsts, mode="target_verify")
     for got, ref in zip(dsts, want):
         assert all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def test_bound_sources_and_launch(device):
+    """bind() checks static sources once; launch() copies their current contents."""
+    src, dsts = make_case(device, "draft_extend", 6, 40, 9, 3, 12, 2, 1, 8)
+    copy = pydsa.MetadataCopy(dsts, mode="draft_extend").bind(**src)
+    for step in range(3):
+        gen = torch.Generator().manual_seed(step)
+        for t in src.values():
+            t.copy_(rand_i32(*t.shape, device=device, gen=gen))
+        want = [{k: t.clone() for k, t in d.items()} for d in dsts]
+        for w in want:
+            metadata_copy_reference(src, w, "draft_extend")
+        copy.launch()
+        for got, ref in zip(dsts, want):
+            assert all(torch.equal(got[k], ref[k]) for k in ref)
+    with pytest.raises(RuntimeError, match="no sources bound"):
+        pydsa.MetadataCopy(dsts, mode="draft_extend").launch()
