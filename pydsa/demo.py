@@ -272,6 +272,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
             r.done += 1
         tokens += len(batch)
 
+    tty = sys.stderr.isatty()  # a live bar on a terminal, a line per 50 steps in logs
     started = time.perf_counter()
     for step in range(steps):
         verify_torch = step % 10 == 0
@@ -300,11 +301,13 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
             running.remove(r)
             free.append(r.slot)
             finished += 1
-        if progress:
+        if progress and (tty or (step + 1) % 50 == 0 or step + 1 == steps):
             filled = int(30 * (step + 1) / steps)
-            print(f"\r[{'#' * filled}{'.' * (30 - filled)}] step {step + 1}/{steps}  chunks {checker.chunks}  "
-                  f"max err {checker.max_err:.1e}", end="", file=sys.stderr, flush=True)
-    if progress:
+            start = "\r" if tty else ""
+            print(f"{start}[{'#' * filled}{'.' * (30 - filled)}] step {step + 1}/{steps}  "
+                  f"chunks {checker.chunks}  max err {checker.max_err:.1e}", end="" if tty else "\n",
+                  file=sys.stderr, flush=True)
+    if progress and tty:
         print(file=sys.stderr)
     ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0
     return dict(device=str(device), steps=steps, requests_arrived=arrived, requests_finished=finished,
