@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import pydsa
 import pyplan
-from conftest import HAS_GPU, gpu
+from conftest import DEVICES, HAS_GPU, gpu
 from reference import CHUNK, TokenStream, online_step_fp32, rel_err
 
 POISON = float("nan")
@@ -213,22 +213,14 @@ def run_schedule(device, sched):
     return server
 
 
+@pytest.mark.parametrize("device_name", DEVICES)
 @settings(max_examples=25)
 @given(schedules())
-def test_any_schedule_emits_the_offline_chunk_vectors_host(sched):
+def test_any_schedule_emits_the_offline_chunk_vectors(device_name, sched):
     """Every chunk vector, whichever mix of prefill segments (mid-chunk starts, copy-on-write
     slots, many requests per batch) and decode steps produced it, equals the float64 offline
     formula within 1e-5 norm-wise relative error."""
-    run_schedule(torch.device("cpu"), sched)
-
-
-@gpu
-@pytest.mark.gpu
-@settings(max_examples=25)
-@given(schedules())
-def test_any_schedule_emits_the_offline_chunk_vectors_gpu(sched):
-    """The same property on the GPU kernels."""
-    run_schedule(torch.device("cuda"), sched)
+    run_schedule(torch.device(device_name), sched)
 
 
 @gpu
@@ -263,6 +255,26 @@ def test_gpu_equals_host_backend(d):
 # CUDA graphs and device plans
 
 
+def replan_and_check(plan, kv, out, stream, ape, schedule, run):
+    """For each step's extends: re-plan into `plan`, fill kv with the step's rows, run() the
+    captured or prepared prefill, and check every emitted chunk vector and that nothing else in
+    `out` was written."""
+    done = [0] * len(schedule[0])
+    for extends in schedule:
+        seq = np.array([done[b] + e for b, e in enumerate(extends)], np.int64)
+        plan.plan(seq, np.array(extends, np.int64), num_tokens=kv.shape[0])
+        rows = np.concatenate([stream.rows(b, done[b], done[b] + e) for b, e in enumerate(extends)])
+        kv[:len(rows)].copy_(torch.from_numpy(rows))
+        out.fill_(POISON)
+        run()
+        compress, _ = pyplan.plan_prefill(seq, np.array(extends, np.int64))
+        got = out.cpu()
+        for rid, b, pos, _ in compress.tolist():
+            assert rel_err(got[rid].numpy(), stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
+        assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
+        done = list(seq)
+
+
 def test_device_plan_reused_across_replans(device):
     """A DevicePlan padded to its capacity: re-plan with other lengths, launch the prepared op
     again (no re-validation) and get the right chunk vectors; the work follows real counts."""
@@ -276,20 +288,7 @@ def test_device_plan_reused_across_replans(device):
     out = torch.full((max_tokens, d), POISON, device=device)
     idx = torch.tensor([4, 1, 2, 0], dtype=torch.int32, device=device)
     op = pydsa.C128Prefill(state, kv, out, torch.from_numpy(ape).to(device), idx, plan)
-    done = [0, 0, 0, 0]
-    for extends in ([300, 5, 128, 1], [200, 300, 128, 126], [1, 250, 1, 2]):
-        seq = np.array([done[b] + e for b, e in enumerate(extends)], np.int64)
-        plan.plan(seq, np.array(extends, np.int64), num_tokens=max_tokens)
-        rows = np.concatenate([stream.rows(b, done[b], done[b] + e) for b, e in enumerate(extends)])
-        kv[:len(rows)].copy_(torch.from_numpy(rows))
-        out.fill_(POISON)
-        op.launch()
-        compress, _ = pyplan.plan_prefill(seq, np.array(extends, np.int64))
-        got = out.cpu()
-        for rid, b, pos, _ in compress.tolist():
-            assert rel_err(got[rid].numpy(), stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
-        assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
-        done = list(seq)
+    replan_and_check(plan, kv, out, stream, ape, ([300, 5, 128, 1], [200, 300, 128, 126], [1, 250, 1, 2]), op.launch)
 
 
 @gpu
@@ -318,21 +317,12 @@ def test_cuda_graph_capture_once_replan_and_replay():
     with torch.cuda.graph(graph):
         op.launch()
     state.fill_(POISON)
-    done = [0, 0, 0]
-    for extends in ([700, 129, 1], [100, 1000, 300], [5, 1, 127]):
-        seq = np.array([done[b] + e for b, e in enumerate(extends)], np.int64)
-        plan.plan(seq, np.array(extends, np.int64), num_tokens=max_tokens)
-        rows = np.concatenate([stream.rows(b, done[b], done[b] + e) for b, e in enumerate(extends)])
-        kv[:len(rows)].copy_(torch.from_numpy(rows))
-        out.fill_(POISON)
+
+    def replay():
         graph.replay()
         torch.cuda.synchronize()
-        compress, _ = pyplan.plan_prefill(seq, np.array(extends, np.int64))
-        got = out.cpu()
-        for rid, b, pos, _ in compress.tolist():
-            assert rel_err(got[rid].numpy(), stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
-        assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
-        done = list(seq)
+
+    replan_and_check(plan, kv, out, stream, ape, ([700, 129, 1], [100, 1000, 300], [5, 1, 127]), replay)
 
 
 # ---------------------------------------------------------------------------------------------

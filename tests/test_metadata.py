@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import pydsa
-from conftest import gpu
+from conftest import DEVICES, gpu
 from pydsa.baselines import metadata_copy_torch as metadata_copy_reference
 
 SENTINEL = -777
@@ -81,27 +81,32 @@ def run_case(device, case):
     return dsts, want
 
 
+@pytest.mark.parametrize("device_name", DEVICES)
 @settings(max_examples=60)
 @given(cases())
-def test_equals_per_field_copies_and_touches_nothing_else_host(case):
+def test_equals_per_field_copies_and_touches_nothing_else(device_name, case):
     """Every destination equals the per-field torch copy sequence bit for bit, over the whole
     buffer: nothing outside the copied region (element 0 of the cu_seqlens arrays included)
     changes; K destinations equal K single copies."""
-    dsts, want = run_case(torch.device("cpu"), case)
+    dsts, want = run_case(torch.device(device_name), case)
     for got, ref in zip(dsts, want):
         for key in ref:
             assert torch.equal(got[key], ref[key]), key
 
 
-@gpu
-@pytest.mark.gpu
-@settings(max_examples=60)
-@given(cases())
-def test_equals_per_field_copies_and_touches_nothing_else_gpu(case):
-    dsts, want = run_case(torch.device("cuda"), case)
-    for got, ref in zip(dsts, want):
-        for key in ref:
-            assert torch.equal(got[key], ref[key]), key
+def refill_and_check(src, dsts, mode, run, steps=3):
+    """Refills the sources in place with new random contents, run()s the bound or captured copy
+    and compares every destination with the per-field sequence."""
+    for step in range(steps):
+        gen = torch.Generator().manual_seed(step)
+        for t in src.values():
+            t.copy_(rand_i32(*t.shape, device=t.device, gen=gen))
+        want = [{k: t.clone() for k, t in d.items()} for d in dsts]
+        for w in want:
+            metadata_copy_reference(src, w, mode)
+        run()
+        for got, ref in zip(dsts, want):
+            assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
 @pytest.mark.parametrize("misalign", [0, 1, 2, 3])
@@ -151,18 +156,13 @@ def test_cuda_graph_replay_sees_new_source_contents():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         copy(**src)
-    gen = torch.Generator().manual_seed(9)
-    for _ in range(3):
-        for t in src.values():
-            t.copy_(rand_i32(*t.shape, device=dev, gen=gen))
-        want = [{k: t.clone() for k, t in d.items()} for d in dsts]
-        for w in want:
-            metadata_copy_reference(src, w, "decode")
+
+    def replay():
         graph.replay()
         torch.cuda.synchronize()
-        for got, ref in zip(dsts, want):
-            assert all(torch.equal(got[k], ref[k]) for k in ref)
-    small = {k: (v[:10] if v.dim() == 1 else v[:10]) for k, v in src.items()}
+
+    refill_and_check(src, dsts, "decode", replay)
+    small = {k: v[:10] for k, v in src.items()}
     small["cu_seqlens_k"] = src["cu_seqlens_k"][:11]
     small["num_splits"] = src["num_splits"][:11]
     small["dsa_cu_seqlens_k"] = src["dsa_cu_seqlens_k"][:11]
@@ -302,15 +302,6 @@ def test_bound_sources_and_launch(device):
     """bind() checks static sources once; launch() copies their current contents."""
     src, dsts = make_case(device, "draft_extend", 6, 40, 9, 3, 12, 2, 1, 8)
     copy = pydsa.MetadataCopy(dsts, mode="draft_extend").bind(**src)
-    for step in range(3):
-        gen = torch.Generator().manual_seed(step)
-        for t in src.values():
-            t.copy_(rand_i32(*t.shape, device=device, gen=gen))
-        want = [{k: t.clone() for k, t in d.items()} for d in dsts]
-        for w in want:
-            metadata_copy_reference(src, w, "draft_extend")
-        copy.launch()
-        for got, ref in zip(dsts, want):
-            assert all(torch.equal(got[k], ref[k]) for k in ref)
+    refill_and_check(src, dsts, "draft_extend", copy.launch)
     with pytest.raises(RuntimeError, match="no sources bound"):
         pydsa.MetadataCopy(dsts, mode="draft_extend").launch()

@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import pydsa
 import pyplan
-from conftest import HAS_GPU, gpu
+from conftest import DEVICES, HAS_GPU, gpu
 from pydsa import _abi
 
 GUARD = 4096  # elements of guard on each side of a buffer
@@ -89,18 +89,11 @@ def _c128_guarded(device, case):
     assert g.intact(), "a write landed outside the buffers"
 
 
+@pytest.mark.parametrize("device_name", DEVICES)
 @settings(max_examples=60)
 @given(c128_cases())
-def test_c128_never_writes_outside_its_buffers_host(case):
-    _c128_guarded(torch.device("cpu"), case)
-
-
-@gpu
-@pytest.mark.gpu
-@settings(max_examples=60)
-@given(c128_cases())
-def test_c128_never_writes_outside_its_buffers_gpu(case):
-    _c128_guarded(torch.device("cuda"), case)
+def test_c128_never_writes_outside_its_buffers(device_name, case):
+    _c128_guarded(torch.device(device_name), case)
 
 
 def _metadata_guarded(device, bs, width, extra, k):
