@@ -53,23 +53,31 @@ static double relative_error(const float* got, const double* want) {
   return sqrt(num / den);
 }
 
-static void check_plan(void) {
-  const int64_t seq[2] = {300, 50}, ext[2] = {200, 50};
-  dsa_segment compress[8], write[8];
-  int64_t nc = -1, nw = -1;
+/* Plain-mode plan of `batch` requests into caller-owned record arrays. */
+static dsa_plan_params plan_params(const int64_t* seq, const int64_t* ext, int64_t batch, int64_t tokens,
+                                   dsa_segment* compress, int64_t compress_capacity, dsa_segment* write,
+                                   int64_t write_capacity, int64_t* nc, int64_t* nw) {
   dsa_plan_params p;
   memset(&p, 0, sizeof p);
   p.struct_size = sizeof p;
-  p.batch_size = 2;
-  p.num_tokens = 250;
+  p.batch_size = batch;
+  p.num_tokens = tokens;
   p.seq_lens = seq;
   p.extend_lens = ext;
   p.compress = compress;
   p.write = write;
-  p.compress_capacity = 8;
-  p.write_capacity = 8;
-  p.num_compress = &nc;
-  p.num_write = &nw;
+  p.compress_capacity = compress_capacity;
+  p.write_capacity = write_capacity;
+  p.num_compress = nc;
+  p.num_write = nw;
+  return p;
+}
+
+static void check_plan(void) {
+  const int64_t seq[2] = {300, 50}, ext[2] = {200, 50};
+  dsa_segment compress[8], write[8];
+  int64_t nc = -1, nw = -1;
+  dsa_plan_params p = plan_params(seq, ext, 2, 250, compress, 8, write, 8, &nc, &nw);
   expect(dsa_c128_plan_prefill(&p) == DSA_STATUS_OK, "plan");
   /* Expected records, cut here position by position. */
   int64_t c = 0, w = 0, ragged = 0;
@@ -102,19 +110,7 @@ static void check_c128(void) {
   const int64_t seq = PREFILL, ext = PREFILL;
   dsa_segment compress[4], write[2];
   int64_t nc = 0, nw = 0;
-  dsa_plan_params plan;
-  memset(&plan, 0, sizeof plan);
-  plan.struct_size = sizeof plan;
-  plan.batch_size = 1;
-  plan.num_tokens = PREFILL;
-  plan.seq_lens = &seq;
-  plan.extend_lens = &ext;
-  plan.compress = compress;
-  plan.write = write;
-  plan.compress_capacity = 4;
-  plan.write_capacity = 2;
-  plan.num_compress = &nc;
-  plan.num_write = &nw;
+  dsa_plan_params plan = plan_params(&seq, &ext, 1, PREFILL, compress, 4, write, 2, &nc, &nw);
   expect(dsa_c128_plan_prefill(&plan) == DSA_STATUS_OK && nc == 2 && nw == 1, "prefill plan");
 
   const int32_t slot = 1;
