@@ -12,7 +12,14 @@ settings.register_profile("thorough", max_examples=400, deadline=None,
 # Under compute-sanitizer every launch is slow: a handful of examples per property.
 settings.register_profile("sanitize", max_examples=4, deadline=None, derandomize=True,
                           suppress_health_check=list(HealthCheck))
-settings.load_profile(os.environ.get("PYDSA_HYPOTHESIS_PROFILE", "ci"))
+PROFILE = os.environ.get("PYDSA_HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+
+def examples(n: int) -> int:
+    """Examples for a property whose CI budget is n: ten times more in the thorough profile, the
+    profile's handful under the sanitizer."""
+    return {"thorough": 10 * n, "sanitize": min(n, 8)}.get(PROFILE, n)
 
 HAS_GPU = torch.cuda.is_available()
 gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")

@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import pydsa
 import pyplan
-from conftest import DEVICES, HAS_GPU, gpu
+from conftest import DEVICES, examples, HAS_GPU, gpu
 from reference import CHUNK, TokenStream, online_step_fp32, rel_err
 
 POISON = float("nan")
@@ -214,7 +214,7 @@ def run_schedule(device, sched):
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
-@settings(max_examples=25)
+@settings(max_examples=examples(25))
 @given(schedules())
 def test_any_schedule_emits_the_offline_chunk_vectors(device_name, sched):
     """Every chunk vector, whichever mix of prefill segments (mid-chunk starts, copy-on-write

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import pydsa
-from conftest import DEVICES, gpu
+from conftest import DEVICES, examples, gpu
 from pydsa.baselines import metadata_copy_torch as metadata_copy_reference
 
 SENTINEL = -777
@@ -82,7 +82,7 @@ def run_case(device, case):
 
 
 @pytest.mark.parametrize("device_name", DEVICES)
-@settings(max_examples=60)
+@settings(max_examples=examples(60))
 @given(cases())
 def test_equals_per_field_copies_and_touches_nothing_else(device_name, case):
     """Every destination equals the per-field torch copy sequence bit for bit, over the whole
