@@ -9,7 +9,6 @@ bandwidth, an empty kernel launch) and its baseline (the torch way), all measure
 from __future__ import annotations
 
 import argparse
-import ctypes as C
 import datetime
 import json
 import math
@@ -133,14 +132,17 @@ def rotation(nbytes: int) -> int:
 # Floors
 
 
+def copy_bandwidth_tbps() -> float:
+    """Device-to-device copy of 1 GiB, bytes read plus bytes written per second."""
+    src = torch.rand(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    t = event_us(lambda: dst.copy_(src), n=5, rounds=7)
+    return 2 * src.numel() * 4 / (t * 1e-6) / 1e12
+
+
 def floors() -> dict:
     dev = torch.cuda.current_device()
-    n = 1 << 28  # 1 GiB of float32
-    a = torch.rand(n, device="cuda")
-    b = torch.empty_like(a)
-    t = event_us(lambda: b.copy_(a), n=5, rounds=7)
-    copy_tbps = 2 * a.numel() * 4 / (t * 1e-6) / 1e12
-    del a, b
+    copy_tbps = copy_bandwidth_tbps()
     stream = torch.cuda.current_stream().cuda_stream
     empty = _abi.lib.dsa_empty_launch
     sync = torch.cuda.synchronize
@@ -376,7 +378,6 @@ def bench_metadata(rows: list, fl: dict) -> None:
 def targets(rows: list, fl: dict) -> list:
     """BENCH.md targets evaluated on this run's rows: (id, what, measured, ok)."""
     out = []
-    by = {(r["kernel"], r["case"]): r for r in rows}
 
     def add(tid, what, value, ok):
         out.append(dict(id=tid, what=what, measured=value, ok=bool(ok)))

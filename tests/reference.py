@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from pydsa.baselines import plan_prefill_python as plan_reference  # noqa: F401
 

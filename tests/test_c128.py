@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import pydsa
 import pyplan
-from conftest import DEVICES, examples, HAS_GPU, gpu
+from conftest import DEVICES, examples, gpu
 from reference import CHUNK, TokenStream, online_step_fp32, rel_err
 
 POISON = float("nan")

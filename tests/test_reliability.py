@@ -14,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 
 import pydsa
 import pyplan
-from conftest import DEVICES, examples, HAS_GPU, gpu
+from conftest import DEVICES, examples, HAS_GPU
 from pydsa import _abi
 
 GUARD = 4096  # elements of guard on each side of a buffer
@@ -269,12 +269,10 @@ def test_errors_are_per_thread():
 def _threaded_ops(device):
     """Several threads run every op at once (each on its own stream on the GPU)."""
     from test_c128 import run_schedule
-    from hypothesis import find
     errors = []
 
     def work(seed):
         try:
-            gen = torch.Generator().manual_seed(seed)
             stream = torch.cuda.Stream() if device.type == "cuda" else None
             ctx = torch.cuda.stream(stream) if stream is not None else _null()
             with ctx:
