@@ -20,6 +20,14 @@ def device_index(t: torch.Tensor) -> int:
     raise ValueError(f"tensors must be on the CPU or a CUDA device (got {t.device})")
 
 
+def resolve_device(device) -> torch.device:
+    """torch.device(device), with a bare "cuda" pinned to the current CUDA device."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def current_stream(device: int) -> int:
     """Raw handle of the framework's current stream on `device` (0 for the host backend)."""
     return 0 if device < 0 else _current_raw_stream(device)
@@ -55,15 +63,9 @@ def error_counter(device: torch.device) -> torch.Tensor:
 
 def error_count(device="cpu") -> int:
     """Records and slots skipped as out of range on `device` since the last reset (synchronizes)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    return int(error_counter(device).item()) & 0xFFFFFFFF
+    return int(error_counter(resolve_device(device)).item()) & 0xFFFFFFFF
 
 
 def reset_error_count(device="cpu") -> None:
     """Zeroes the default error counter of `device` (in stream order)."""
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    error_counter(device).zero_()
+    error_counter(resolve_device(device)).zero_()

@@ -14,7 +14,7 @@ import pyplan
 
 from . import _abi
 from ._abi import CHUNK, FLAG_PDL, DecodeParams, PrefillParams, check as _check_status, lib, new
-from ._tensors import _float32, _int32, check, current_stream, device_index, error_counter
+from ._tensors import _float32, _int32, check, current_stream, device_index, error_counter, resolve_device
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
 
@@ -40,39 +40,57 @@ def _error_ptr(error_count, device) -> int:
     return error_count.data_ptr()
 
 
-class C128Decode:
-    """A validated decode call over fixed buffers; launch() re-runs it (e.g. for CUDA-graph
-    capture or replay) with no re-validation. Contents of the buffers may change between launches."""
+def _c128_params(struct, state, kv_score, out, ape, *, pdl, error_count):
+    """Checks the buffers both ops share and fills their fields of a new `struct`.
+    Returns (params, device, rows of kv_score)."""
+    d, device = _state_and_dim(state)
+    check(state, "state", _float32, (None, 1, 3 * d), device)
+    rows = kv_score.shape[0] if isinstance(kv_score, torch.Tensor) and kv_score.dim() == 2 else None
+    check(kv_score, "kv_score", _float32, (rows, 2 * d), device)
+    check(out, "out", _float32, (rows, d), device)
+    check(ape, "ape", _float32, (CHUNK, d), device)
+    p = new(struct)
+    p.flags = FLAG_PDL if pdl else 0
+    p.device = device_index(state)
+    p.head_dim = d
+    p.num_slots = state.shape[0]
+    p.state, p.kv_score, p.out, p.ape = (t.data_ptr() for t in (state, kv_score, out, ape))
+    p.error_count = _error_ptr(error_count, device)
+    return p, device, rows
 
-    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, pdl=False, error_count=None):
-        d, device = _state_and_dim(state)
-        check(state, "state", _float32, (None, 1, 3 * d), device)
-        b = kv_score.shape[0] if isinstance(kv_score, torch.Tensor) and kv_score.dim() == 2 else None
-        check(kv_score, "kv_score", _float32, (b, 2 * d), device)
-        check(out, "out", _float32, (b, d), device)
-        check(ape, "ape", _float32, (CHUNK, d), device)
-        check(indices, "indices", _int32, (b,), device)
-        check(seq_lens, "seq_lens", _int32, (b,), device)
-        self.device = device
-        self._tensors = (state, kv_score, out, ape, indices, seq_lens, error_count)
-        p = new(DecodeParams)
-        p.flags = FLAG_PDL if pdl else 0
-        p.device = device_index(state)
-        p.head_dim = d
-        p.num_slots = state.shape[0]
-        p.batch_size = b
-        p.state, p.kv_score, p.out, p.ape = (t.data_ptr() for t in (state, kv_score, out, ape))
-        p.indices, p.seq_lens = indices.data_ptr(), seq_lens.data_ptr()
-        p.error_count = _error_ptr(error_count, device)
+
+class _Prepared:
+    """A validated call: a prebuilt params struct and the C entry point that takes it."""
+
+    _fn = None
+
+    def _bind_params(self, p) -> None:
         self._params = p
         self._ref = C.byref(p)
         self._dev = p.device
 
     def launch(self, stream=None) -> None:
         """Runs the prepared call on `stream` (raw handle) or the current stream."""
-        status = _decode_fn(self._ref, current_stream(self._dev) if stream is None else stream)
+        status = self._fn(self._ref, current_stream(self._dev) if stream is None else stream)
         if status:
             _check_status(status)
+
+
+class C128Decode(_Prepared):
+    """A validated decode call over fixed buffers; launch() re-runs it (e.g. for CUDA-graph
+    capture or replay) with no re-validation. Contents of the buffers may change between launches."""
+
+    _fn = _decode_fn
+
+    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, pdl=False, error_count=None):
+        p, device, b = _c128_params(DecodeParams, state, kv_score, out, ape, pdl=pdl, error_count=error_count)
+        check(indices, "indices", _int32, (b,), device)
+        check(seq_lens, "seq_lens", _int32, (b,), device)
+        self.device = device
+        self._tensors = (state, kv_score, out, ape, indices, seq_lens, error_count)
+        p.batch_size = b
+        p.indices, p.seq_lens = indices.data_ptr(), seq_lens.data_ptr()
+        self._bind_params(p)
 
 
 def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pdl=False,
@@ -95,9 +113,7 @@ class DevicePlan:
     def __init__(self, max_tokens: int, max_batch: int, device="cuda"):
         if max_tokens <= 0 or max_batch <= 0:
             raise ValueError(f"max_tokens and max_batch must be positive (got {max_tokens}, {max_batch})")
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
+        device = resolve_device(device)
         self.device = device
         self.max_tokens = int(max_tokens)
         self.max_batch = int(max_batch)
@@ -153,36 +169,26 @@ class DevicePlan:
         return self
 
 
-class C128Prefill:
+class C128Prefill(_Prepared):
     """A validated prefill call over fixed buffers (SPEC 1.3); launch() re-runs it.
 
     `plan` is a (compress, write) pair of SEGMENT_DTYPE record arrays from pyplan.plan_prefill
     (copied to the op's device here) or a DevicePlan (read in place: re-plan, then launch or
     replay a graph that captured this call)."""
 
+    _fn = _prefill_fn
+
     def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, pdl=False,
                  error_count=None):
-        d, device = _state_and_dim(state)
-        check(state, "state", _float32, (None, 1, 3 * d), device)
-        n = kv_score.shape[0] if isinstance(kv_score, torch.Tensor) and kv_score.dim() == 2 else None
-        check(kv_score, "kv_score", _float32, (n, 2 * d), device)
-        check(out, "out", _float32, (n, d), device)
-        check(ape, "ape", _float32, (CHUNK, d), device)
+        p, device, n = _c128_params(PrefillParams, state, kv_score, out, ape, pdl=pdl, error_count=error_count)
         b = indices.shape[0] if isinstance(indices, torch.Tensor) and indices.dim() == 1 else None
         check(indices, "indices", _int32, (b,), device)
         if load_indices is not None:
             check(load_indices, "load_indices", _int32, (b,), device)
-        p = new(PrefillParams)
-        p.flags = FLAG_PDL if pdl else 0
-        p.device = device_index(state)
-        p.head_dim = d
-        p.num_slots = state.shape[0]
         p.batch_size = b
         p.num_tokens = n
-        p.state, p.kv_score, p.out, p.ape = (t.data_ptr() for t in (state, kv_score, out, ape))
         p.indices = indices.data_ptr()
         p.load_indices = load_indices.data_ptr() if load_indices is not None else None
-        p.error_count = _error_ptr(error_count, device)
         keep = [state, kv_score, out, ape, indices, load_indices, error_count]
         if isinstance(plan, DevicePlan):
             if plan.device != device:
@@ -207,15 +213,7 @@ class C128Prefill:
             p.counts = None
             keep.append(records)
         self._keep = keep
-        self._params = p
-        self._ref = C.byref(p)
-        self._dev = p.device
-
-    def launch(self, stream=None) -> None:
-        """Runs the prepared call on `stream` (raw handle) or the current stream."""
-        status = _prefill_fn(self._ref, current_stream(self._dev) if stream is None else stream)
-        if status:
-            _check_status(status)
+        self._bind_params(p)
 
 
 def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, stream=None,

@@ -16,7 +16,7 @@ import torch
 
 from ._abi import (FLAG_PDL, MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY,
                    MetadataCopyParams, MetadataDestination, check as _check_status, lib, new)
-from ._tensors import _int32, device_index
+from ._tensors import _int32, current_stream, device_index
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
@@ -107,7 +107,6 @@ class MetadataCopy:
         self._src = p.src
         self._ref = C.byref(p)
         self._last = (None,) * 9  # the source tensors the params were last built from
-        self._raw_stream = torch._C._cuda_getCurrentRawStream if self._dev >= 0 else None
 
     def _check_dest(self, t, name, kind):
         if not isinstance(t, torch.Tensor):
@@ -122,7 +121,7 @@ class MetadataCopy:
             raise ValueError(f"{name} must be 2-D with unit column stride (got shape {list(t.shape)}, strides {t.stride()})")
 
     def _source(self, t, name, ndim):
-        if type(t) is not torch.Tensor and not isinstance(t, torch.Tensor):
+        if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
         if t.dtype is not _int32:
             raise TypeError(f"{name} must have dtype torch.int32 (got {t.dtype})")
@@ -144,36 +143,30 @@ class MetadataCopy:
         if not (cache_seqlens is last[0] and cu_seqlens_k is last[1] and page_indices is last[2]
                 and dsa_cache_seqlens is last[3] and dsa_cu_seqlens_k is last[4] and seqlens_expanded is last[5]
                 and real_page_table is last[6] and num_splits is last[7] and flashmla_metadata is last[8]):
-            sources = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                       seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
-            self._prepare(*sources)
-            self._last = sources
-        if stream is None:
-            stream = self._raw_stream(self._dev) if self._dev >= 0 else 0
-        status = _copy_fn(self._ref, stream)
-        if status:
-            _check_status(status)
+            self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                          seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+        self.launch(stream)
 
     def bind(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
              seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None) -> "MetadataCopy":
         """Checks and binds static source buffers (refilled in place each step); launch() then
         copies them with no per-call argument handling. Returns self."""
-        sources = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                   seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
-        self._prepare(*sources)
-        self._last = sources
+        self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                      seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
         return self
 
     def launch(self, stream=None) -> None:
         """Copies the bound sources (see bind) on `stream` (raw handle) or the current stream."""
         if self._last[0] is None:
             raise RuntimeError("MetadataCopy.launch: no sources bound; call bind(...) or call the object with sources")
-        status = _copy_fn(self._ref, (self._raw_stream(self._dev) if self._dev >= 0 else 0) if stream is None else stream)
+        status = _copy_fn(self._ref, current_stream(self._dev) if stream is None else stream)
         if status:
             _check_status(status)
 
     def _prepare(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                  seqlens_expanded, real_page_table, num_splits, flashmla_metadata) -> None:
+        """Checks the sources and writes their pointers and sizes into the params; on success they
+        become the bound sources, on failure nothing stays bound."""
         self._last = (None,) * 9
         src, p, source = self._src, self._params, self._source
         (bs,) = source(cache_seqlens, "cache_seqlens", 1)
@@ -220,6 +213,8 @@ class MetadataCopy:
         src.page_indices = page_indices.data_ptr()
         src.dsa_cache_seqlens = dsa_cache_seqlens.data_ptr()
         src.dsa_cu_seqlens_k = dsa_cu_seqlens_k.data_ptr()
+        self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                      seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
 
 
 def metadata_copy(sources: dict, destinations, *, mode="decode", stream=None, pdl=False) -> None:

@@ -1,5 +1,6 @@
 """Reliability: guard regions around every buffer, fuzzed invalid input (Python API and C entry
 points), thread safety, device placement, and library loading failures."""
+import contextlib
 import ctypes
 import ctypes.util
 import subprocess
@@ -244,16 +245,16 @@ def test_errors_are_per_thread():
     def fail_decode():
         p = _abi.new(_abi.DecodeParams)
         p.batch_size = -7
+        barrier.wait()
         for _ in range(200):
-            barrier.wait() if _ == 0 else None
             _abi.lib.dsa_c128_decode(ctypes.byref(p), None)
             results.setdefault("decode", set()).add(_abi.lib.dsa_last_error().decode())
 
     def fail_plan():
         p = _abi.new(_abi.PlanParams)
         p.batch_size = -3
+        barrier.wait()
         for _ in range(200):
-            barrier.wait() if _ == 0 else None
             _abi.lib.dsa_c128_plan_prefill(ctypes.byref(p))
             results.setdefault("plan", set()).add(_abi.lib.dsa_last_error().decode())
 
@@ -274,7 +275,7 @@ def _threaded_ops(device):
     def work(seed):
         try:
             stream = torch.cuda.Stream() if device.type == "cuda" else None
-            ctx = torch.cuda.stream(stream) if stream is not None else _null()
+            ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
             with ctx:
                 for _ in range(5):
                     d = 128
@@ -293,14 +294,6 @@ def _threaded_ops(device):
     for t in threads:
         t.join()
     assert not errors, errors
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_ops_from_several_threads_give_correct_results(device):
