@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import ctypes as C
 import os
+import struct
 import sys
 from importlib import resources
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
 FLAG_PDL = 1
+FLAG_HOST_PLAN = 2
+INLINE_RECORDS = 256
+STATE_FLOAT32, STATE_BFLOAT16 = 0, 1
+OUT_RAGGED, OUT_COMPACT = 0, 1
 
 STATUS_OK = 0
 STATUS_NAMES = {
@@ -56,6 +61,7 @@ class DecodeParams(C.Structure):
         ("num_slots", C.c_int64), ("batch_size", C.c_int64),
         ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
         ("indices", C.c_void_p), ("seq_lens", C.c_void_p), ("error_count", C.c_void_p),
+        ("state_dtype", C.c_int32), ("reserved", C.c_int32),
     ]
 
 
@@ -69,6 +75,7 @@ class PrefillParams(C.Structure):
         ("compress", C.c_void_p), ("write", C.c_void_p),
         ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
         ("counts", C.c_void_p), ("error_count", C.c_void_p),
+        ("state_dtype", C.c_int32), ("out_layout", C.c_int32),
     ]
 
 
@@ -108,6 +115,11 @@ class MetadataCopyParams(C.Structure):
         ("destinations", C.c_void_p),
     ]
 
+
+# The same layouts as struct formats, for filling a params buffer in one call on hot paths.
+DECODE_FORMAT = struct.Struct("=IIiiqq7Qii")
+PREFILL_FORMAT = struct.Struct("=IIiiqqq8Qqq2Qii")
+METADATA_FORMAT = struct.Struct("=IIiiqqqqqq9QiiQ")
 
 # dsa_struct_id -> mirror
 STRUCTS = {0: Segment, 1: PlanParams, 2: DecodeParams, 3: PrefillParams, 4: MetadataSources,
@@ -171,7 +183,10 @@ def _load() -> C.CDLL:
                          ("dsa_metadata_copy", MetadataCopyParams)):
         fn = getattr(lib, name)
         fn.restype = C.c_int
-        fn.argtypes = [C.POINTER(params), C.c_void_p]
+        fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream
+    for fmt, mirror in ((DECODE_FORMAT, DecodeParams), (PREFILL_FORMAT, PrefillParams),
+                        (METADATA_FORMAT, MetadataCopyParams)):
+        assert fmt.size == C.sizeof(mirror), mirror.__name__
     lib.path = path
     return lib
 

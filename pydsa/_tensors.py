@@ -1,5 +1,11 @@
 """Argument checks at the Python boundary and the per-device pieces every op needs (stream,
-error counter). Messages name the argument and say what was expected and what was given."""
+error counter). Messages name the argument and say what was expected and what was given.
+
+Every op call checks its tensors, so the checks are written for the per-call cost: a tensor
+argument costs one dtype, device, shape and contiguity read and its data pointer (`ptr`), and
+only a failing check builds a message (`explain`). Devices are C ABI ordinals: the CUDA index,
+or DEVICE_HOST (-1) for CPU memory, which is what `Tensor.get_device()` returns.
+"""
 from __future__ import annotations
 
 import torch
@@ -8,10 +14,15 @@ from ._abi import DEVICE_HOST
 
 _int32 = torch.int32
 _float32 = torch.float32
+_Tensor = torch.Tensor
 _current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def device_index(t: torch.Tensor) -> int:
+def device_name(dev: int) -> torch.device:
+    return torch.device("cpu") if dev < 0 else torch.device("cuda", dev)
+
+
+def device_index(t) -> int:
     """The C ABI's device field for a tensor: CUDA ordinal, or DEVICE_HOST for CPU memory."""
     if t.device.type == "cuda":
         return t.device.index
@@ -33,32 +44,105 @@ def current_stream(device: int) -> int:
     return 0 if device < 0 else _current_raw_stream(device)
 
 
+def as_tensor(t, name: str) -> torch.Tensor:
+    """t itself for a torch.Tensor; a zero-copy torch view of any other array that speaks DLPack
+    (CuPy, JAX, numba, numpy); otherwise a TypeError naming the argument."""
+    if isinstance(t, _Tensor):
+        return t
+    if hasattr(t, "__dlpack__"):
+        try:
+            return torch.from_dlpack(t)
+        except Exception as exc:  # the producer's own refusal, reported under the argument's name
+            raise TypeError(f"{name} cannot be shared through DLPack: {exc}") from exc
+    raise TypeError(f"{name} must be a torch.Tensor or an array with __dlpack__ (got {type(t).__name__})")
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+
+
 def check(t, name: str, dtype, shape: tuple, device: torch.device) -> torch.Tensor:
-    """Checks one tensor argument; `shape` entries of None match any size. Returns t."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+    """Checks one tensor argument completely; `shape` entries of None match any size. Returns the
+    tensor (a torch view for a DLPack array)."""
+    t = as_tensor(t, name)
     if t.dtype != dtype:
         raise TypeError(f"{name} must have dtype {dtype} (got {t.dtype})")
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but the other tensors are on {device}")
     if t.dim() != len(shape) or any(want is not None and want != got for want, got in zip(shape, t.shape)):
-        want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-        raise ValueError(f"{name} must have shape {want} (got {list(t.shape)})")
+        raise ValueError(f"{name} must have shape {_shape_text(shape)} (got {list(t.shape)})")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
     return t
 
 
+def ptr(t, name: str, dtype, dev: int, shape: tuple) -> int:
+    """Data pointer of a contiguous tensor argument of `dtype` and exact `shape` on device `dev`."""
+    try:
+        if t.dtype is dtype and t.get_device() == dev and t.shape == shape and t.is_contiguous():
+            return t.data_ptr()
+    except AttributeError:
+        pass
+    return check(t, name, dtype, shape, device_name(dev)).data_ptr()
+
+
+def rows_ptr(t, name: str, dtype, dev: int, width: int) -> tuple:
+    """(data pointer, rows) of a contiguous [rows, width] tensor argument on device `dev`."""
+    try:
+        if t.dtype is dtype and t.get_device() == dev and t.is_contiguous():
+            rows, w = t.shape
+            if w == width:
+                return t.data_ptr(), rows
+    except (AttributeError, ValueError):
+        pass
+    t = as_tensor(t, name)
+    rows = t.shape[0] if t.dim() == 2 else None
+    return check(t, name, dtype, (rows, width), device_name(dev)).data_ptr(), rows
+
+
+def shaped_ptr(t, name: str, dtype, dev: int, ndim) -> tuple:
+    """(data pointer, shape) of a contiguous tensor argument with `ndim` dimensions on device
+    `dev`; ndim None accepts any shape."""
+    try:
+        if t.dtype is dtype and t.get_device() == dev and t.is_contiguous():
+            shape = t.shape
+            if ndim is None or len(shape) == ndim:
+                return t.data_ptr(), shape
+    except AttributeError:
+        pass
+    t = as_tensor(t, name)
+    want = tuple(t.shape) if ndim is None or t.dim() == ndim else (None,) * ndim
+    return check(t, name, dtype, want, device_name(dev)).data_ptr(), t.shape
+
+
 _error_counters: dict = {}
 
 
-def error_counter(device: torch.device) -> torch.Tensor:
+def error_counter(device) -> torch.Tensor:
     """The library's default device-side error counter for `device` (one int32, used as uint32)."""
-    counter = _error_counters.get(device)
+    if isinstance(device, int):
+        dev = device
+    else:
+        device = resolve_device(device)
+        dev = DEVICE_HOST if device.type == "cpu" else device.index
+    counter = _error_counters.get(dev)
     if counter is None:
-        counter = torch.zeros(1, dtype=_int32, device=device)
-        _error_counters[device] = counter
+        counter = torch.zeros(1, dtype=_int32, device=device_name(dev))
+        _error_counters[dev] = counter
     return counter
+
+
+_error_ptrs: dict = {}
+
+
+def error_ptr(error_count, dev: int) -> int:
+    """Pointer of `error_count` (checked) or of the default counter of `dev`."""
+    if error_count is None:
+        p = _error_ptrs.get(dev)
+        if p is None:
+            p = _error_ptrs[dev] = error_counter(dev).data_ptr()
+        return p
+    return ptr(error_count, "error_count", _int32, dev, (1,))
 
 
 def error_count(device="cpu") -> int:

@@ -1,11 +1,18 @@
 """Online c128 compression (SPEC 1): decode and prefill through libdsa_kernels.
 
 CPU tensors run the host backend, CUDA tensors the kernels, on the framework's current stream
-unless `stream` (a raw cudaStream_t handle as int) is given.
+unless `stream` (a raw cudaStream_t handle as int) is given. The state is float32 or bfloat16
+(its dtype selects it, SPEC 1.5); everything else is float32 / int32.
+
+Every call is cheap enough to make per layer per step: the one-shot functions check their
+tensors, fill a params buffer in one go and launch; they never synchronize and never allocate.
+Plans from pyplan travel inside the kernel launches (the library reads them from host memory),
+so a prefill needs no copy to the device.
 """
 from __future__ import annotations
 
 import ctypes as C
+import threading
 
 import numpy as np
 import torch
@@ -13,65 +20,105 @@ import torch
 import pyplan
 
 from . import _abi
-from ._abi import CHUNK, FLAG_PDL, DecodeParams, PrefillParams, check as _check_status, lib, new
-from ._tensors import _float32, _int32, check, current_stream, device_index, error_counter, resolve_device
+from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_PDL, OUT_COMPACT, OUT_RAGGED, PREFILL_FORMAT,
+                   check as _check_status, lib, new)
+from ._tensors import (_float32, _int32, as_tensor, current_stream, device_name, error_ptr, ptr, resolve_device,
+                       rows_ptr)
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
 
 _decode_fn = lib.dsa_c128_decode
 _prefill_fn = lib.dsa_c128_prefill
+_STATE_DTYPES = {torch.float32: _abi.STATE_FLOAT32, torch.bfloat16: _abi.STATE_BFLOAT16}
+_DECODE_SIZE = DECODE_FORMAT.size
+_PREFILL_SIZE = PREFILL_FORMAT.size
+_pack_decode = DECODE_FORMAT.pack_into
+_pack_prefill = PREFILL_FORMAT.pack_into
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _state_and_dim(state: torch.Tensor):
-    if not isinstance(state, torch.Tensor):
-        raise TypeError(f"state must be a torch.Tensor (got {type(state).__name__})")
+def _state(state) -> tuple:
+    """(pointer, device, num_slots, D, state dtype id) of the state argument [S, 1, 3D]."""
+    try:
+        sdt = _STATE_DTYPES.get(state.dtype)
+        slots, one, width = state.shape
+        if sdt is not None and one == 1 and width % 192 == 0 and width > 0 and state.is_contiguous():
+            return state.data_ptr(), state.get_device(), slots, width // 3, sdt
+    except (AttributeError, ValueError):
+        pass
+    state = as_tensor(state, "state")
+    if state.dtype not in _STATE_DTYPES:
+        raise TypeError(f"state must have dtype torch.float32 or torch.bfloat16 (got {state.dtype})")
     if state.dim() != 3 or state.shape[1] != 1 or state.shape[2] % 3 != 0:
         raise ValueError(f"state must have shape [num_slots, 1, 3*D] (got {list(state.shape)})")
     d = state.shape[2] // 3
     if d <= 0 or d % 64 != 0:
         raise ValueError(f"head dim D = state.shape[2] / 3 = {d} must be a positive multiple of 64")
-    return d, state.device
+    if not state.is_contiguous():
+        raise ValueError(f"state must be contiguous (got strides {state.stride()})")
+    if state.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"tensors must be on the CPU or a CUDA device (got {state.device})")
+    return state.data_ptr(), state.get_device(), state.shape[0], d, _STATE_DTYPES[state.dtype]
 
 
-def _error_ptr(error_count, device) -> int:
-    if error_count is None:
-        return error_counter(device).data_ptr()
-    check(error_count, "error_count", _int32, (1,), device)
-    return error_count.data_ptr()
+def _stream(stream, dev: int) -> int:
+    if stream is not None:
+        return stream
+    return 0 if dev < 0 else _current_raw_stream(dev)
 
 
-def _c128_params(struct, state, kv_score, out, ape, *, pdl, error_count):
-    """Checks the buffers both ops share and fills their fields of a new `struct`.
-    Returns (params, device, rows of kv_score)."""
-    d, device = _state_and_dim(state)
-    check(state, "state", _float32, (None, 1, 3 * d), device)
-    rows = kv_score.shape[0] if isinstance(kv_score, torch.Tensor) and kv_score.dim() == 2 else None
-    check(kv_score, "kv_score", _float32, (rows, 2 * d), device)
-    check(out, "out", _float32, (rows, d), device)
-    check(ape, "ape", _float32, (CHUNK, d), device)
-    p = new(struct)
-    p.flags = FLAG_PDL if pdl else 0
-    p.device = device_index(state)
-    p.head_dim = d
-    p.num_slots = state.shape[0]
-    p.state, p.kv_score, p.out, p.ape = (t.data_ptr() for t in (state, kv_score, out, ape))
-    p.error_count = _error_ptr(error_count, device)
-    return p, device, rows
+# One params buffer per thread for the one-shot calls (filled in one pack_into, then launched).
+_local = threading.local()
+
+
+def _buffer(name: str, size: int) -> int:
+    buf = C.create_string_buffer(size)
+    setattr(_local, name, buf)
+    setattr(_local, name + "_address", C.addressof(buf))
+    return buf
+
+
+def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count) -> tuple:
+    sp, dev, slots, d, sdt = _state(state)
+    kp, b = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
+    return (_DECODE_SIZE, FLAG_PDL if pdl else 0, dev, d, slots, b, sp, kp,
+            ptr(out, "out", _float32, dev, (b, d)), ptr(ape, "ape", _float32, dev, (CHUNK, d)),
+            ptr(indices, "indices", _int32, dev, (b,)), ptr(seq_lens, "seq_lens", _int32, dev, (b,)),
+            error_ptr(error_count, dev), sdt, 0)
+
+
+def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pdl=False,
+                error_count=None) -> None:
+    """One new token per request (SPEC 1.2). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
+    out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
+    int32, seq_lens [B] int32 (<= 0: padding)."""
+    fields = _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count)
+    try:
+        buf = _local.decode
+    except AttributeError:
+        buf = _buffer("decode", _DECODE_SIZE)
+    _pack_decode(buf, 0, *fields)
+    status = _decode_fn(_local.decode_address, _stream(stream, fields[2]))
+    if status:
+        _check_status(status)
 
 
 class _Prepared:
-    """A validated call: a prebuilt params struct and the C entry point that takes it."""
+    """A validated call: a filled params buffer and the C entry point that takes it."""
 
     _fn = None
+    _format = None
 
-    def _bind_params(self, p) -> None:
-        self._params = p
-        self._ref = C.byref(p)
-        self._dev = p.device
+    def _bind_fields(self, fields: tuple) -> None:
+        self._buf = C.create_string_buffer(self._format.size)
+        self._format.pack_into(self._buf, 0, *fields)
+        self._address = C.addressof(self._buf)
+        self._dev = fields[2]
+        self.device = device_name(self._dev)
 
     def launch(self, stream=None) -> None:
         """Runs the prepared call on `stream` (raw handle) or the current stream."""
-        status = self._fn(self._ref, current_stream(self._dev) if stream is None else stream)
+        status = self._fn(self._address, _stream(stream, self._dev))
         if status:
             _check_status(status)
 
@@ -81,33 +128,23 @@ class C128Decode(_Prepared):
     capture or replay) with no re-validation. Contents of the buffers may change between launches."""
 
     _fn = _decode_fn
+    _format = DECODE_FORMAT
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, pdl=False, error_count=None):
-        p, device, b = _c128_params(DecodeParams, state, kv_score, out, ape, pdl=pdl, error_count=error_count)
-        check(indices, "indices", _int32, (b,), device)
-        check(seq_lens, "seq_lens", _int32, (b,), device)
-        self.device = device
-        self._tensors = (state, kv_score, out, ape, indices, seq_lens, error_count)
-        p.batch_size = b
-        p.indices, p.seq_lens = indices.data_ptr(), seq_lens.data_ptr()
-        self._bind_params(p)
-
-
-def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pdl=False,
-                error_count=None) -> None:
-    """One new token per request (SPEC 1.2). state [S,1,3D] f32, kv_score [B,2D] f32, out [B,D]
-    f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B] int32,
-    seq_lens [B] int32 (<= 0: padding)."""
-    C128Decode(state, kv_score, out, ape, indices, seq_lens, pdl=pdl, error_count=error_count).launch(stream)
+        self._bind_fields(_decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count))
+        self._keep = (state, kv_score, out, ape, indices, seq_lens, error_count)
 
 
 class DevicePlan:
-    """Prefill plans staged in pinned memory and copied to the device on the caller's stream.
+    """Prefill plans staged in pinned memory and copied to the device on the caller's stream,
+    for CUDA graphs: the kernels read the records from one fixed device buffer.
 
     Sized once for at most `max_tokens` new tokens and `max_batch` requests; every plan() pads
     the record lists to that capacity (CUDA-graph mode) and puts the real counts in device
     memory, so a graph captured once stays valid and the kernels' work follows the real counts.
-    Staging is double-buffered: re-planning while the previous copy is in flight is safe.
+    Staging buffers form a ring: a buffer is reused once the event recorded after its copy has
+    completed, and the ring grows (pinned host memory) rather than wait, so plan() never
+    synchronizes, even far ahead of the GPU.
     """
 
     def __init__(self, max_tokens: int, max_batch: int, device="cuda"):
@@ -115,17 +152,15 @@ class DevicePlan:
             raise ValueError(f"max_tokens and max_batch must be positive (got {max_tokens}, {max_batch})")
         device = resolve_device(device)
         self.device = device
+        self._dev = -1 if device.type == "cpu" else device.index
         self.max_tokens = int(max_tokens)
         self.max_batch = int(max_batch)
         self.compress_capacity = pyplan.compress_capacity(self.max_tokens, self.max_batch)
         self.write_capacity = self.max_batch
         self._nbytes = 16 * (1 + self.compress_capacity + self.write_capacity)
-        pin = device.type == "cuda"
-        self._staging = [torch.empty(self._nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(2)]
-        self._views = [self._split(s.numpy()) for s in self._staging]
-        self._events = [torch.cuda.Event() if pin else None for _ in range(2)]
-        self._used = [False, False]
+        self._ring = []  # [pinned staging tensor, (counts, compress, write) views, event or None]
         self._next = 0
+        self._streams = {}
         self.buffer = torch.empty(self._nbytes, dtype=torch.uint8, device=device)
         base = self.buffer.data_ptr()
         self.counts_ptr = base
@@ -134,95 +169,119 @@ class DevicePlan:
         self.num_tokens = 0
         self.num_compress = 0
         self.num_write = 0
+        for _ in range(2):
+            self._grow()
 
-    def _split(self, raw: np.ndarray):
-        counts = raw[:16].view(np.int64)
-        compress = raw[16:16 * (1 + self.compress_capacity)]
-        write = raw[16 * (1 + self.compress_capacity):]
-        return counts, compress, write
+    def _grow(self) -> None:
+        pin = self.device.type == "cuda"
+        staging = torch.empty(self._nbytes, dtype=torch.uint8, pin_memory=pin)
+        raw = staging.numpy()
+        views = (raw[:16].view(np.int64), raw[16:16 * (1 + self.compress_capacity)], raw[16 * (1 + self.compress_capacity):])
+        self._ring.append([staging, views, torch.cuda.Event() if pin else None, False])
+
+    def _free_staging(self) -> list:
+        """The next staging buffer whose previous copy has completed (a new one if none has)."""
+        ring = self._ring
+        for i in range(len(ring)):
+            entry = ring[(self._next + i) % len(ring)]
+            if not entry[3] or entry[2] is None or entry[2].query():
+                self._next = (self._next + i + 1) % len(ring)
+                return entry
+        self._grow()
+        self._next = 0
+        return ring[-1]
 
     def plan(self, seq_lens, extend_lens, *, num_tokens=None, stream=None) -> "DevicePlan":
-        """Plans on the host into the next staging buffer and enqueues its copy to the device."""
-        slot = self._next
-        self._next ^= 1
-        event = self._events[slot]
-        if self._used[slot] and event is not None:
-            event.synchronize()  # that buffer's previous copy must have left before it is reused
-        counts, compress, write = self._views[slot]
+        """Plans on the host into a free staging buffer and enqueues its copy to the device."""
         tokens = self.max_tokens if num_tokens is None else num_tokens
         if tokens > self.max_tokens:
             raise ValueError(f"num_tokens {tokens} exceeds this DevicePlan's max_tokens {self.max_tokens}")
         if len(seq_lens) > self.max_batch:
             raise ValueError(f"{len(seq_lens)} requests exceed this DevicePlan's max_batch {self.max_batch}")
+        entry = self._free_staging()
+        staging, (counts, compress, write), event, _ = entry
         _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=tokens, graph=True,
                                            out=(compress, write), return_counts=True)
         counts[0], counts[1] = nc, nw
         self.num_tokens, self.num_compress, self.num_write = tokens, nc, nw
-        if self.device.type == "cuda":
-            s = torch.cuda.current_stream(self.device) if stream is None else torch.cuda.ExternalStream(stream, device=self.device)
-            with torch.cuda.stream(s):
-                self.buffer.copy_(self._staging[slot], non_blocking=True)
-                event.record(s)
+        if event is None:
+            self.buffer.copy_(staging)
+        elif stream is None:
+            self.buffer.copy_(staging, non_blocking=True)
+            event.record()
         else:
-            self.buffer.copy_(self._staging[slot])
-        self._used[slot] = True
+            s = self._streams.get(stream)
+            if s is None:
+                s = self._streams[stream] = torch.cuda.ExternalStream(stream, device=self.device)
+            with torch.cuda.stream(s):
+                self.buffer.copy_(staging, non_blocking=True)
+                event.record(s)
+        entry[3] = True
         return self
+
+
+def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count, compact) -> tuple:
+    sp, dev, slots, d, sdt = _state(state)
+    kp, n = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
+    try:
+        b = indices.shape[0]
+    except (AttributeError, IndexError):
+        b = None
+    ip = ptr(indices, "indices", _int32, dev, (b,))
+    lp = 0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,))
+    flags = FLAG_PDL if pdl else 0
+    if type(plan) is tuple and len(plan) == 2:
+        cp, nc, wp, nw = pyplan.record_lists(plan[0], plan[1])
+        counts = 0
+        flags |= FLAG_HOST_PLAN
+    elif isinstance(plan, DevicePlan):
+        if plan._dev != dev:
+            raise ValueError(f"plan is a DevicePlan on {plan.device} but the tensors are on {device_name(dev)}")
+        cp, nc, wp, nw, counts = (plan.compress_ptr, plan.compress_capacity, plan.write_ptr,
+                                  plan.write_capacity, plan.counts_ptr)
+    else:
+        if isinstance(plan, (list, tuple)) and len(plan) == 2:
+            return _prefill_fields(state, kv_score, out, ape, indices, tuple(plan), load_indices, pdl,
+                                   error_count, compact)
+        raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill or a DevicePlan")
+    op = ptr(out, "out", _float32, dev, (nc if compact else n, d))
+    return (_PREFILL_SIZE, flags, dev, d, slots, b, n, sp, kp, op, ptr(ape, "ape", _float32, dev, (CHUNK, d)),
+            ip, lp, cp, wp, nc, nw, counts, error_ptr(error_count, dev), sdt, OUT_COMPACT if compact else OUT_RAGGED)
+
+
+def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, stream=None,
+                 pdl=False, error_count=None) -> None:
+    """Many new tokens per request (SPEC 1.3). kv_score [N,2D] ragged; indices / load_indices [B]
+    int32; plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
+    out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
+    row i for compress record i (C = the plan's compress capacity; SPEC 1.5)."""
+    fields = _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count, compact)
+    try:
+        buf = _local.prefill
+    except AttributeError:
+        buf = _buffer("prefill", _PREFILL_SIZE)
+    _pack_prefill(buf, 0, *fields)
+    status = _prefill_fn(_local.prefill_address, _stream(stream, fields[2]))
+    if status:
+        _check_status(status)
 
 
 class C128Prefill(_Prepared):
     """A validated prefill call over fixed buffers (SPEC 1.3); launch() re-runs it.
 
-    `plan` is a (compress, write) pair of SEGMENT_DTYPE record arrays from pyplan.plan_prefill
-    (copied to the op's device here) or a DevicePlan (read in place: re-plan, then launch or
-    replay a graph that captured this call)."""
+    `plan` is a (compress, write) pair of SEGMENT_DTYPE record arrays from pyplan.plan_prefill,
+    read from host memory at every launch (re-plan into the same arrays with plan_prefill(...,
+    out=...) and launch again), or a DevicePlan (read in place on the device: re-plan, then launch
+    or replay a graph that captured this call)."""
 
     _fn = _prefill_fn
+    _format = PREFILL_FORMAT
 
-    def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, pdl=False,
+    def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, pdl=False,
                  error_count=None):
-        p, device, n = _c128_params(PrefillParams, state, kv_score, out, ape, pdl=pdl, error_count=error_count)
-        b = indices.shape[0] if isinstance(indices, torch.Tensor) and indices.dim() == 1 else None
-        check(indices, "indices", _int32, (b,), device)
-        if load_indices is not None:
-            check(load_indices, "load_indices", _int32, (b,), device)
-        p.batch_size = b
-        p.num_tokens = n
-        p.indices = indices.data_ptr()
-        p.load_indices = load_indices.data_ptr() if load_indices is not None else None
-        keep = [state, kv_score, out, ape, indices, load_indices, error_count]
-        if isinstance(plan, DevicePlan):
-            if plan.device != device:
-                raise ValueError(f"plan is a DevicePlan on {plan.device} but the tensors are on {device}")
-            p.compress, p.write, p.counts = plan.compress_ptr, plan.write_ptr, plan.counts_ptr
-            p.compress_capacity, p.write_capacity = plan.compress_capacity, plan.write_capacity
-            keep.append(plan)
-        else:
-            try:
-                compress, write = plan
-            except (TypeError, ValueError):
-                raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill or a DevicePlan") from None
-            for name, records in (("plan[0] (compress)", compress), ("plan[1] (write)", write)):
-                if not isinstance(records, np.ndarray) or records.dtype != pyplan.SEGMENT_DTYPE or records.ndim != 1:
-                    raise TypeError(f"{name} must be a 1-D numpy array of pyplan.SEGMENT_DTYPE records")
-            both = np.ascontiguousarray(np.concatenate([compress, write])).view(np.uint8)
-            records = torch.from_numpy(both)
-            records = records.to(device) if device.type == "cuda" else records
-            p.compress = records.data_ptr()
-            p.write = records.data_ptr() + 16 * len(compress)
-            p.compress_capacity, p.write_capacity = len(compress), len(write)
-            p.counts = None
-            keep.append(records)
-        self._keep = keep
-        self._bind_params(p)
-
-
-def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, stream=None,
-                 pdl=False, error_count=None) -> None:
-    """Many new tokens per request (SPEC 1.3). kv_score [N,2D] ragged, out [N,D] (chunk-closing
-    rows are written), indices / load_indices [B] int32, plan from pyplan.plan_prefill or a
-    DevicePlan."""
-    C128Prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, pdl=pdl,
-                error_count=error_count).launch(stream)
+        self._bind_fields(_prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
+                                          error_count, compact))
+        self._keep = (state, kv_score, out, ape, indices, plan, load_indices, error_count)
 
 
 def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None):

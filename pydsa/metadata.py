@@ -12,18 +12,20 @@ from __future__ import annotations
 
 import ctypes as C
 
+import numpy as np
 import torch
 
-from ._abi import (FLAG_PDL, MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY,
-                   MetadataCopyParams, MetadataDestination, check as _check_status, lib, new)
-from ._tensors import _int32, current_stream, device_index
+from ._abi import (FLAG_PDL, MAX_DESTINATIONS, METADATA_FORMAT, MODE_DECODE, MODE_DRAFT_EXTEND,
+                   MODE_TARGET_VERIFY, MetadataCopyParams, MetadataDestination, check as _check_status, lib)
+from ._tensors import _int32, as_tensor, current_stream, device_index, shaped_ptr
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
 MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_extend": MODE_DRAFT_EXTEND}
 _copy_fn = lib.dsa_metadata_copy
 
-# (key in a destination dict, C field, kind): kind 1 = 1-D, 2 = 2-D with a row stride.
+# (key in a destination dict, C field, kind): kind 1 = 1-D, 2 = 2-D with a row stride, 0 = any
+# shape, contiguous, taken flat.
 _DEST_FIELDS = (
     ("cache_seqlens", "cache_seqlens", 1),
     ("cu_seqlens_k", "cu_seqlens_k", 1),
@@ -33,8 +35,10 @@ _DEST_FIELDS = (
     ("dsa_cu_seqlens_k", "dsa_cu_seqlens_k", 1),
     ("real_page_table", "real_page_table", 2),
     ("flashmla_num_splits", "num_splits", 1),
-    ("flashmla_metadata", "flashmla_metadata", 1),
+    ("flashmla_metadata", "flashmla_metadata", 0),
 )
+_pack = METADATA_FORMAT.pack_into
+_SIZE = METADATA_FORMAT.size
 _REQUIRED = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
 
 
@@ -64,6 +68,8 @@ class MetadataCopy:
             raise ValueError(f"destinations: expected 1..{MAX_DESTINATIONS} backends (got {len(destinations)})")
         self.mode = _mode_id(mode)
         self.decode = self.mode == MODE_DECODE
+        destinations = [{key: (None if t is None else as_tensor(t, f"destinations[{k}]['{key}']"))
+                         for key, t in dest.items()} for k, dest in enumerate(destinations)]
         first = destinations[0].get("cache_seqlens")
         if not isinstance(first, torch.Tensor):
             raise TypeError("destinations[0]['cache_seqlens'] must be a torch.Tensor")
@@ -90,22 +96,17 @@ class MetadataCopy:
                 self._check_dest(t, f"destinations[{k}]['{key}']", kind)
                 d = self._dests[k]
                 setattr(d, field, t.data_ptr())
-                if kind == 1:
+                if kind < 2:
                     setattr(d, field + "_len", t.numel())
                 else:
                     setattr(d, field + "_rows", t.shape[0])
                     setattr(d, field + "_cols", t.shape[1])
                     setattr(d, field + "_stride", t.stride(0))
         self._keep = destinations
-        p = new(MetadataCopyParams)
-        p.flags = FLAG_PDL if pdl else 0
-        p.device = self._dev
-        p.mode = self.mode
-        p.num_destinations = len(destinations)
-        p.destinations = C.addressof(self._dests)
-        self._params = p
-        self._src = p.src
-        self._ref = C.byref(p)
+        self._flags = FLAG_PDL if pdl else 0
+        self._dests_address = C.addressof(self._dests)
+        self._params = MetadataCopyParams()
+        self._address = C.addressof(self._params)
         self._last = (None,) * 9  # the source tensors the params were last built from
 
     def _check_dest(self, t, name, kind):
@@ -117,19 +118,10 @@ class MetadataCopy:
             raise ValueError(f"{name} is on {t.device} but destinations[0]['cache_seqlens'] is on {self.device}")
         if kind == 1 and (t.dim() != 1 or not t.is_contiguous()):
             raise ValueError(f"{name} must be a contiguous 1-D tensor (got shape {list(t.shape)}, strides {t.stride()})")
+        if kind == 0 and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous (got shape {list(t.shape)}, strides {t.stride()})")
         if kind == 2 and (t.dim() != 2 or t.stride(1) != 1):
             raise ValueError(f"{name} must be 2-D with unit column stride (got shape {list(t.shape)}, strides {t.stride()})")
-
-    def _source(self, t, name, ndim):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
-        if t.dtype is not _int32:
-            raise TypeError(f"{name} must have dtype torch.int32 (got {t.dtype})")
-        if t.get_device() != self._dev:
-            raise ValueError(f"{name} is on {t.device} but the destination buffers are on {self.device}")
-        if t.dim() != ndim or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {ndim}-D tensor (got shape {list(t.shape)}, strides {t.stride()})")
-        return t.shape
 
     def __call__(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                  seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None,
@@ -159,60 +151,56 @@ class MetadataCopy:
         """Copies the bound sources (see bind) on `stream` (raw handle) or the current stream."""
         if self._last[0] is None:
             raise RuntimeError("MetadataCopy.launch: no sources bound; call bind(...) or call the object with sources")
-        status = _copy_fn(self._ref, current_stream(self._dev) if stream is None else stream)
+        status = _copy_fn(self._address, current_stream(self._dev) if stream is None else stream)
         if status:
             _check_status(status)
 
     def _prepare(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                  seqlens_expanded, real_page_table, num_splits, flashmla_metadata) -> None:
-        """Checks the sources and writes their pointers and sizes into the params; on success they
+        """Checks the sources and fills the params with their pointers and sizes; on success they
         become the bound sources, on failure nothing stays bound."""
         self._last = (None,) * 9
-        src, p, source = self._src, self._params, self._source
-        (bs,) = source(cache_seqlens, "cache_seqlens", 1)
-        if source(cu_seqlens_k, "cu_seqlens_k", 1)[0] != bs + 1:
-            raise _bad("cu_seqlens_k", f"expected {bs + 1} elements (bs + 1), got {cu_seqlens_k.shape[0]}")
-        rows, width = source(page_indices, "page_indices", 2)
+        dev = self._dev
+        cs, (bs,) = shaped_ptr(cache_seqlens, "cache_seqlens", _int32, dev, 1)
+        cu, (n_cu,) = shaped_ptr(cu_seqlens_k, "cu_seqlens_k", _int32, dev, 1)
+        if n_cu != bs + 1:
+            raise _bad("cu_seqlens_k", f"expected {bs + 1} elements (bs + 1), got {n_cu}")
+        pi, (rows, width) = shaped_ptr(page_indices, "page_indices", _int32, dev, 2)
         if self.decode:
             if seqlens_expanded is not None:
                 raise _bad("seqlens_expanded", "is not used in DECODE mode")
             if rows != bs:
                 raise _bad("page_indices", f"DECODE copies bs = {bs} rows but page_indices has {rows}")
-            n = bs
-            src.seqlens_expanded = None
-            p.expanded = 0
+            n, se = bs, 0
         else:
             if seqlens_expanded is None:
                 raise _bad("seqlens_expanded", "is required in TARGET_VERIFY and DRAFT_EXTEND modes")
-            (n,) = source(seqlens_expanded, "seqlens_expanded", 1)
-            src.seqlens_expanded = seqlens_expanded.data_ptr()
-            p.expanded = n
-        if source(dsa_cache_seqlens, "dsa_cache_seqlens", 1)[0] != n:
-            raise _bad("dsa_cache_seqlens", f"expected {n} elements, got {dsa_cache_seqlens.shape[0]}")
-        if source(dsa_cu_seqlens_k, "dsa_cu_seqlens_k", 1)[0] != n + 1:
-            raise _bad("dsa_cu_seqlens_k", f"expected {n + 1} elements, got {dsa_cu_seqlens_k.shape[0]}")
+            se, (n,) = shaped_ptr(seqlens_expanded, "seqlens_expanded", _int32, dev, 1)
+        dc, (n_dc,) = shaped_ptr(dsa_cache_seqlens, "dsa_cache_seqlens", _int32, dev, 1)
+        if n_dc != n:
+            raise _bad("dsa_cache_seqlens", f"expected {n} elements, got {n_dc}")
+        du, (n_du,) = shaped_ptr(dsa_cu_seqlens_k, "dsa_cu_seqlens_k", _int32, dev, 1)
+        if n_du != n + 1:
+            raise _bad("dsa_cu_seqlens_k", f"expected {n + 1} elements, got {n_du}")
         if (real_page_table is not None) != self.has_real_page_table:
             raise _bad("real_page_table", "must be given exactly when the destinations carry real_page_table")
+        rp, real_cols = 0, 0
         if real_page_table is not None:
-            r_rows, p.real_cols = source(real_page_table, "real_page_table", 2)
+            rp, (r_rows, real_cols) = shaped_ptr(real_page_table, "real_page_table", _int32, dev, 2)
             if r_rows != rows:
                 raise _bad("real_page_table", f"has {r_rows} rows but page_indices has {rows}")
-            src.real_page_table = real_page_table.data_ptr()
         if (num_splits is not None or flashmla_metadata is not None) != self.has_flashmla or \
                 (num_splits is None) != (flashmla_metadata is None):
             raise _bad("num_splits/flashmla_metadata", "the FlashMLA group is all-or-nothing and must match the destinations")
+        ns, fm, meta = 0, 0, 0
         if num_splits is not None:
-            if source(num_splits, "num_splits", 1)[0] != n + 1:
-                raise _bad("num_splits", f"expected {n + 1} elements, got {num_splits.shape[0]}")
-            (p.metadata_size,) = source(flashmla_metadata, "flashmla_metadata", 1)
-            src.num_splits = num_splits.data_ptr()
-            src.flashmla_metadata = flashmla_metadata.data_ptr()
-        p.bs, p.page_rows, p.page_width = bs, rows, width
-        src.cache_seqlens = cache_seqlens.data_ptr()
-        src.cu_seqlens_k = cu_seqlens_k.data_ptr()
-        src.page_indices = page_indices.data_ptr()
-        src.dsa_cache_seqlens = dsa_cache_seqlens.data_ptr()
-        src.dsa_cu_seqlens_k = dsa_cu_seqlens_k.data_ptr()
+            ns, (n_ns,) = shaped_ptr(num_splits, "num_splits", _int32, dev, 1)
+            if n_ns != n + 1:
+                raise _bad("num_splits", f"expected {n + 1} elements, got {n_ns}")
+            fm, shape = shaped_ptr(flashmla_metadata, "flashmla_metadata", _int32, dev, None)
+            meta = shape.numel() if isinstance(shape, torch.Size) else int(np.prod(shape))
+        _pack(self._params, 0, _SIZE, self._flags, dev, self.mode, bs, rows, width, 0 if self.decode else n,
+              real_cols, meta, cs, cu, pi, se, dc, du, rp, ns, fm, len(self._keep), 0, self._dests_address)
         self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                       seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
 

@@ -240,3 +240,21 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
     if return_counts:
         return compress_arr, write_arr, c, w
     return compress_arr, write_arr
+
+
+cdef inline bint _is_record_list(object a):
+    return (type(a) is np.ndarray and cnp.PyArray_NDIM(<cnp.ndarray>a) == 1
+            and cnp.PyArray_IS_C_CONTIGUOUS(<cnp.ndarray>a)
+            and (<object>cnp.PyArray_DESCR(<cnp.ndarray>a) is _SEGMENT or a.dtype == _SEGMENT))
+
+
+def record_lists(compress, write):
+    """(compress address, compress count, write address, write count) of a plan's two record
+    arrays (1-D C-contiguous SEGMENT_DTYPE numpy arrays, as plan_prefill returns them), for
+    launching with the records read from host memory. Raises TypeError for anything else."""
+    if not _is_record_list(compress):
+        raise TypeError("plan[0] (compress) must be a 1-D C-contiguous numpy array of pyplan.SEGMENT_DTYPE records")
+    if not _is_record_list(write):
+        raise TypeError("plan[1] (write) must be a 1-D C-contiguous numpy array of pyplan.SEGMENT_DTYPE records")
+    return (<Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>compress), cnp.PyArray_DIM(<cnp.ndarray>compress, 0),
+            <Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>write), cnp.PyArray_DIM(<cnp.ndarray>write, 0))

@@ -138,6 +138,14 @@ static void check_c128(void) {
     chunk_reference(rows, ape, c, want);
     expect(relative_error(&out[(c * DSA_CHUNK + DSA_CHUNK - 1) * D], want) < 1e-5, "prefill chunk vector");
   }
+  /* The same prefill with compact output: row i holds compress record i's vector. */
+  static float compact[2 * D];
+  p.out = compact;
+  p.out_layout = DSA_OUT_COMPACT;
+  expect(dsa_c128_prefill(&p, NULL) == DSA_STATUS_OK, "compact prefill");
+  for (int c = 0; c < 2; ++c)
+    expect(memcmp(&compact[c * D], &out[(c * DSA_CHUNK + DSA_CHUNK - 1) * D], D * sizeof(float)) == 0,
+           "compact row equals the ragged row");
   /* Decode the rest of chunk 2 one token at a time; the last one closes it. */
   float decoded[D];
   for (int pos = PREFILL; pos < TOKENS; ++pos) {

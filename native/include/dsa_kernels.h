@@ -39,11 +39,12 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 1
+#define DSA_ABI_VERSION 2
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
 #define DSA_SEGMENT_SENTINEL 0xFFFFFFFFu
+#define DSA_INLINE_RECORDS 256   /* plan records carried by one prefill launch (DSA_FLAG_HOST_PLAN) */
 
 typedef enum dsa_status {
   DSA_STATUS_OK = 0,
@@ -65,7 +66,25 @@ typedef enum dsa_struct_id {
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
-#define DSA_FLAG_PDL 1u /* launch with programmatic dependent launch (sm_90+) */
+#define DSA_FLAG_PDL 1u       /* launch with programmatic dependent launch (sm_90+) */
+#define DSA_FLAG_HOST_PLAN 2u /* prefill: `compress`, `write` and `counts` are host memory, read during the
+                                 call; the records travel inside the kernel launches (up to
+                                 DSA_INLINE_RECORDS per launch, more launches for longer lists), so
+                                 no staging copy, allocation or synchronization is needed. A CUDA
+                                 graph that captures such a call keeps the records of capture time. */
+
+/* Element type of the c128 state buffer (SPEC 1.5). Arithmetic is fp32 either way; a bf16 state
+ * is widened on read and rounded to nearest even on store. */
+typedef enum dsa_state_dtype {
+  DSA_STATE_FLOAT32 = 0,
+  DSA_STATE_BFLOAT16 = 1
+} dsa_state_dtype;
+
+/* Layout of the prefill output (SPEC 1.5). */
+typedef enum dsa_out_layout {
+  DSA_OUT_RAGGED = 0,  /* out [num_tokens, D]: a chunk's vector at the ragged row of its closing token */
+  DSA_OUT_COMPACT = 1  /* out [compress_capacity, D]: row i = the vector of compress record i */
+} dsa_out_layout;
 
 DSA_API int32_t dsa_abi_version(void);
 DSA_API const char* dsa_version_string(void);
@@ -117,7 +136,8 @@ DSA_API dsa_status dsa_c128_plan_prefill(const dsa_plan_params* params);
 DSA_API int64_t dsa_c128_compress_capacity(int64_t num_tokens, int64_t batch_size);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Online c128 compression (SPEC 1). All floats are fp32; D = head_dim, a positive multiple of 64.
+/* Online c128 compression (SPEC 1). kv_score, ape and out are fp32, the state fp32 or bf16
+ * (state_dtype); D = head_dim, a positive multiple of 64.
  * state row of a slot: [m (D) | s (D) | k (D)]; kv_score row: [kv (D) | score (D)].             */
 
 typedef struct dsa_c128_decode_params {
@@ -127,13 +147,15 @@ typedef struct dsa_c128_decode_params {
   int32_t head_dim;         /* D */
   int64_t num_slots;        /* rows of `state` */
   int64_t batch_size;       /* B >= 0 */
-  float* state;             /* [num_slots, 1, 3D], read and written */
+  void* state;              /* [num_slots, 1, 3D] of state_dtype, read and written */
   const float* kv_score;    /* [B, 2D] */
   float* out;               /* [B, D], written only for requests that close a chunk */
   const float* ape;         /* [128, D] */
   const int32_t* indices;   /* [B] slot of each request */
   const int32_t* seq_lens;  /* [B] length including the new token; <= 0 is padding */
   uint32_t* error_count;    /* [1] incremented per skipped out-of-range slot; may be null */
+  int32_t state_dtype;      /* dsa_state_dtype (ABI 2) */
+  int32_t reserved;         /* 0 */
 } dsa_c128_decode_params;
 
 typedef struct dsa_c128_prefill_params {
@@ -143,21 +165,26 @@ typedef struct dsa_c128_prefill_params {
   int32_t head_dim;             /* D */
   int64_t num_slots;            /* rows of `state` */
   int64_t batch_size;           /* B: length of indices / load_indices */
-  int64_t num_tokens;           /* N: rows of kv_score and out */
-  float* state;                 /* [num_slots, 1, 3D], read and written */
+  int64_t num_tokens;           /* N: rows of kv_score */
+  void* state;                  /* [num_slots, 1, 3D] of state_dtype, read and written */
   const float* kv_score;        /* [N, 2D] ragged new tokens */
-  float* out;                   /* [N, D], written at chunk-closing rows only */
+  float* out;                   /* ragged: [N, D], written at chunk-closing rows only;
+                                   compact: [compress_capacity, D], row i for compress record i */
   const float* ape;             /* [128, D] */
   const int32_t* indices;       /* [B] slot receiving each request's trailing partial state */
   const int32_t* load_indices;  /* [B] slot holding the partial state to continue; null: indices */
-  const dsa_segment* compress;  /* [compress_capacity] segments closing a chunk */
-  const dsa_segment* write;     /* [write_capacity] trailing partial segments */
+  const dsa_segment* compress;  /* [compress_capacity] segments closing a chunk (device memory, or
+                                   host memory with DSA_FLAG_HOST_PLAN) */
+  const dsa_segment* write;     /* [write_capacity] trailing partial segments (likewise) */
   int64_t compress_capacity;    /* records readable in `compress` (grid is sized from this) */
   int64_t write_capacity;       /* records readable in `write` */
   const int64_t* counts;        /* [2] {num_compress, num_write} in the op's memory, read by the
-                                   kernels (CUDA-graph mode: re-plan without re-capture); null:
+                                   kernels (CUDA-graph mode: re-plan without re-capture); with
+                                   DSA_FLAG_HOST_PLAN in host memory, read during the call; null:
                                    every record up to the capacities is processed */
   uint32_t* error_count;        /* [1] incremented per skipped record or slot; may be null */
+  int32_t state_dtype;          /* dsa_state_dtype (ABI 2) */
+  int32_t out_layout;           /* dsa_out_layout (ABI 2) */
 } dsa_c128_prefill_params;
 
 DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream);

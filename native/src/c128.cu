@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "c128_math.h"
@@ -13,15 +15,19 @@ namespace dsa {
 namespace {
 
 constexpr int kDecodeThreads = 128;
-constexpr int kPrefillWarps = 8;
-constexpr int kPrefillThreads = kPrefillWarps * 32;
+constexpr int kPrefillThreads = 256;
+constexpr int kPrefillWarps = kPrefillThreads / 32;
 constexpr int kPrefillBlocksPerSm = 4;
+constexpr int kVec = 4;          // prefill channels per thread: one 16-byte access
+constexpr int kBatch = 4;        // prefill tokens per thread whose loads are in flight together
+constexpr int kSmallInline = 16; // records carried by the launch of a small host plan
 
-// VEC consecutive channels per thread, moved with one VEC*4-byte access.
+// VEC consecutive channels per thread as floats.
 template <int VEC>
 struct Lanes {
   float v[VEC];
 };
+// kv_score and ape are never written by the op: read-only path.
 template <int VEC>
 __device__ __forceinline__ Lanes<VEC> load_lanes(const float* p) {
   Lanes<VEC> r;
@@ -34,25 +40,30 @@ __device__ __forceinline__ Lanes<VEC> load_lanes(const float* p) {
   }
   return r;
 }
+// VEC state elements (float or Bf16) moved as one access.
+template <typename S, int VEC>
+struct alignas(sizeof(S) * VEC) Pack {
+  S e[VEC];
+};
 // State may be written by this launch (another segment's slot), so it bypasses the read-only path.
-template <int VEC>
-__device__ __forceinline__ Lanes<VEC> load_state(const float* p) {
+template <int VEC, typename S>
+__device__ __forceinline__ Lanes<VEC> load_state(const S* p) {
+  const Pack<S, VEC> x = *reinterpret_cast<const Pack<S, VEC>*>(p);
   Lanes<VEC> r;
-  if constexpr (VEC == 4) {
-    const float4 x = *reinterpret_cast<const float4*>(p);
-    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
-  } else {
-    const float2 x = *reinterpret_cast<const float2*>(p);
-    r.v[0] = x.x, r.v[1] = x.y;
-  }
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) r.v[i] = widen(x.e[i]);
   return r;
+}
+template <int VEC, typename S>
+__device__ __forceinline__ void store_state(S* p, const Lanes<VEC>& r) {
+  Pack<S, VEC> x;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) narrow(r.v[i], &x.e[i]);
+  *reinterpret_cast<Pack<S, VEC>*>(p) = x;
 }
 template <int VEC>
 __device__ __forceinline__ void store_lanes(float* p, const Lanes<VEC>& r) {
-  if constexpr (VEC == 4)
-    *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
-  else
-    *reinterpret_cast<float2*>(p) = make_float2(r.v[0], r.v[1]);
+  store_state<VEC, float>(p, r);
 }
 
 __device__ __forceinline__ void count_error(uint32_t* error_count) {
@@ -60,9 +71,10 @@ __device__ __forceinline__ void count_error(uint32_t* error_count) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode: D / VEC threads per request, one token each.
+// Decode: D / VEC threads per request, one token each. Two dependent memory round trips: the
+// request's length and slot, then the token, its ape row and the slot's state together.
 
-template <int VEC>
+template <int VEC, typename S>
 __global__ void __launch_bounds__(kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ dsa_c128_decode_params p) {
   wait_for_producers();
@@ -82,7 +94,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   const int c = (seq_len - 1) % DSA_CHUNK;
   const float* token = p.kv_score + b * 2 * D + ch;
-  float* state = p.state + (int64_t)slot * 3 * D + ch;
+  S* state = static_cast<S*>(p.state) + (int64_t)slot * 3 * D + ch;
   const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)c * D + ch);
   Lanes<VEC> m, s, k;
@@ -96,76 +108,111 @@ __global__ void __launch_bounds__(kDecodeThreads)
   if (c == DSA_CHUNK - 1) {
     store_lanes<VEC>(p.out + b * D + ch, k);
   } else {
-    store_lanes<VEC>(state, m);
-    store_lanes<VEC>(state + D, s);
-    store_lanes<VEC>(state + 2 * D, k);
+    store_state<VEC>(state, m);
+    store_state<VEC>(state + D, s);
+    store_state<VEC>(state + 2 * D, k);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Prefill: one work item = one segment x one tile of 32*VEC channels, taken by the 8 warps of a
-// block. Warp w folds tokens w, w+8, ... in batches whose loads are all issued before any
-// arithmetic (16 floats of kv and score per thread in flight); the 8 partials then merge through
-// shared memory. VEC = 2 (64-channel tiles) doubles the items for small plans; VEC = 4 halves
-// the load instructions for large ones.
-// The compress pass (kWrite = false) only reads state; the write pass is a later launch in the
-// same stream. When it directly follows the compress pass (kAfterCompress), it is launched with
-// programmatic dependent launch: it starts as soon as the compress pass has passed its own wait
-// (so everything written before the compress pass is visible), computes its segments alongside
-// it, and waits for the compress pass to complete only before its first state store.
+// Prefill: one work item = one segment x one tile of channels, taken by one block of 256
+// threads laid out as `lanes` threads across the tile (4 channels each, one 16-byte access) by
+// 256 / lanes token rows. Row r folds tokens r, r + rows, ... in batches of kBatch whose loads
+// are all issued before any arithmetic; the rows of a warp then merge by shuffles and the 8 warp
+// partials through shared memory. Wide tiles (32 lanes = 128 channels, 8 rows) keep the
+// per-token work lowest for large plans; narrow ones (down to 4 lanes = 16 channels, 64 rows)
+// spread a small plan over many blocks, so a segment's 128 tokens are loaded in one round trip.
+//
+// Plans come from device memory (one launch per pass, grid-stride over the records) or from
+// host memory inside the launch parameters (DSA_FLAG_HOST_PLAN: up to DSA_INLINE_RECORDS per
+// launch). The compress pass (kWrite = false) only reads state; the write pass stores it after
+// every compress-pass read. Ordering between launches (all in one stream):
+//   kSyncAtStart     the op's first launch of a pass with nothing of this op before it: wait for
+//                    the producers, then let dependents start.
+//   kSyncBeforeStore the write pass right behind the compress pass, launched with PDL: it starts
+//                    as soon as the compress pass passed its wait (so the producers' writes are
+//                    visible), computes alongside it and waits for it only before its first state
+//                    store.
+//   kSyncChained     a further launch of the same pass (a long host plan), launched with PDL: its
+//                    predecessor had passed its wait when it started, so it reads at once; it
+//                    waits at exit, so the launches of a pass complete in order.
+// Every block waits exactly once (at the latest at exit) and lets dependents start right after.
 
-// kBatch tokens of one warp: every load issued before any is used.
-template <int VEC, int kBatch>
-struct TokenGroup {
-  float score[VEC][kBatch];  // biased, base 2
-  float kv[VEC][kBatch];
+enum PrefillSync : int32_t { kSyncAtStart = 0, kSyncBeforeStore = 1, kSyncChained = 2 };
+
+struct PrefillLaunch {
+  dsa_c128_prefill_params p;
+  const dsa_segment* list;  // device records (kInline == 0)
+  int64_t count;            // records of this launch (device plans: capacity, capped by p.counts)
+  int64_t first_record;     // index of the launch's first record in its list (compact output row)
+  int32_t lanes_log2;       // log2 of the threads across a tile: 2..5
+  int32_t sync;             // PrefillSync
 };
 
-template <int VEC, int kBatch>
-__device__ __forceinline__ void load_group(TokenGroup<VEC, kBatch>& g, const dsa_c128_prefill_params& p,
-                                           int64_t first_row, int first_in_chunk, int ch, int t0, int n) {
+template <int kInline>
+struct InlineRecords {
+  dsa_segment r[kInline > 0 ? kInline : 1];
+};
+
+// kBatch tokens of one thread: every load issued before any is used.
+struct TokenGroup {
+  float score[kVec][kBatch];  // biased, base 2
+  float kv[kVec][kBatch];
+};
+
+__device__ __forceinline__ void load_group(TokenGroup& g, const dsa_c128_prefill_params& p, int64_t first_row,
+                                           int first_in_chunk, int ch, int t0, int rows, int n) {
   const int D = p.head_dim;
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
-    const int j = t0 + u * kPrefillWarps;
+    const int j = t0 + u * rows;
     if (j < n) {
       const float* token = p.kv_score + (first_row + j) * 2 * D + ch;
-      const Lanes<VEC> x = load_lanes<VEC>(token), t = load_lanes<VEC>(token + D);
-      const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)(first_in_chunk + j) * D + ch);
+      const Lanes<kVec> x = load_lanes<kVec>(token), t = load_lanes<kVec>(token + D);
+      const Lanes<kVec> bias = load_lanes<kVec>(p.ape + (int64_t)(first_in_chunk + j) * D + ch);
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) g.kv[i][u] = x.v[i], g.score[i][u] = to_log2(t.v[i] + bias.v[i]);
+      for (int i = 0; i < kVec; ++i) g.kv[i][u] = x.v[i], g.score[i][u] = to_log2(t.v[i] + bias.v[i]);
     }
   }
 }
 
-template <int VEC, int kBatch>
-__device__ __forceinline__ void fold_group(Partial (&part)[VEC], const TokenGroup<VEC, kBatch>& g, int t0, int n) {
-  const int count = min(kBatch, (n - t0 + kPrefillWarps - 1) / kPrefillWarps);
+__device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGroup& g, int t0, int rows, int n) {
+  const int count = min(kBatch, (n - t0 + rows - 1) / rows);
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) part[i] = absorb(part[i], g.score[i], g.kv[i], count);
+  for (int i = 0; i < kVec; ++i) part[i] = absorb(part[i], g.score[i], g.kv[i], count);
 }
 
-// Measured on the H200 (1 x 32K / 1 x 128K tokens, fraction of copy bandwidth): 4 tokens per
-// batch at 4 blocks per SM 0.84 / 0.93; 8 tokens at 2 blocks 0.63 / 0.67; two 4-token batches in
-// flight at 2 blocks 0.70 / 0.74; 2 tokens at 6 blocks (spilling) 0.71 / 0.85. Occupancy wins.
-template <bool kWrite, int VEC, bool kAfterCompress>
+// Measured on the H200 with 128-channel tiles (1 x 32K / 1 x 128K tokens, fraction of copy
+// bandwidth): 4 tokens per batch at 4 blocks per SM 0.84 / 0.93; 8 tokens at 2 blocks 0.63 /
+// 0.67; two 4-token batches in flight at 2 blocks 0.70 / 0.74; 2 tokens at 6 blocks (spilling)
+// 0.71 / 0.85. Occupancy wins.
+template <bool kWrite, int kInline, typename S>
 __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
-    c128_prefill_kernel(const __grid_constant__ dsa_c128_prefill_params p) {
-  constexpr int kTile = 32 * VEC;
-  constexpr int kBatch = 16 / VEC;
-  __shared__ float part_max[kPrefillWarps][kTile];
-  __shared__ float part_sum[kPrefillWarps][kTile];
-  __shared__ float part_acc[kPrefillWarps][kTile];
+    c128_prefill_kernel(const __grid_constant__ PrefillLaunch a, const __grid_constant__ InlineRecords<kInline> inline_records) {
+  __shared__ float part_max[kPrefillWarps][32 * kVec];
+  __shared__ float part_sum[kPrefillWarps][32 * kVec];
+  __shared__ float part_acc[kPrefillWarps][32 * kVec];
 
-  if constexpr (!kAfterCompress) wait_for_producers();
-  if constexpr (!kWrite) allow_dependents();
+  const dsa_c128_prefill_params& p = a.p;
+  bool waited = false;
+  if (a.sync == kSyncAtStart) {
+    wait_for_producers();
+    waited = true;
+  }
+  if (a.sync != kSyncBeforeStore) allow_dependents();
   const int D = p.head_dim;
-  const int tiles = D / kTile;
-  const dsa_segment* list = kWrite ? p.write : p.compress;
-  int64_t count = kWrite ? p.write_capacity : p.compress_capacity;
-  if (p.counts != nullptr) count = max((int64_t)0, min(count, p.counts[kWrite ? 1 : 0]));
+  const int lanes_log2 = a.lanes_log2;
+  const int lanes = 1 << lanes_log2;
+  const int rows = kPrefillThreads >> lanes_log2;
+  const int tile_width = lanes * kVec;
+  const int tiles = D / tile_width;
+  const int lane = threadIdx.x & (lanes - 1), row = threadIdx.x >> lanes_log2;
+  const int warp = threadIdx.x / 32, warp_lane = threadIdx.x % 32;
+  const dsa_segment* list = kInline > 0 ? inline_records.r : a.list;
+  int64_t count = a.count;
+  if (kInline == 0 && p.counts != nullptr) count = max((int64_t)0, min(count, p.counts[kWrite ? 1 : 0]));
   const int32_t* load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  S* const state = static_cast<S*>(p.state);
   const int64_t items = count * tiles;
 
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
@@ -183,61 +230,80 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     const bool continues = first_in_chunk != 0;
     const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
     const int32_t store_slot = kWrite ? p.indices[seg.batch_id] : 0;
-
-    const int ch = tile * kTile + lane * VEC;
-    const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
-    Partial part[VEC];
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) part[i] = Partial{-INFINITY, 0.0f, 0.0f};
-    for (int t0 = warp; t0 < n; t0 += kPrefillWarps * kBatch) {
-      TokenGroup<VEC, kBatch> g;
-      load_group(g, p, first_row, first_in_chunk, ch, t0, n);
-      fold_group(part, g, t0, n);
-    }
     if ((continues && !slot_ok(load_slot, p.num_slots)) || (kWrite && !slot_ok(store_slot, p.num_slots))) {
       if (report) count_error(p.error_count);
       continue;  // uniform: every thread read the same slots
     }
-    const bool merger = threadIdx.x < kTile;
-    const int c = tile * kTile + threadIdx.x;
+
+    const int ch = tile * tile_width + lane * kVec;
+    const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
+    Partial part[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) part[i] = empty_partial();
+    for (int t0 = row; t0 < n; t0 += rows * kBatch) {
+      TokenGroup g;
+      load_group(g, p, first_row, first_in_chunk, ch, t0, rows, n);
+      fold_group(part, g, t0, rows, n);
+    }
+    // Rows of one warp differ in the lane bits above lanes_log2.
+    for (int offset = lanes; offset < 32; offset <<= 1) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        const Partial other{__shfl_xor_sync(0xFFFFFFFFu, part[i].max, offset),
+                            __shfl_xor_sync(0xFFFFFFFFu, part[i].sum, offset),
+                            __shfl_xor_sync(0xFFFFFFFFu, part[i].acc, offset)};
+        part[i] = merge(part[i], other);
+      }
+    }
+    const bool merger = threadIdx.x < tile_width;
+    const int c = tile * tile_width + threadIdx.x;
     float prior_m = 0.0f, prior_s = 0.0f, prior_k = 0.0f;
     if (continues && merger) {
-      const float* prior = p.state + (int64_t)load_slot * 3 * D + c;
-      prior_m = prior[0], prior_s = prior[D], prior_k = prior[2 * D];
+      const S* prior = state + (int64_t)load_slot * 3 * D + c;
+      prior_m = widen(prior[0]), prior_s = widen(prior[D]), prior_k = widen(prior[2 * D]);
     }
-    if (warp < n) {
+    if (warp_lane < lanes) {
 #pragma unroll
-      for (int i = 0; i < VEC; ++i) {
-        part_max[warp][lane * VEC + i] = part[i].max;
-        part_sum[warp][lane * VEC + i] = part[i].sum;
-        part_acc[warp][lane * VEC + i] = part[i].acc;
+      for (int i = 0; i < kVec; ++i) {
+        part_max[warp][lane * kVec + i] = part[i].max;
+        part_sum[warp][lane * kVec + i] = part[i].sum;
+        part_acc[warp][lane * kVec + i] = part[i].acc;
       }
     }
     __syncthreads();
-    if constexpr (kAfterCompress) wait_for_producers();  // every compress-pass read of state is done
+    if (a.sync == kSyncBeforeStore && !waited) {  // every compress-pass read of state is done
+      wait_for_producers();
+      waited = true;
+      allow_dependents();
+    }
     if (merger) {
       const int t = threadIdx.x;
-      Partial total{part_max[0][t], part_sum[0][t], part_acc[0][t]};
-      for (int w = 1; w < min(kPrefillWarps, n); ++w)
-        total = merge(total, Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
+      Partial total = empty_partial();
+#pragma unroll
+      for (int w = 0; w < kPrefillWarps; ++w) total = merge(total, Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
       if (continues) total = merge(from_state(prior_m, prior_s, prior_k), total);
       if (kWrite) {
-        float* state = p.state + (int64_t)store_slot * 3 * D + c;
-        state[0] = state_max(total);
-        state[D] = total.sum;
-        state[2 * D] = mean_of(total);
+        S* to = state + (int64_t)store_slot * 3 * D + c;
+        narrow(state_max(total), to);
+        narrow(total.sum, to + D);
+        narrow(mean_of(total), to + 2 * D);
       } else {
-        p.out[(int64_t)seg.ragged_id * D + c] = mean_of(total);
+        const int64_t out_row = p.out_layout == DSA_OUT_COMPACT ? a.first_record + r : (int64_t)seg.ragged_id;
+        p.out[out_row * D + c] = mean_of(total);
       }
     }
     __syncthreads();
   }
-  if constexpr (kWrite) allow_dependents();
+  if (!waited) {
+    wait_for_producers();
+    if (a.sync == kSyncBeforeStore) allow_dependents();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Host backend: the same arithmetic, one token at a time, compress list before write list.
 
+template <typename S>
 void host_decode(const dsa_c128_decode_params& p) {
   const int D = p.head_dim;
   for (int64_t b = 0; b < p.batch_size; ++b) {
@@ -249,26 +315,28 @@ void host_decode(const dsa_c128_decode_params& p) {
     }
     const int c = (seq_len - 1) % DSA_CHUNK;
     const float* token = p.kv_score + b * 2 * D;
-    float* state = p.state + (int64_t)slot * 3 * D;
+    S* state = static_cast<S*>(p.state) + (int64_t)slot * 3 * D;
     for (int d = 0; d < D; ++d) {
       const float t[1] = {to_log2(token[D + d] + p.ape[(int64_t)c * D + d])}, v[1] = {token[d]};
       const Partial r = c == 0 ? partial_of(t[0], v[0])
-                               : absorb(from_state(state[d], state[D + d], state[2 * D + d]), t, v, 1);
+                               : absorb(from_state(widen(state[d]), widen(state[D + d]), widen(state[2 * D + d])), t, v, 1);
       if (c == DSA_CHUNK - 1) {
         p.out[b * D + d] = mean_of(r);
       } else {
-        state[d] = state_max(r), state[D + d] = r.sum, state[2 * D + d] = mean_of(r);
+        narrow(state_max(r), &state[d]), narrow(r.sum, &state[D + d]), narrow(mean_of(r), &state[2 * D + d]);
       }
     }
   }
 }
 
+template <typename S>
 void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::vector<Partial>& scratch) {
   const int D = p.head_dim;
   const dsa_segment* list = write_pass ? p.write : p.compress;
   int64_t count = write_pass ? p.write_capacity : p.compress_capacity;
   if (p.counts != nullptr) count = std::max<int64_t>(0, std::min(count, p.counts[write_pass ? 1 : 0]));
   const int32_t* load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
+  S* const state = static_cast<S*>(p.state);
   for (int64_t r = 0; r < count; ++r) {
     const dsa_segment seg = list[r];
     if (is_sentinel(seg)) continue;
@@ -287,7 +355,7 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::v
     }
     const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
     std::vector<Partial>& total = scratch;
-    total.assign(D, Partial{-INFINITY, 0.0f, 0.0f});
+    total.assign(D, empty_partial());
     for (int j = 0; j < n; ++j) {  // tokens outer, channels inner: rows are read in order
       const float* token = p.kv_score + (first_row + j) * 2 * D;
       const float* bias = p.ape + (int64_t)(first_in_chunk + j) * D;
@@ -296,17 +364,18 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::v
         total[d] = absorb(total[d], t, v, 1);
       }
     }
+    const int64_t out_row = p.out_layout == DSA_OUT_COMPACT ? r : (int64_t)seg.ragged_id;
     for (int d = 0; d < D; ++d) {
       Partial result = total[d];
       if (continues) {
-        const float* prior = p.state + (int64_t)load_slot * 3 * D + d;
-        result = merge(from_state(prior[0], prior[D], prior[2 * D]), result);
+        const S* prior = state + (int64_t)load_slot * 3 * D + d;
+        result = merge(from_state(widen(prior[0]), widen(prior[D]), widen(prior[2 * D])), result);
       }
       if (write_pass) {
-        float* state = p.state + (int64_t)store_slot * 3 * D + d;
-        state[0] = state_max(result), state[D] = result.sum, state[2 * D] = mean_of(result);
+        S* to = state + (int64_t)store_slot * 3 * D + d;
+        narrow(state_max(result), to), narrow(result.sum, to + D), narrow(mean_of(result), to + 2 * D);
       } else {
-        p.out[(int64_t)seg.ragged_id * D + d] = mean_of(result);
+        p.out[out_row * D + d] = mean_of(result);
       }
     }
   }
@@ -317,29 +386,108 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::v
 
 bool aligned(const void* ptr, int bytes) { return ((uintptr_t)ptr % bytes) == 0; }
 
-// Channels per thread: 4 when D and every float buffer allow 16-byte accesses, else 2.
+int state_bytes(int32_t state_dtype) { return state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4; }
+
+// Channels per access the buffers allow: 4 (16-byte float accesses), 2 (8-byte) or 0.
 template <typename P>
-dsa_status pick_vector_width(const P& p, const char* op, int* vec) {
-  const void* buffers[] = {p.state, p.kv_score, p.out, p.ape};
-  bool by16 = p.head_dim % 128 == 0, by8 = true;
-  for (const void* b : buffers) by16 = by16 && aligned(b, 16), by8 = by8 && aligned(b, 8);
-  if (!by8)
+int vector_width(const P& p) {
+  const int sb = state_bytes(p.state_dtype);
+  const void* floats[] = {p.kv_score, p.out, p.ape};
+  for (int vec : {4, 2}) {
+    bool ok = aligned(p.state, vec * sb);
+    for (const void* b : floats) ok = ok && aligned(b, vec * 4);
+    if (ok) return vec;
+  }
+  return 0;
+}
+
+template <typename P>
+dsa_status check_common(const P& p, const char* op) {
+  if (p.head_dim <= 0 || p.head_dim % 64 != 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected a positive multiple of 64",
+                op, p.head_dim);
+  if (p.num_slots <= 0 || p.num_slots > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_slots is %lld; expected 1..%d", op,
+                (long long)p.num_slots, INT32_MAX);
+  if (p.state_dtype != DSA_STATE_FLOAT32 && p.state_dtype != DSA_STATE_BFLOAT16)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
+                p.state_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
+  if (p.state == nullptr || p.ape == nullptr || p.indices == nullptr || p.kv_score == nullptr || p.out == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state, kv_score, out, ape and indices must be non-null", op);
+  if (vector_width(p) == 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT,
-                "%s: state, kv_score, out and ape must be 8-byte aligned float32 buffers", op);
-  *vec = by16 ? 4 : 2;
+                "%s: kv_score, out and ape must be 8-byte aligned float32 buffers and state %d-byte aligned", op,
+                2 * state_bytes(p.state_dtype));
   return DSA_STATUS_OK;
 }
 
-dsa_status check_common(int32_t head_dim, int64_t num_slots, const float* state, const float* ape,
-                        const int32_t* indices, const char* op) {
-  if (head_dim <= 0 || head_dim % 64 != 0)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected a positive multiple of 64",
-                op, head_dim);
-  if (num_slots <= 0 || num_slots > INT32_MAX)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_slots is %lld; expected 1..%d", op,
-                (long long)num_slots, INT32_MAX);
-  if (state == nullptr || ape == nullptr || indices == nullptr)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state, ape and indices must be non-null", op);
+// ---------------------------------------------------------------------------------------------
+// Device launches.
+
+// Tile width for a pass of `records` segments: the widest tile (128 channels: the least work per
+// token) once the pass fills every block slot of the GPU with it; narrower tiles spread a small
+// pass over more blocks. PYDSA_PREFILL_LANES (4, 8, 16 or 32) overrides it, for tuning.
+int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
+  static const int forced = [] {
+    const char* v = std::getenv("PYDSA_PREFILL_LANES");
+    const int lanes = v ? std::atoi(v) : 0;
+    return lanes == 4 ? 2 : lanes == 8 ? 3 : lanes == 16 ? 4 : lanes == 32 ? 5 : 0;
+  }();
+  for (int l = forced ? forced : 5; l > 2; --l)
+    if (head_dim % (kVec << l) == 0 && (forced || records * (head_dim / (kVec << l)) >= (int64_t)sms * kPrefillBlocksPerSm))
+      return l;
+  return 2;
+}
+
+template <bool kWrite, int kInline, typename S>
+cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* records, int sms, cudaStream_t stream, bool pdl) {
+  InlineRecords<kInline> inline_records;
+  if constexpr (kInline > 0) std::memcpy(inline_records.r, records, (size_t)a.count * sizeof(dsa_segment));
+  const int64_t items = a.count * (a.p.head_dim / (kVec << a.lanes_log2));
+  const unsigned grid = (unsigned)std::max<int64_t>(1, std::min(items, (int64_t)sms * kPrefillBlocksPerSm));
+  return launch(c128_prefill_kernel<kWrite, kInline, S>, grid, kPrefillThreads, stream, pdl, a, inline_records);
+}
+
+// Launches one pass over `count` records (a device list: one launch; a host list: one launch per
+// DSA_INLINE_RECORDS, chained).
+template <bool kWrite, typename S>
+dsa_status prefill_pass(const dsa_c128_prefill_params& p, const dsa_segment* list, int64_t count, bool host_plan,
+                        PrefillSync first_sync, int sms, cudaStream_t stream, const char* op) {
+  PrefillLaunch a;
+  a.p = p;
+  a.list = host_plan ? nullptr : list;
+  a.lanes_log2 = prefill_lanes_log2(count, p.head_dim, sms);
+  const bool pdl = (p.flags & DSA_FLAG_PDL) || first_sync == kSyncBeforeStore;
+  if (!host_plan) {
+    a.count = count, a.first_record = 0, a.sync = first_sync;
+    return launch_status(launch_prefill<kWrite, 0, S>(a, nullptr, sms, stream, pdl), op);
+  }
+  for (int64_t first = 0; first < count; first += DSA_INLINE_RECORDS) {
+    a.count = std::min<int64_t>(DSA_INLINE_RECORDS, count - first);
+    a.first_record = first;
+    a.sync = first == 0 ? first_sync : kSyncChained;
+    const bool chained_pdl = first == 0 ? pdl : true;
+    const cudaError_t err = a.count <= kSmallInline
+                                ? launch_prefill<kWrite, kSmallInline, S>(a, list + first, sms, stream, chained_pdl)
+                                : launch_prefill<kWrite, DSA_INLINE_RECORDS, S>(a, list + first, sms, stream, chained_pdl);
+    DSA_TRY(launch_status(err, op));
+  }
+  return DSA_STATUS_OK;
+}
+
+template <typename S>
+dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_t stream, const char* op) {
+  const bool host_plan = p.flags & DSA_FLAG_HOST_PLAN;
+  int64_t num_compress = p.compress_capacity, num_write = p.write_capacity;
+  if (host_plan && p.counts != nullptr) {
+    num_compress = std::max<int64_t>(0, std::min(num_compress, p.counts[0]));
+    num_write = std::max<int64_t>(0, std::min(num_write, p.counts[1]));
+  }
+  if (num_compress > 0)
+    DSA_TRY((prefill_pass<false, S>(p, p.compress, num_compress, host_plan, kSyncAtStart, sms, stream, op)));
+  if (num_write > 0)
+    DSA_TRY((prefill_pass<true, S>(p, p.write, num_write, host_plan, num_compress > 0 ? kSyncBeforeStore : kSyncAtStart,
+                                   sms, stream, op)));
   return DSA_STATUS_OK;
 }
 
@@ -354,25 +502,28 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   if (p.batch_size < 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
   if (p.batch_size == 0) return ok();
-  DSA_TRY(check_common(p.head_dim, p.num_slots, p.state, p.ape, p.indices, op));
-  if (p.kv_score == nullptr || p.out == nullptr || p.seq_lens == nullptr)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kv_score, out and seq_lens must be non-null", op);
-  int vec = 0;
-  DSA_TRY(pick_vector_width(p, op, &vec));
+  DSA_TRY(check_common(p, op));
+  if (p.seq_lens == nullptr) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens must be non-null", op);
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
   if (p.device == DSA_DEVICE_HOST) {
-    host_decode(p);
+    bf16 ? host_decode<Bf16>(p) : host_decode<float>(p);
     return ok();
   }
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
+  const int vec = vector_width(p);
   const int64_t threads = p.batch_size * (p.head_dim / vec);
   const int64_t blocks = (threads + kDecodeThreads - 1) / kDecodeThreads;
   if (blocks > INT32_MAX) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size too large", op);
   DeviceGuard guard(p.device);
   const bool pdl = p.flags & DSA_FLAG_PDL;
+  const cudaStream_t s = (cudaStream_t)stream;
+  const unsigned grid = (unsigned)blocks;
   const cudaError_t err =
-      vec == 4 ? launch(c128_decode_kernel<4>, (unsigned)blocks, kDecodeThreads, (cudaStream_t)stream, pdl, p)
-               : launch(c128_decode_kernel<2>, (unsigned)blocks, kDecodeThreads, (cudaStream_t)stream, pdl, p);
+      vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16>, grid, kDecodeThreads, s, pdl, p)
+                       : launch(c128_decode_kernel<4, float>, grid, kDecodeThreads, s, pdl, p))
+               : (bf16 ? launch(c128_decode_kernel<2, Bf16>, grid, kDecodeThreads, s, pdl, p)
+                       : launch(c128_decode_kernel<2, float>, grid, kDecodeThreads, s, pdl, p));
   DSA_TRY(launch_status(err, op));
   return ok();
 }
@@ -389,39 +540,25 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
                 (long long)p.compress_capacity, (long long)p.write_capacity);
   if ((p.compress_capacity > 0 && p.compress == nullptr) || (p.write_capacity > 0 && p.write == nullptr))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a record list with non-zero capacity is null", op);
+  if (p.out_layout != DSA_OUT_RAGGED && p.out_layout != DSA_OUT_COMPACT)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out_layout is %d; expected %d (ragged) or %d (compact)", op,
+                p.out_layout, DSA_OUT_RAGGED, DSA_OUT_COMPACT);
   if (p.compress_capacity + p.write_capacity == 0 || p.batch_size == 0 || p.num_tokens == 0) return ok();
-  DSA_TRY(check_common(p.head_dim, p.num_slots, p.state, p.ape, p.indices, op));
-  if (p.kv_score == nullptr || p.out == nullptr)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kv_score and out must be non-null", op);
-  int vec = 0;
-  DSA_TRY(pick_vector_width(p, op, &vec));
+  DSA_TRY(check_common(p, op));
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
   if (p.device == DSA_DEVICE_HOST) {
     std::vector<Partial> scratch;
-    host_prefill_pass(p, false, scratch);
-    host_prefill_pass(p, true, scratch);
+    for (bool write_pass : {false, true})
+      bf16 ? host_prefill_pass<Bf16>(p, write_pass, scratch) : host_prefill_pass<float>(p, write_pass, scratch);
     return ok();
   }
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
+  if (vector_width(p) != 4)
+    return fail(DSA_STATUS_INVALID_ARGUMENT,
+                "%s: on the GPU, kv_score, out and ape must be 16-byte aligned and state %d-byte aligned", op,
+                4 * state_bytes(p.state_dtype));
   DeviceGuard guard(p.device);
-  // 128-channel tiles when the plan has enough items to fill the GPU with them, else 64.
-  const bool wide = p.head_dim % 128 == 0 && vec == 4 &&
-                    std::max(p.compress_capacity, p.write_capacity) * (p.head_dim / 128) >= (int64_t)sms * kPrefillBlocksPerSm;
-  const int tiles = p.head_dim / (wide ? 128 : 64);
-  const bool pdl = p.flags & DSA_FLAG_PDL;
-  const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
-  cudaStream_t s = (cudaStream_t)stream;
-  if (p.compress_capacity > 0) {
-    const unsigned grid = (unsigned)std::min(p.compress_capacity * tiles, resident);
-    auto kernel = wide ? c128_prefill_kernel<false, 4, false> : c128_prefill_kernel<false, 2, false>;
-    DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, s, pdl, p), op));
-  }
-  if (p.write_capacity > 0) {
-    const unsigned grid = (unsigned)std::min(p.write_capacity * tiles, resident);
-    const bool overlap = p.compress_capacity > 0;
-    auto kernel = overlap ? (wide ? c128_prefill_kernel<true, 4, true> : c128_prefill_kernel<true, 2, true>)
-                          : (wide ? c128_prefill_kernel<true, 4, false> : c128_prefill_kernel<true, 2, false>);
-    DSA_TRY(launch_status(launch(kernel, grid, kPrefillThreads, s, overlap || pdl, p), op));
-  }
-  return ok();
+  const cudaStream_t s = (cudaStream_t)stream;
+  return bf16 ? prefill_device<Bf16>(p, sms, s, op) : prefill_device<float>(p, sms, s, op);
 }

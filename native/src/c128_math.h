@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 #include "dsa_kernels.h"
 
@@ -32,6 +33,8 @@ struct Partial {
 
 DSA_HD Partial partial_of(float score, float kv) { return Partial{score, 1.0f, kv}; }
 
+DSA_HD Partial empty_partial() { return Partial{-INFINITY, 0.0f, 0.0f}; }
+
 // Folds `count` tokens (count >= 1) whose scores share one local max into `p`; one rescale of p.
 template <int N>
 DSA_HD Partial absorb(Partial p, const float (&score)[N], const float (&kv)[N], int count) {
@@ -53,10 +56,53 @@ DSA_HD Partial absorb(Partial p, const float (&score)[N], const float (&kv)[N], 
   return Partial{M, sum, acc};
 }
 
+// An empty partial (no tokens yet) has sum 0 and max -inf; merging with it returns the other side.
 DSA_HD Partial merge(Partial a, Partial b) {
+  if (b.sum == 0.0f) return a;
+  if (a.sum == 0.0f) return b;
   const float M = fmaxf(a.max, b.max);
   const float ea = exp2f(a.max - M), eb = exp2f(b.max - M);
   return Partial{M, a.sum * ea + b.sum * eb, a.acc * ea + b.acc * eb};
+}
+
+// bf16 state elements (SPEC 1.5), as raw bits so the GPU and the host backend round with the
+// same integer arithmetic: widening is exact, narrowing rounds to nearest even (NaN stays NaN).
+struct Bf16 {
+  uint16_t bits;
+};
+
+DSA_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return u;
+#endif
+}
+
+DSA_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof(x));
+  return x;
+#endif
+}
+
+DSA_HD float widen(float x) { return x; }
+DSA_HD float widen(Bf16 x) { return bits_float((uint32_t)x.bits << 16); }
+
+DSA_HD void narrow(float x, float* to) { *to = x; }
+DSA_HD void narrow(float x, Bf16* to) {
+  uint32_t u = float_bits(x);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
+    to->bits = (uint16_t)((u >> 16) | 0x40u);  // quiet NaN
+    return;
+  }
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  to->bits = (uint16_t)(u >> 16);
 }
 
 // A slot's stored state (m in natural units, s, k the normalized mean) as a Partial, and back.

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_void};
 use std::ptr::{null, null_mut};
 
-const ABI_VERSION: i32 = 1;
+const ABI_VERSION: i32 = 2;
 const DEVICE_HOST: i32 = -1;
 const CHUNK: usize = 128;
 const STATUS_OK: i32 = 0;
@@ -51,6 +51,8 @@ struct DecodeParams {
     indices: *const i32,
     seq_lens: *const i32,
     error_count: *mut u32,
+    state_dtype: i32,
+    reserved: i32,
 }
 
 #[repr(C)]
@@ -74,6 +76,8 @@ struct PrefillParams {
     write_capacity: i64,
     counts: *const i64,
     error_count: *mut u32,
+    state_dtype: i32,
+    out_layout: i32,
 }
 
 #[repr(C)]
@@ -236,7 +240,7 @@ fn main() {
         num_slots: 2, batch_size: 1, num_tokens: 300, state: state.as_mut_ptr(), kv_score: rows.as_ptr(),
         out: out.as_mut_ptr(), ape: ape.as_ptr(), indices: slot.as_ptr(), load_indices: null(),
         compress: compress.as_ptr(), write: write.as_ptr(), compress_capacity: compress.len() as i64,
-        write_capacity: write.len() as i64, counts: null(), error_count: null_mut(),
+        write_capacity: write.len() as i64, counts: null(), error_count: null_mut(), state_dtype: 0, out_layout: 0,
     };
     checks.expect(unsafe { dsa_c128_prefill(&p, null_mut()) } == STATUS_OK, "prefill");
     for chunk in 0..2 {
@@ -250,7 +254,7 @@ fn main() {
             struct_size: std::mem::size_of::<DecodeParams>() as u32, flags: 0, device: DEVICE_HOST, head_dim: d as i32,
             num_slots: 2, batch_size: 1, state: state.as_mut_ptr(), kv_score: rows[pos * 2 * d..].as_ptr(),
             out: decoded.as_mut_ptr(), ape: ape.as_ptr(), indices: slot.as_ptr(), seq_lens: seq_len.as_ptr(),
-            error_count: null_mut(),
+            error_count: null_mut(), state_dtype: 0, reserved: 0,
         };
         checks.expect(unsafe { dsa_c128_decode(&q, null_mut()) } == STATUS_OK, "decode");
     }
