@@ -25,7 +25,7 @@ import torch
 import pyplan
 
 from . import _abi, baselines
-from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, plan_prefill_c
+from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill, plan_prefill_c
 from .metadata import MetadataCopy
 
 D = 512
@@ -55,12 +55,15 @@ def host_us(fn, n=2000, rounds=5, sync=None) -> float:
 _EMPTY = {}
 
 
-def host_vs_empty(fn, n=2000, rounds=7) -> tuple:
+def host_vs_empty(fn, n=2000, rounds=7, fetch_stream=False) -> tuple:
     """(µs per call of fn, µs per empty-kernel ctypes launch), measured in alternating rounds so
-    that drift in the host's speed affects both alike."""
+    that drift in the host's speed affects both alike. With fetch_stream the empty launch looks up
+    the current stream on every call, as a call without stream= does."""
     dev = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
-    empty = _abi.lib.dsa_empty_launch
+    lib_empty = _abi.lib.dsa_empty_launch
+    raw = torch._C._cuda_getCurrentRawStream
+    empty = (lambda d, s: lib_empty(d, raw(d))) if fetch_stream else lib_empty
     sync = torch.cuda.synchronize
     for _ in range(200):
         fn()
@@ -235,7 +238,10 @@ def bench_c128(rows: list, fl: dict) -> None:
             host_us=host, host_empty_us=empty_host,
             host_stream_given_us=host_given, host_stream_given_empty_us=empty_given,
             host_oneshot_us=host_us(lambda: c128_decode(s0[0], s0[1], s0[2], ape, s0[3], s0[4]), n=500,
-                                    sync=torch.cuda.synchronize)))
+                                    sync=torch.cuda.synchronize),
+            **dict(zip(("host_oneshot_vs_us", "host_oneshot_empty_us"),
+                       host_vs_empty(lambda: c128_decode(s0[0], s0[1], s0[2], ape, s0[3], s0[4]), n=500,
+                                     fetch_stream=True)))))
     rng = np.random.default_rng(1)
     cases = [("prefill 1 x 128", [128], [0]),
              ("prefill 1 x 8K", [8192], [0]),
@@ -264,9 +270,13 @@ def bench_c128(rows: list, fl: dict) -> None:
         whole = (n // 128) * 128
         kv0 = sets[0]._keep[1]
         torch_us = event_us(lambda: baselines.c128_chunks_torch(kv0[:whole], ape)) if whole else float("nan")
+        op0 = sets[0]
+        args0 = op0._keep[:5]
+        oneshot, oneshot_empty = host_vs_empty(lambda: c128_prefill(*args0, (compress, write)), n=500, fetch_stream=True)
         rows.append(dict(kernel="c128_prefill", case=name, bytes=nbytes, graph_us=t, graph_cold_us=cold, tbps=nbytes / t / 1e6,
                          frac_copy_bw=nbytes / t / 1e6 / bw, torch_eager_us=torch_us,
-                         host_us=host_us(sets[0].launch, sync=torch.cuda.synchronize)))
+                         host_us=host_us(sets[0].launch, sync=torch.cuda.synchronize),
+                         host_oneshot_us=oneshot, host_oneshot_empty_us=oneshot_empty))
     # P8: CUDA-graph mode with an 8 K-token DevicePlan holding one 100-token request.
     ext, seq = np.array([100], np.int64), np.array([1100], np.int64)
     state = torch.randn(1, 1, 3 * D, device="cuda", generator=gen)
@@ -366,6 +376,8 @@ def bench_metadata(rows: list, fl: dict) -> None:
                              host_stream_given_us=host_given, host_stream_given_empty_us=empty_given,
                              host_bound_launch_us=host_bound, host_bound_launch_empty_us=empty_bound,
                              host_new_sources_us=host_us(fresh_sources, sync=torch.cuda.synchronize),
+                             **dict(zip(("host_new_sources_vs_us", "host_new_sources_empty_us"),
+                                        host_vs_empty(fresh_sources, fetch_stream=True))),
                              torch_host_us=host_us(torch_calls[0], n=500, sync=torch.cuda.synchronize)))
             del sets, ops, calls, torch_calls
             torch.cuda.empty_cache()

@@ -56,15 +56,16 @@ def c128_cases(draw):
     indices = draw(st.lists(st.one_of(st.integers(0, slots - 1), st.integers(-5, slots + 5),
                                       st.sampled_from([2**31 - 1, -2**31])), min_size=b, max_size=b))
     seq_lens = draw(st.lists(st.integers(-3, 1000), min_size=b, max_size=b))
-    return d, slots, indices, seq_lens, draw(st.integers(0, 2**31))
+    return (d, slots, indices, seq_lens, draw(st.integers(0, 2**31)), draw(st.sampled_from([torch.float32, torch.bfloat16])),
+            draw(st.booleans()))
 
 
 def _c128_guarded(device, case):
-    d, slots, indices, seq_lens, seed = case
+    d, slots, indices, seq_lens, seed, state_dtype, compact = case
     g = Guarded(device)
     gen = torch.Generator().manual_seed(seed)
     b = len(indices)
-    state = g.tensor((slots, 1, 3 * d), torch.float32, torch.rand(slots, 1, 3 * d, generator=gen) + 1)
+    state = g.tensor((slots, 1, 3 * d), state_dtype, torch.rand(slots, 1, 3 * d, generator=gen) + 1)
     kv = g.tensor((b, 2 * d), torch.float32, torch.randn(b, 2 * d, generator=gen))
     out = g.tensor((b, d), torch.float32)
     ape = g.tensor((128, d), torch.float32, torch.randn(128, d, generator=gen))
@@ -77,14 +78,15 @@ def _c128_guarded(device, case):
     # Prefill with a plan whose records are partly corrupted, and out-of-range slots.
     n = max(1, sum(max(s, 1) for s in seq_lens[:2]) % 700 + 1)
     kv2 = g.tensor((n, 2 * d), torch.float32, torch.randn(n, 2 * d, generator=gen))
-    out2 = g.tensor((n, d), torch.float32)
     compress, write = pyplan.plan_prefill([n + 5], [n])
+    out2 = g.tensor((len(compress) if compact else n, d), torch.float32)
     rng = np.random.default_rng(seed)
     for recs in (compress, write):
         for r in recs:
             if rng.random() < 0.3:
                 r[rng.choice(["ragged_id", "batch_id", "position", "window_len"])] = rng.integers(0, 2**32, dtype=np.uint64)
-    pydsa.c128_prefill(state, kv2, out2, ape, idx[:1], (compress, write), load_indices=idx[-1:], error_count=counter)
+    pydsa.c128_prefill(state, kv2, out2, ape, idx[:1], (compress, write), load_indices=idx[-1:], error_count=counter,
+                       compact=compact)
     if device.type == "cuda":
         torch.cuda.synchronize()
     assert g.intact(), "a write landed outside the buffers"
@@ -279,8 +281,8 @@ def _threaded_ops(device):
             with ctx:
                 for _ in range(5):
                     d = 128
-                    sched = (d, [300, 129, 50], [("prefill", {0: 200, 1: 129, 2: 50}, {1}), ("decode", [0], 0),
-                                                 ("prefill", {0: 99}, set())], seed)
+                    sched = (d, [300, 129, 50], [("prefill", {0: 200, 1: 129, 2: 50}, {1}, False), ("decode", [0], 0),
+                                                 ("prefill", {0: 99}, set(), True)], seed, torch.float32)
                     run_schedule(device, sched)
                     _metadata_guarded(device, 33, 129, 1, 2)
             if stream is not None:
@@ -322,19 +324,90 @@ def test_library_can_be_imported_from_several_threads_at_once():
 # Device placement
 
 
-@pytest.mark.skipif(not HAS_GPU or torch.cuda.device_count() < 2, reason="needs two GPUs")
+two_gpus = pytest.mark.skipif(not HAS_GPU or torch.cuda.device_count() < 2, reason="needs two GPUs")
+
+
+@two_gpus
 @pytest.mark.gpu
 def test_ops_run_on_the_tensors_device_not_the_current_one():
+    """A whole schedule and a K = 3 metadata copy on cuda:1 while cuda:0 is current."""
     from test_c128 import run_schedule
     torch.cuda.set_device(0)
     dev1 = torch.device("cuda", 1)
-    sched = (128, [300, 129], [("prefill", {0: 200, 1: 129}, {1}), ("decode", [0], 1)], 3)
-    run_schedule(dev1, sched)
+    sched = (128, [201, 129], [("prefill", {0: 200, 1: 129}, {1}, False), ("decode", [0], 1)], 3, torch.float32)
+    server = run_schedule(dev1, sched)
+    assert server.emitted == 2
     _metadata_guarded(dev1, 17, 300, 1, 3)
     assert torch.cuda.current_device() == 0
 
 
-@pytest.mark.skipif(not HAS_GPU or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def _on_cuda1_side_stream(call):
+    """Runs call(stream handle) with cuda:0 current and a non-default stream of cuda:1 passed in,
+    then checks the current device did not move."""
+    torch.cuda.set_device(0)
+    stream = torch.cuda.Stream(device=1)
+    call(stream.cuda_stream)
+    assert torch.cuda.current_device() == 0
+    stream.synchronize()
+
+
+@two_gpus
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["decode", "prefill_device_plan", "metadata_k3"])
+def test_each_op_family_on_the_second_gpu_from_a_side_stream(family):
+    """Decode, prefill with a DevicePlan and a K = 3 metadata copy on cuda:1, on a side stream of
+    cuda:1, while cuda:0 is current: results equal the host backend's, the current device is
+    unchanged after every call."""
+    gen = torch.Generator().manual_seed(5)
+    d = 128
+    dev1 = torch.device("cuda", 1)
+    ape = torch.randn(128, d, generator=gen)
+    state0 = torch.rand(6, 1, 3 * d, generator=gen) + 1
+    i32 = dict(dtype=torch.int32)
+    if family == "decode":
+        kv = torch.randn(4, 2 * d, generator=gen)
+        idx, seq = torch.tensor([5, 0, 2, 3], **i32), torch.tensor([7, 128, 1, 0], **i32)
+        got_state, got_out = state0.to(dev1), torch.full((4, d), float("nan"), device=dev1)
+        _on_cuda1_side_stream(lambda s: pydsa.c128_decode(got_state, kv.to(dev1), got_out, ape.to(dev1), idx.to(dev1),
+                                                          seq.to(dev1), stream=s))
+        want_state, want_out = state0.clone(), torch.full((4, d), float("nan"))
+        pydsa.c128_decode(want_state, kv, want_out, ape, idx, seq)
+        pairs = [(got_state, want_state), (got_out, want_out)]
+    elif family == "prefill_device_plan":
+        seq, ext = np.array([300, 40, 129]), np.array([250, 40, 129])
+        n = int(ext.sum())
+        kv = torch.randn(512, 2 * d, generator=gen)
+        idx = torch.tensor([1, 4, 0], **i32)
+        plan = pydsa.DevicePlan(512, 3, device=dev1)
+        got_state, got_out = state0.to(dev1), torch.full((512, d), float("nan"), device=dev1)
+
+        def call(s):
+            plan.plan(seq, ext, num_tokens=512, stream=s)
+            pydsa.c128_prefill(got_state, kv.to(dev1), got_out, ape.to(dev1), idx.to(dev1), plan, stream=s)
+        _on_cuda1_side_stream(call)
+        want_state, want_out = state0.clone(), torch.full((n, d), float("nan"))
+        pydsa.c128_prefill(want_state, kv[:n], want_out, ape, idx, pyplan.plan_prefill(seq, ext))
+        assert torch.isnan(got_out[n:].cpu()).all()
+        pairs = [(got_state, want_state), (got_out[:n], want_out)]
+    else:
+        src = dict(cache_seqlens=torch.randint(0, 99, (5,), **i32), cu_seqlens_k=torch.randint(0, 99, (6,), **i32),
+                   page_indices=torch.randint(0, 99, (5, 70), **i32), dsa_cache_seqlens=torch.randint(0, 99, (5,), **i32),
+                   dsa_cu_seqlens_k=torch.randint(0, 99, (6,), **i32))
+        dsts = [dict(cache_seqlens=torch.full((8,), -1, **i32), cu_seqlens_k=torch.full((9,), -1, **i32),
+                     page_table_1=torch.full((6, 80), -1, **i32), dsa_cache_seqlens=torch.full((8,), -1, **i32),
+                     dsa_cu_seqlens_k=torch.full((9,), -1, **i32)) for _ in range(3)]
+        got = [{k: v.to(dev1) for k, v in dst.items()} for dst in dsts]
+        copy = pydsa.MetadataCopy(got)
+        _on_cuda1_side_stream(lambda s: copy(**{k: v.to(dev1) for k, v in src.items()}, stream=s))
+        pydsa.metadata_copy(src, dsts)
+        pairs = [(g[k], w[k]) for g, w in zip(got, dsts) for k in w]
+    for got, want in pairs:
+        got = got.cpu()
+        assert torch.equal(torch.isnan(got), torch.isnan(want)) if got.is_floating_point() else True
+        torch.testing.assert_close(got.nan_to_num(), want.nan_to_num(), rtol=2e-6, atol=2e-6)
+
+
+@two_gpus
 @pytest.mark.gpu
 def test_tensors_on_two_devices_are_refused():
     d = 64

@@ -412,8 +412,8 @@ dsa_status check_common(const P& p, const char* op) {
   if (p.state_dtype != DSA_STATE_FLOAT32 && p.state_dtype != DSA_STATE_BFLOAT16)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
                 p.state_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
-  if (p.state == nullptr || p.ape == nullptr || p.indices == nullptr || p.kv_score == nullptr || p.out == nullptr)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state, kv_score, out, ape and indices must be non-null", op);
+  if (p.state == nullptr || p.ape == nullptr || p.indices == nullptr || p.kv_score == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state, kv_score, ape and indices must be non-null", op);
   if (vector_width(p) == 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT,
                 "%s: kv_score, out and ape must be 8-byte aligned float32 buffers and state %d-byte aligned", op,
@@ -503,7 +503,8 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
   if (p.batch_size == 0) return ok();
   DSA_TRY(check_common(p, op));
-  if (p.seq_lens == nullptr) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens must be non-null", op);
+  if (p.seq_lens == nullptr || p.out == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out and seq_lens must be non-null", op);
   const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
   if (p.device == DSA_DEVICE_HOST) {
     bf16 ? host_decode<Bf16>(p) : host_decode<float>(p);
@@ -545,6 +546,8 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
                 p.out_layout, DSA_OUT_RAGGED, DSA_OUT_COMPACT);
   if (p.compress_capacity + p.write_capacity == 0 || p.batch_size == 0 || p.num_tokens == 0) return ok();
   DSA_TRY(check_common(p, op));
+  if (p.out == nullptr && p.compress_capacity > 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out is null but the plan has compress records", op);
   const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
   if (p.device == DSA_DEVICE_HOST) {
     std::vector<Partial> scratch;

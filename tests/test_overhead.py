@@ -1,0 +1,127 @@
+"""Per-step calls never synchronize and never allocate (after the first call): every op is
+called right behind a long queued GPU sleep and must return long before the sleep ends, and
+the caching allocator's allocation count must not move over 100 calls."""
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+import torch
+
+import pydsa
+import pyplan
+from conftest import gpu
+
+D = 128
+
+
+def _ops(device):
+    """One callable per per-step call pattern, all on `device`, over random data."""
+    gen = torch.Generator().manual_seed(0)
+    dev = torch.device(device)
+    f32 = dict(device=dev)
+    i32 = dict(dtype=torch.int32, device=dev)
+    ape = torch.randn(128, D, generator=gen).to(dev)
+    state = (torch.rand(8, 1, 3 * D, generator=gen) + 1).to(dev)
+    state_bf16 = state.to(torch.bfloat16)
+    b = 4
+    kv = torch.randn(b, 2 * D, generator=gen).to(dev)
+    out = torch.empty(b, D, **f32)
+    idx = torch.arange(b, **i32)
+    seq_lens = torch.tensor([5, 130, 1, 300], **i32)
+    seq = np.array([300, 200, 77], np.int64)
+    ext = np.array([300, 70, 77], np.int64)
+    plan = pyplan.plan_prefill(seq, ext)
+    n = int(ext.sum())
+    kvp = torch.randn(n, 2 * D, generator=gen).to(dev)
+    outp = torch.empty(n, D, **f32)
+    compact = torch.empty(len(plan[0]), D, **f32)
+    pidx = torch.arange(3, **i32)
+    device_plan = pydsa.DevicePlan(1024, 4, device=dev)
+    device_plan.plan(seq, ext, num_tokens=1024)
+    kv_graph = torch.randn(1024, 2 * D, generator=gen).to(dev)
+    out_graph = torch.empty(1024, D, **f32)
+    copy = pydsa.MetadataCopy([dict(cache_seqlens=torch.zeros(b, **i32), cu_seqlens_k=torch.zeros(b + 1, **i32),
+                                    page_table_1=torch.zeros(b, 64, **i32), dsa_cache_seqlens=torch.zeros(b, **i32),
+                                    dsa_cu_seqlens_k=torch.zeros(b + 1, **i32)) for _ in range(3)])
+    sources = [[torch.randint(0, 100, shape, generator=gen, dtype=torch.int32).to(dev)
+                for shape in ((b,), (b + 1,), (b, 64), (b,), (b + 1,))] for _ in range(2)]
+    flip = [0]
+
+    def metadata_new_sources():
+        flip[0] ^= 1
+        copy(*sources[flip[0]])
+
+    def replan_and_prefill():
+        device_plan.plan(seq, ext, num_tokens=1024)
+        pydsa.c128_prefill(state, kv_graph, out_graph, ape, pidx, device_plan)
+
+    return {
+        "decode": lambda: pydsa.c128_decode(state, kv, out, ape, idx, seq_lens),
+        "decode bf16 state": lambda: pydsa.c128_decode(state_bf16, kv, out, ape, idx, seq_lens),
+        "prefill, pyplan plan": lambda: pydsa.c128_prefill(state, kvp, outp, ape, pidx, plan),
+        "prefill, compact output": lambda: pydsa.c128_prefill(state, kvp, compact, ape, pidx, plan, compact=True),
+        "prefill, re-planned DevicePlan": replan_and_prefill,
+        "metadata copy, new sources": metadata_new_sources,
+    }
+
+
+@gpu
+@pytest.mark.gpu
+def test_no_call_waits_for_queued_gpu_work():
+    """Each op, called right behind about a second of queued GPU work, returns within a small
+    fraction of it: nothing synchronizes the stream or the device."""
+    ops = _ops("cuda")
+    for fn in ops.values():
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    cycles_per_ms = 1_000_000 / start.elapsed_time(end)
+    for name, fn in ops.items():
+        torch.cuda._sleep(int(cycles_per_ms * 1000))  # ~1 s
+        t0 = time.perf_counter()
+        for _ in range(10):  # more calls than DevicePlan's initial staging ring holds
+            fn()
+        elapsed = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        assert elapsed < 0.1, f"{name}: 10 calls behind 1 s of GPU work took {elapsed * 1e3:.0f} ms"
+
+
+@gpu
+@pytest.mark.gpu
+def test_no_call_allocates_device_memory():
+    """After its first call, 100 calls of each op leave the caching allocator's allocation count
+    where it was."""
+    ops = _ops("cuda")
+    for name, fn in ops.items():
+        fn()
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_stats()["allocation.all.allocated"]
+        for _ in range(100):
+            fn()
+        after = torch.cuda.memory_stats()["allocation.all.allocated"]
+        assert after == before, f"{name}: {after - before} device allocations in 100 calls"
+
+
+def test_host_backend_calls_allocate_no_arrays():
+    """On the host backend, 100 calls of each op allocate no numpy memory (the plan is read in
+    place; nothing is copied or staged)."""
+    ops = _ops("cpu")
+    for fn in ops.values():
+        fn()
+    domain = np.lib.tracemalloc_domain
+    tracemalloc.start()
+    try:
+        for name, fn in ops.items():
+            before = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, domain)])
+            for _ in range(100):
+                fn()
+            after = tracemalloc.take_snapshot().filter_traces([tracemalloc.DomainFilter(True, domain)])
+            grown = sum(s.size_diff for s in after.compare_to(before, "filename") if s.size_diff > 0)
+            assert grown == 0, f"{name}: {grown} bytes of numpy memory allocated in 100 calls"
+    finally:
+        tracemalloc.stop()
