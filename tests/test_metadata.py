@@ -280,7 +280,7 @@ def test_inconsistent_sizes_and_bad_mode_and_k(device):
 def test_mismatched_devices_are_refused():
     src, dsts = _decode_case(torch.device("cuda"))
     src["cache_seqlens"] = src["cache_seqlens"].cpu()
-    with pytest.raises(ValueError, match="cache_seqlens is on cpu but the destination buffers are on cuda"):
+    with pytest.raises(ValueError, match="cache_seqlens is on cpu but the other tensors are on cuda"):
         pydsa.MetadataCopy(dsts)(**src)
     src, dsts = _decode_case(torch.device("cuda"))
     dsts[0]["page_table_1"] = dsts[0]["page_table_1"].cpu()

@@ -176,8 +176,8 @@ __device__ __forceinline__ void load_group(TokenGroup& g, const dsa_c128_prefill
   }
 }
 
-__device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGroup& g, int t0, int rows, int n) {
-  const int count = min(kBatch, (n - t0 + rows - 1) / rows);
+__device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGroup& g, int t0, int rows_log2, int n) {
+  const int count = min(kBatch, (n - t0 + (1 << rows_log2) - 1) >> rows_log2);
 #pragma unroll
   for (int i = 0; i < kVec; ++i) part[i] = absorb(part[i], g.score[i], g.kv[i], count);
 }
@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     for (int t0 = row; t0 < n; t0 += rows * kBatch) {
       TokenGroup g;
       load_group(g, p, first_row, first_in_chunk, ch, t0, rows, n);
-      fold_group(part, g, t0, rows, n);
+      fold_group(part, g, t0, 8 - lanes_log2, n);
     }
     // Rows of one warp differ in the lane bits above lanes_log2.
     for (int offset = lanes; offset < 32; offset <<= 1) {
@@ -425,8 +425,10 @@ dsa_status check_common(const P& p, const char* op) {
 // Device launches.
 
 // Tile width for a pass of `records` segments: the widest tile (128 channels: the least work per
-// token) once the pass fills every block slot of the GPU with it; narrower tiles spread a small
-// pass over more blocks. PYDSA_PREFILL_LANES (4, 8, 16 or 32) overrides it, for tuning.
+// token) once the pass gives half the SMs a block with it; narrower tiles spread a tiny pass over
+// more blocks. Measured on the H200 (graph us, D = 512, tile 16 / 32 / 64 / 128 channels):
+// 1 x 128 tokens 4.9 / 5.0 / 5.9 / 8.3; 1 x 8K 25.0 / 14.2 / 10.9 / 10.8; 64 x (1-600) 74.8 /
+// 43.6 / 36.7 / 35.9. PYDSA_PREFILL_LANES (4, 8, 16 or 32 threads across a tile) overrides it.
 int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
   static const int forced = [] {
     const char* v = std::getenv("PYDSA_PREFILL_LANES");
@@ -434,8 +436,7 @@ int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
     return lanes == 4 ? 2 : lanes == 8 ? 3 : lanes == 16 ? 4 : lanes == 32 ? 5 : 0;
   }();
   for (int l = forced ? forced : 5; l > 2; --l)
-    if (head_dim % (kVec << l) == 0 && (forced || records * (head_dim / (kVec << l)) >= (int64_t)sms * kPrefillBlocksPerSm))
-      return l;
+    if (head_dim % (kVec << l) == 0 && (forced || records * (head_dim / (kVec << l)) >= sms / 2)) return l;
   return 2;
 }
 
