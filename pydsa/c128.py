@@ -22,8 +22,8 @@ import pyplan
 from . import _abi
 from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_PDL, OUT_COMPACT, OUT_RAGGED, PREFILL_FORMAT,
                    check as _check_status, lib, new)
-from ._tensors import (_float32, _int32, as_tensor, current_stream, device_name, error_ptr, ptr, resolve_device,
-                       rows_ptr)
+from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, ptr, resolve_device, rows_ptr,
+                       shaped_ptr)
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
 
@@ -230,10 +230,23 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
     ip = ptr(indices, "indices", _int32, dev, (b,))
     lp = 0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,))
     flags = FLAG_PDL if pdl else 0
-    if type(plan) is tuple and len(plan) == 2:
+    if type(plan) is tuple and len(plan) == 2 and type(plan[0]) is np.ndarray:
         cp, nc, wp, nw = pyplan.record_lists(plan[0], plan[1])
         counts = 0
         flags |= FLAG_HOST_PLAN
+    elif type(plan) is tuple and len(plan) == 2 and isinstance(plan[0], torch.Tensor):
+        # Record tensors as sglang keeps them: uint8 [M, 16], on the op's device (read there) or
+        # in host memory (carried inside the launches).
+        where = plan[0].get_device()
+        if where != dev and where != -1:
+            raise ValueError(f"plan tensors are on {plan[0].device} but the other tensors are on {device_name(dev)}")
+        cp, (nc, _) = shaped_ptr(plan[0], "plan[0] (compress)", torch.uint8, where, 2)
+        wp, (nw, _) = shaped_ptr(plan[1], "plan[1] (write)", torch.uint8, where, 2)
+        if plan[0].shape[1] != 16 or plan[1].shape[1] != 16:
+            raise ValueError(f"plan tensors must have shape [M, 16] (got {list(plan[0].shape)} and {list(plan[1].shape)})")
+        counts = 0
+        if where == -1:
+            flags |= FLAG_HOST_PLAN
     elif isinstance(plan, DevicePlan):
         if plan._dev != dev:
             raise ValueError(f"plan is a DevicePlan on {plan.device} but the tensors are on {device_name(dev)}")
@@ -243,7 +256,8 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
         if isinstance(plan, (list, tuple)) and len(plan) == 2:
             return _prefill_fields(state, kv_score, out, ape, indices, tuple(plan), load_indices, pdl,
                                    error_count, compact)
-        raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill or a DevicePlan")
+        raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
+                        "record tensors) or a DevicePlan")
     op = ptr(out, "out", _float32, dev, (nc if compact else n, d))
     return (_PREFILL_SIZE, flags, dev, d, slots, b, n, sp, kp, op, ptr(ape, "ape", _float32, dev, (CHUNK, d)),
             ip, lp, cp, wp, nc, nw, counts, error_ptr(error_count, dev), sdt, OUT_COMPACT if compact else OUT_RAGGED)

@@ -199,10 +199,15 @@ class MetadataCopy:
                 raise _bad("num_splits", f"expected {n + 1} elements, got {n_ns}")
             fm, shape = shaped_ptr(flashmla_metadata, "flashmla_metadata", _int32, dev, None)
             meta = shape.numel() if isinstance(shape, torch.Size) else int(np.prod(shape))
-        _pack(self._params, 0, _SIZE, self._flags, dev, self.mode, bs, rows, width, 0 if self.decode else n,
-              real_cols, meta, cs, cu, pi, se, dc, du, rp, ns, fm, len(self._keep), 0, self._dests_address)
+        self._fill(bs, rows, width, n, real_cols, meta, cs, cu, pi, se, dc, du, rp, ns, fm)
         self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                       seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+
+    def _fill(self, bs, rows, width, n, real_cols, meta, *sources) -> None:
+        """Writes the launch params: sizes (SPEC 2; n = expanded entries outside DECODE) and the
+        nine source pointers in dsa_metadata_sources order (0 for an absent one)."""
+        _pack(self._params, 0, _SIZE, self._flags, self._dev, self.mode, bs, rows, width, 0 if self.decode else n,
+              real_cols, meta, *sources, len(self._keep), 0, self._dests_address)
 
 
 def metadata_copy(sources: dict, destinations, *, mode="decode", stream=None, pdl=False) -> None:

@@ -145,7 +145,7 @@ struct PrefillLaunch {
   const dsa_segment* list;  // device records (kInline == 0)
   int64_t count;            // records of this launch (device plans: capacity, capped by p.counts)
   int64_t first_record;     // index of the launch's first record in its list (compact output row)
-  int32_t lanes_log2;       // log2 of the threads across a tile: 2..5
+  int32_t lanes_log2;       // log2 of the threads across a tile: kNarrow or kWide
   int32_t sync;             // PrefillSync
 };
 
@@ -186,7 +186,7 @@ __device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGro
 // bandwidth): 4 tokens per batch at 4 blocks per SM 0.84 / 0.93; 8 tokens at 2 blocks 0.63 /
 // 0.67; two 4-token batches in flight at 2 blocks 0.70 / 0.74; 2 tokens at 6 blocks (spilling)
 // 0.71 / 0.85. Occupancy wins.
-template <bool kWrite, int kInline, typename S>
+template <bool kWrite, int kInline, typename S, int kLanesLog2>
 __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ PrefillLaunch a, const __grid_constant__ InlineRecords<kInline> inline_records) {
   __shared__ float part_max[kPrefillWarps][32 * kVec];
@@ -201,12 +201,13 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   }
   if (a.sync != kSyncBeforeStore) allow_dependents();
   const int D = p.head_dim;
-  const int lanes_log2 = a.lanes_log2;
-  const int lanes = 1 << lanes_log2;
-  const int rows = kPrefillThreads >> lanes_log2;
-  const int tile_width = lanes * kVec;
+  constexpr int lanes_log2 = kLanesLog2;
+  constexpr int lanes = 1 << lanes_log2;
+  constexpr int rows = kPrefillThreads >> lanes_log2;
+  constexpr int rows_per_warp = 32 >> lanes_log2;
+  constexpr int tile_width = lanes * kVec;
   const int tiles = D / tile_width;
-  const int lane = threadIdx.x & (lanes - 1), row = threadIdx.x >> lanes_log2;
+  const int lane = threadIdx.x % lanes, row = threadIdx.x / lanes;
   const int warp = threadIdx.x / 32, warp_lane = threadIdx.x % 32;
   const dsa_segment* list = kInline > 0 ? inline_records.r : a.list;
   int64_t count = a.count;
@@ -246,6 +247,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       fold_group(part, g, t0, 8 - lanes_log2, n);
     }
     // Rows of one warp differ in the lane bits above lanes_log2.
+#pragma unroll
     for (int offset = lanes; offset < 32; offset <<= 1) {
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
@@ -278,9 +280,9 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     }
     if (merger) {
       const int t = threadIdx.x;
-      Partial total = empty_partial();
-#pragma unroll
-      for (int w = 0; w < kPrefillWarps; ++w) total = merge(total, Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
+      Partial total{part_max[0][t], part_sum[0][t], part_acc[0][t]};
+      const int warps_with_tokens = min(kPrefillWarps, (n + rows_per_warp - 1) / rows_per_warp);
+      for (int w = 1; w < warps_with_tokens; ++w) total = merge(total, Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
       if (continues) total = merge(from_state(prior_m, prior_s, prior_k), total);
       if (kWrite) {
         S* to = state + (int64_t)store_slot * 3 * D + c;
@@ -424,20 +426,17 @@ dsa_status check_common(const P& p, const char* op) {
 // ---------------------------------------------------------------------------------------------
 // Device launches.
 
-// Tile width for a pass of `records` segments: the widest tile (128 channels: the least work per
-// token) once the pass gives half the SMs a block with it; narrower tiles spread a tiny pass over
-// more blocks. Measured on the H200 (graph us, D = 512, tile 16 / 32 / 64 / 128 channels):
-// 1 x 128 tokens 4.9 / 5.0 / 5.9 / 8.3; 1 x 8K 25.0 / 14.2 / 10.9 / 10.8; 64 x (1-600) 74.8 /
-// 43.6 / 36.7 / 35.9. PYDSA_PREFILL_LANES (4, 8, 16 or 32 threads across a tile) overrides it.
+// Tile layout for a pass of `records` segments: wide tiles (32 threads x 4 = 128 channels, 8 token
+// rows: the least work per token) once the pass gives half the SMs a block with them, narrow ones
+// (4 threads = 16 channels, 64 token rows) for tiny passes, whose segments then load in one round
+// trip. Measured on the H200 (graph us, D = 512, tiles of 16 / 32 / 64 / 128 channels): 1 x 128
+// tokens 4.9 / 5.0 / 5.9 / 8.3; 1 x 8K 25.0 / 14.2 / 10.9 / 10.8; 64 x (1-600) 74.8 / 43.6 /
+// 36.7 / 35.9.
+constexpr int kNarrow = 2, kWide = 5;
+
 int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
-  static const int forced = [] {
-    const char* v = std::getenv("PYDSA_PREFILL_LANES");
-    const int lanes = v ? std::atoi(v) : 0;
-    return lanes == 4 ? 2 : lanes == 8 ? 3 : lanes == 16 ? 4 : lanes == 32 ? 5 : 0;
-  }();
-  for (int l = forced ? forced : 5; l > 2; --l)
-    if (head_dim % (kVec << l) == 0 && (forced || records * (head_dim / (kVec << l)) >= sms / 2)) return l;
-  return 2;
+  const bool wide = head_dim % (kVec << kWide) == 0 && records * (head_dim / (kVec << kWide)) >= sms / 2;
+  return wide ? kWide : kNarrow;
 }
 
 template <bool kWrite, int kInline, typename S>
@@ -446,7 +445,9 @@ cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* records, i
   if constexpr (kInline > 0) std::memcpy(inline_records.r, records, (size_t)a.count * sizeof(dsa_segment));
   const int64_t items = a.count * (a.p.head_dim / (kVec << a.lanes_log2));
   const unsigned grid = (unsigned)std::max<int64_t>(1, std::min(items, (int64_t)sms * kPrefillBlocksPerSm));
-  return launch(c128_prefill_kernel<kWrite, kInline, S>, grid, kPrefillThreads, stream, pdl, a, inline_records);
+  return a.lanes_log2 == kWide
+             ? launch(c128_prefill_kernel<kWrite, kInline, S, kWide>, grid, kPrefillThreads, stream, pdl, a, inline_records)
+             : launch(c128_prefill_kernel<kWrite, kInline, S, kNarrow>, grid, kPrefillThreads, stream, pdl, a, inline_records);
 }
 
 // Launches one pass over `count` records (a device list: one launch; a host list: one launch per

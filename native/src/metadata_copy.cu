@@ -4,7 +4,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -16,10 +15,7 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kUnroll = 8;
-// int32 per tile: from one int4 per thread (small copies: many blocks, each one load in flight per
-// thread) to kUnroll int4 per thread (large copies: fewer, longer blocks).
-constexpr int64_t kMinTile = kThreads * 4;
-constexpr int64_t kMaxTile = kThreads * 4 * kUnroll;
+constexpr int64_t kTileElements = kThreads * 4 * kUnroll;  // int32 per tile: kUnroll int4 per thread
 constexpr int kMaxJobs = 9;
 constexpr int kBlocksPerSm = 8;
 
@@ -28,7 +24,7 @@ struct CopyJob {
   int64_t src_stride;  // elements between source rows
   int64_t rows;
   int64_t width;           // elements copied per row
-  int64_t tiles_per_row;  // ceil(width / tile_elements)
+  int64_t tiles_per_row;  // ceil(width / kTileElements)
   int32_t* dst[DSA_MAX_DESTINATIONS];
   int64_t dst_stride[DSA_MAX_DESTINATIONS];
 };
@@ -39,7 +35,6 @@ struct CopyPlan {
   int64_t first_tile[kMaxJobs + 1];  // job j covers tiles [first_tile[j], first_tile[j + 1])
   int32_t num_jobs;
   int32_t num_dst;
-  int64_t tile_elements;             // kMinTile..kMaxTile, a multiple of kMinTile
   CopyJob job[kMaxJobs];
 };
 
@@ -100,9 +95,9 @@ __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_co
     const CopyJob& job = plan.job[j];
     const int64_t local = tile - plan.first_tile[j];
     const int64_t row = local / job.tiles_per_row;
-    const int64_t col = (local - row * job.tiles_per_row) * plan.tile_elements;
+    const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
     const int64_t remaining = job.width - col;
-    copy_span(plan, job, row, col, remaining < plan.tile_elements ? remaining : plan.tile_elements);
+    copy_span(plan, job, row, col, remaining < kTileElements ? remaining : kTileElements);
   }
 }
 
@@ -142,7 +137,7 @@ dsa_status check_capacity(int k, const char* name, int64_t have, int64_t need) {
 
 // Appends a job; false when the launch would exceed 2^62 tiles (only for corrupt sizes).
 bool add_job(CopyPlan& plan, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
-  const int64_t tiles_per_row = (width + plan.tile_elements - 1) / plan.tile_elements;
+  const int64_t tiles_per_row = (width + kTileElements - 1) / kTileElements;
   if (rows > (INT64_C(1) << 62) / tiles_per_row) return false;
   const int64_t end = plan.first_tile[plan.num_jobs] + rows * tiles_per_row;
   if (end > (INT64_C(1) << 62)) return false;
@@ -156,9 +151,7 @@ bool add_job(CopyPlan& plan, const int32_t* src, int64_t src_stride, int64_t row
   return true;
 }
 
-// `blocks` is the number of blocks the GPU holds at once (0 for the host backend): tiles shrink
-// until the copy spreads over about that many.
-dsa_status build_plan(const dsa_metadata_copy_params& p, int64_t blocks, CopyPlan& plan) {
+dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
   if (p.mode < DSA_MODE_DECODE || p.mode > DSA_MODE_DRAFT_EXTEND)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: mode is %d; expected 0 (DECODE), 1 (TARGET_VERIFY) or 2 (DRAFT_EXTEND)", kOp, p.mode);
   if (p.num_destinations < 1 || p.num_destinations > DSA_MAX_DESTINATIONS || p.destinations == nullptr)
@@ -191,13 +184,6 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, int64_t blocks, CopyPla
   };
   std::memset(&plan, 0, sizeof(plan));
   plan.num_dst = p.num_destinations;
-  plan.tile_elements = kMaxTile;
-  if (blocks > 0) {
-    double elements = 0;  // only its order of magnitude matters
-    for (const Field& f : fields) elements += (double)f.rows * (double)f.width;
-    const double per_block = std::ceil(elements / (double)blocks / (double)kMinTile) * (double)kMinTile;
-    plan.tile_elements = (int64_t)std::min((double)kMaxTile, std::max((double)kMinTile, per_block));
-  }
   for (const Field& f : fields) {
     if (f.rows == 0 || f.width == 0) continue;
     if (f.src == nullptr)
@@ -251,15 +237,15 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   DSA_TRY(check_struct(params, kOp));
   const dsa_metadata_copy_params& p = *params;
   if (p.bs == 0) return ok();
-  int sms = 0;
-  if (p.device != DSA_DEVICE_HOST) DSA_TRY(check_device(p.device, kOp, &sms));
   CopyPlan plan;
-  DSA_TRY(build_plan(p, (int64_t)sms * kBlocksPerSm, plan));
+  DSA_TRY(build_plan(p, plan));
   if (plan.num_jobs == 0) return ok();
   if (p.device == DSA_DEVICE_HOST) {
     host_copy(plan);
     return ok();
   }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, kOp, &sms));
   DeviceGuard guard(p.device);
   const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], (int64_t)sms * kBlocksPerSm);
   DSA_TRY(launch_status(launch(metadata_copy_kernel, grid, kThreads, (cudaStream_t)stream, p.flags & DSA_FLAG_PDL, plan), kOp));

@@ -1,0 +1,196 @@
+"""Drop-in replacements for sglang's calls of the reference kernels, with sglang's signatures.
+
+    from pydsa.sglang import fused_metadata_copy_cuda, fused_metadata_copy_multi_cuda
+    from pydsa.sglang import c128_online_decode, c128_online_prefill, plan_compress_online_prefill
+
+Each function is a thin layer over the library's ops (the same C entry points and kernels): it
+turns sglang's positional arguments and conventions into the op's sizes and launches. CUDA
+tensors run the kernels on the current stream, CPU tensors the host backend. sglang's
+conventions (SPEC 2 where they agree):
+- DECODE copies `bs` rows x `max_len` columns of `page_indices`, the other modes
+  `page_indices.shape[0]` rows x `max_seqlen_k` columns, reading the source as a dense block of
+  that shape; the destination page table's row stride is its `shape[1]`, the real page table
+  destination's its `stride(0)`; `flashmla_metadata` of any shape is copied flat (the source's
+  numel); `seqlens_expanded` is ignored in DECODE.
+- A tensor that is not int32 raises RuntimeError("<name> must have dtype int32 ..."), as sglang's
+  kernels do; other bad input raises as the rest of pydsa does.
+"""
+from __future__ import annotations
+
+import torch
+
+import pyplan
+
+from ._abi import MODE_DECODE
+from ._tensors import _int32, device_name
+from .c128 import c128_decode, c128_prefill
+from .metadata import MetadataCopy
+
+__all__ = ["fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda", "c128_online_decode",
+           "c128_online_prefill", "plan_compress_online_prefill"]
+
+_SOURCE_NAMES = ("cache_seqlens_src", "cu_seqlens_k_src", "page_indices_src", "nsa_cache_seqlens_src",
+                 "seqlens_expanded_src", "nsa_cu_seqlens_k_src", "real_page_table_src", "flashmla_num_splits_src",
+                 "flashmla_metadata_src")
+_DEST_KEYS = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlens", "seqlens_expanded",
+              "dsa_cu_seqlens_k", "real_page_table", "flashmla_num_splits", "flashmla_metadata")
+
+# Bound copies per destination set: sglang refreshes the same static buffers every step.
+_bound: dict = {}
+
+
+def _require_int32(tensors, names) -> None:
+    for t, name in zip(tensors, names):
+        if t is not None and getattr(t, "dtype", _int32) is not _int32:
+            raise RuntimeError(f"{name} must have dtype int32 (got {t.dtype})")
+
+
+def _destination(group) -> dict:
+    """A destination dict for MetadataCopy in sglang's conventions: page_table_1 rows are
+    shape[1] apart."""
+    dest = {key: t for key, t in zip(_DEST_KEYS, group) if t is not None}
+    table = dest["page_table_1"]
+    if table.dim() == 2 and table.stride() != (table.shape[1], 1):
+        dest["page_table_1"] = table.as_strided(table.shape, (table.shape[1], 1))
+    return dest
+
+
+def _bind(mode: int, groups) -> MetadataCopy:
+    key = (mode,) + tuple(id(t) for group in groups for t in group)
+    hit = _bound.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[1], (t for group in groups for t in group))):
+        return hit[0]
+    if len(_bound) >= 64:
+        _bound.clear()
+    copy = MetadataCopy([_destination(group) for group in groups], mode=mode)
+    _bound[key] = (copy, tuple(t for group in groups for t in group))
+    return copy
+
+
+def _flat(t, name: str, dev: int, need: int) -> int:
+    """Pointer of a contiguous int32 source on `dev` holding at least `need` elements."""
+    if t.get_device() != dev:
+        raise ValueError(f"{name} is on {t.device} but the destination buffers are on {device_name(dev)}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
+    if t.numel() < need:
+        raise ValueError(f"{name} holds {t.numel()} elements but {need} are copied")
+    return t.data_ptr()
+
+
+def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seqlen_k: int, expanded: int) -> None:
+    (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k,
+     real_page_table, num_splits, flashmla_metadata) = sources
+    if bs < 0 or max_len < 0 or max_seqlen_k < 0 or expanded < 0:
+        raise ValueError(f"bs, max_len, max_seqlen_k and seqlens_expanded_size must be >= 0 "
+                         f"(got {bs}, {max_len}, {max_seqlen_k}, {expanded})")
+    decode = mode == MODE_DECODE
+    dev = copy._dev
+    rows, width = (bs, max_len) if decode else (page_indices.shape[0], max_seqlen_k)
+    n = bs if decode else expanded
+    if (real_page_table is not None) != copy.has_real_page_table:
+        raise ValueError("real_page_table: must be given exactly when the destinations carry real_page_table")
+    if (num_splits is not None or flashmla_metadata is not None) != copy.has_flashmla or \
+            (num_splits is None) != (flashmla_metadata is None):
+        raise ValueError("flashmla_num_splits/flashmla_metadata: the FlashMLA group is all-or-nothing and must "
+                         "match the destinations")
+    real_cols = real_page_table.shape[1] if real_page_table is not None else 0
+    meta = flashmla_metadata.numel() if flashmla_metadata is not None else 0
+    copy._fill(bs, rows, width, n, real_cols, meta,
+               _flat(cache_seqlens, "cache_seqlens_src", dev, bs),
+               _flat(cu_seqlens_k, "cu_seqlens_k_src", dev, bs + 1),
+               _flat(page_indices, "page_indices_src", dev, rows * width),
+               0 if decode else _flat(seqlens_expanded, "seqlens_expanded_src", dev, n),
+               _flat(dsa_cache_seqlens, "nsa_cache_seqlens_src", dev, n),
+               _flat(dsa_cu_seqlens_k, "nsa_cu_seqlens_k_src", dev, n + 1),
+               0 if real_page_table is None else _flat(real_page_table, "real_page_table_src", dev, rows * real_cols),
+               0 if num_splits is None else _flat(num_splits, "flashmla_num_splits_src", dev, n + 1),
+               0 if flashmla_metadata is None else _flat(flashmla_metadata, "flashmla_metadata_src", dev, meta))
+    copy._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                  seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+    copy.launch()
+
+
+def fused_metadata_copy_cuda(cache_seqlens_src, cu_seqlens_k_src, page_indices_src, nsa_cache_seqlens_src,
+                             seqlens_expanded_src, nsa_cu_seqlens_k_src, real_page_table_src,
+                             flashmla_num_splits_src, flashmla_metadata_src,
+                             cache_seqlens_dst, cu_seqlens_k_dst, page_table_1_dst, nsa_cache_seqlens_dst,
+                             seqlens_expanded_dst, nsa_cu_seqlens_k_dst, real_page_table_dst,
+                             flashmla_num_splits_dst, flashmla_metadata_dst,
+                             forward_mode, bs, max_len, max_seqlen_k, seqlens_expanded_size) -> None:
+    """sglang's fused metadata copy to one backend (forward_mode 0 DECODE, 1 TARGET_VERIFY,
+    2 DRAFT_EXTEND), in one launch."""
+    decode = forward_mode == MODE_DECODE
+    sources = (cache_seqlens_src, cu_seqlens_k_src, page_indices_src, nsa_cache_seqlens_src,
+               None if decode else seqlens_expanded_src, nsa_cu_seqlens_k_src, real_page_table_src,
+               flashmla_num_splits_src, flashmla_metadata_src)
+    dests = (cache_seqlens_dst, cu_seqlens_k_dst, page_table_1_dst, nsa_cache_seqlens_dst,
+             None if decode else seqlens_expanded_dst, nsa_cu_seqlens_k_dst, real_page_table_dst,
+             flashmla_num_splits_dst, flashmla_metadata_dst)
+    _require_int32(sources, _SOURCE_NAMES)
+    _require_int32(dests, (name.replace("_src", "_dst") for name in _SOURCE_NAMES))
+    _copy(_bind(forward_mode, (dests,)), forward_mode, sources, bs, max_len, max_seqlen_k, seqlens_expanded_size)
+
+
+def fused_metadata_copy_multi_cuda(cache_seqlens_src, cu_seqlens_k_src, page_indices_src, nsa_cache_seqlens_src,
+                                   nsa_cu_seqlens_k_src, real_page_table_src, flashmla_num_splits_src,
+                                   flashmla_metadata_src,
+                                   cache_seqlens_dst0, cu_seqlens_k_dst0, page_table_1_dst0, nsa_cache_seqlens_dst0,
+                                   nsa_cu_seqlens_k_dst0, real_page_table_dst0, flashmla_num_splits_dst0,
+                                   flashmla_metadata_dst0,
+                                   cache_seqlens_dst1, cu_seqlens_k_dst1, page_table_1_dst1, nsa_cache_seqlens_dst1,
+                                   nsa_cu_seqlens_k_dst1, real_page_table_dst1, flashmla_num_splits_dst1,
+                                   flashmla_metadata_dst1,
+                                   cache_seqlens_dst2, cu_seqlens_k_dst2, page_table_1_dst2, nsa_cache_seqlens_dst2,
+                                   nsa_cu_seqlens_k_dst2, real_page_table_dst2, flashmla_num_splits_dst2,
+                                   flashmla_metadata_dst2,
+                                   bs, max_len, seqlens_expanded_size) -> None:
+    """sglang's DECODE copy to three backends (target and draft attention), in one launch."""
+    sources = (cache_seqlens_src, cu_seqlens_k_src, page_indices_src, nsa_cache_seqlens_src, None,
+               nsa_cu_seqlens_k_src, real_page_table_src, flashmla_num_splits_src, flashmla_metadata_src)
+    groups = tuple((c, cu, pt, nc, None, ncu, rp, ns, fm) for c, cu, pt, nc, ncu, rp, ns, fm in (
+        (cache_seqlens_dst0, cu_seqlens_k_dst0, page_table_1_dst0, nsa_cache_seqlens_dst0, nsa_cu_seqlens_k_dst0,
+         real_page_table_dst0, flashmla_num_splits_dst0, flashmla_metadata_dst0),
+        (cache_seqlens_dst1, cu_seqlens_k_dst1, page_table_1_dst1, nsa_cache_seqlens_dst1, nsa_cu_seqlens_k_dst1,
+         real_page_table_dst1, flashmla_num_splits_dst1, flashmla_metadata_dst1),
+        (cache_seqlens_dst2, cu_seqlens_k_dst2, page_table_1_dst2, nsa_cache_seqlens_dst2, nsa_cu_seqlens_k_dst2,
+         real_page_table_dst2, flashmla_num_splits_dst2, flashmla_metadata_dst2)))
+    _require_int32(sources, _SOURCE_NAMES)
+    for k, group in enumerate(groups):
+        _require_int32(group, (name.replace("_src", f"_dst{k}") for name in _SOURCE_NAMES))
+    _copy(_bind(MODE_DECODE, groups), MODE_DECODE, sources, bs, max_len, 0, seqlens_expanded_size)
+
+
+def c128_online_decode(kv_score_buffer, kv_score_input, out, ape, indices, seq_lens, extra=None) -> None:
+    """sglang's online c128 decode: kv_score_buffer is the state [S, 1, 3D]; `extra` is unused,
+    as in sglang."""
+    c128_decode(kv_score_buffer, kv_score_input, out, ape, indices, seq_lens)
+
+
+def c128_online_prefill(kv_score_buffer, kv_score_input, out, ape, indices, compress_plan, write_plan,
+                        load_indices=None) -> None:
+    """sglang's online c128 prefill: plans are uint8 [M, 16] record tensors (device or host)."""
+    c128_prefill(kv_score_buffer, kv_score_input, out, ape, indices, (compress_plan, write_plan),
+                 load_indices=load_indices)
+
+
+def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_plan, use_cuda_graph) -> tuple:
+    """sglang's host planner: int64 extend_lens / seq_lens [B] (host), uint8 [M, 16] host or
+    pinned plan buffers filled in place, M = the token count (sum of extend_lens). Returns the
+    record counts, or (M, M) in CUDA-graph mode, where the rest is padded with sentinels."""
+    for name, t in (("extend_lens", extend_lens), ("seq_lens", seq_lens)):
+        if getattr(t, "dtype", torch.int64) is not torch.int64:
+            raise RuntimeError(f"{name} must have dtype int64 (got {t.dtype})")
+    for name, t in (("compress_plan", compress_plan), ("write_plan", write_plan)):
+        if t.dtype is not torch.uint8 or t.dim() != 2 or t.shape[1] != 16:
+            raise ValueError(f"{name} must be a uint8 [M, 16] tensor (got {t.dtype} {list(t.shape)})")
+    m = compress_plan.shape[0]
+    if write_plan.shape[0] != m:
+        raise ValueError(f"compress_plan has {m} rows but write_plan has {write_plan.shape[0]}")
+    # num_tokens = m: the planner refuses extends that do not sum to it before writing anything.
+    _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=m, out=(compress_plan, write_plan),
+                                       return_counts=True)
+    if not use_cuda_graph:
+        return nc, nw
+    pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=m, graph=True, out=(compress_plan, write_plan))
+    return m, m
