@@ -242,8 +242,18 @@ def bench_c128(rows: list, fl: dict) -> None:
             **dict(zip(("host_oneshot_vs_us", "host_oneshot_empty_us"),
                        host_vs_empty(lambda: c128_decode(s0[0], s0[1], s0[2], ape, s0[3], s0[4]), n=500,
                                      fetch_stream=True)))))
+    for b in (1, 8192):  # bf16 state: 20 bytes per channel per request instead of 32
+        nbytes = b * D * 20
+        s0 = _decode_set(b, gen)
+        state16 = s0[0].to(torch.bfloat16)
+        t = graph_us([C128Decode(state16, s0[1], s0[2], ape, s0[3], s0[4]).launch])
+        t32 = graph_us([C128Decode(s0[0], s0[1], s0[2], ape, s0[3], s0[4]).launch])
+        rows.append(dict(kernel="c128_decode", case=f"decode B={b}, bf16 state", bytes=nbytes, graph_us=t,
+                         tbps=nbytes / t / 1e6, frac_copy_bw=nbytes / t / 1e6 / bw, fp32_state_graph_us=t32,
+                         speedup_vs_fp32=t32 / t, variant="bf16 state"))
     rng = np.random.default_rng(1)
     cases = [("prefill 1 x 128", [128], [0]),
+             ("prefill 64 x (1-600), prefixes <= 100K", list(rng.integers(1, 601, 64)), list(rng.integers(0, 100_001, 64))),
              ("prefill 1 x 8K", [8192], [0]),
              ("prefill 8 x 1K, prefixes <= 4096", [1024] * 8, list(rng.integers(0, 4097, 8))),
              ("prefill 1 x 32K", [32768], [0]),
@@ -277,6 +287,18 @@ def bench_c128(rows: list, fl: dict) -> None:
                          frac_copy_bw=nbytes / t / 1e6 / bw, torch_eager_us=torch_us,
                          host_us=host_us(sets[0].launch, sync=torch.cuda.synchronize),
                          host_oneshot_us=oneshot, host_oneshot_empty_us=oneshot_empty))
+        if n >= 32768:  # bf16 state and compact output on the same plan and inputs
+            state0, kv0, out0, _, idx0 = op0._keep[:5]
+            state16 = state0.to(torch.bfloat16)
+            compact = torch.empty(len(compress), D, device="cuda")
+            variants = {"bf16 state": C128Prefill(state16, kv0, out0, ape, idx0, (compress, write)),
+                        "compact output": C128Prefill(state0, kv0, compact, ape, idx0, (compress, write), compact=True)}
+            for label, op in variants.items():
+                tv = graph_us([op.launch])
+                vbytes = nbytes - (2 * 4 * D * (mid + len(write)) if label == "bf16 state" else 0)
+                rows.append(dict(kernel="c128_prefill", case=f"{name}, {label}", bytes=vbytes, graph_us=tv,
+                                 tbps=vbytes / tv / 1e6, frac_copy_bw=vbytes / tv / 1e6 / bw, same_plan_fp32_ragged_us=t,
+                                 variant=label))
     # P8: CUDA-graph mode with an 8 K-token DevicePlan holding one 100-token request.
     ext, seq = np.array([100], np.int64), np.array([1100], np.int64)
     state = torch.randn(1, 1, 3 * D, device="cuda", generator=gen)
@@ -384,6 +406,135 @@ def bench_metadata(rows: list, fl: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Per-step: what an engine runs per forward step of DeepSeek-V4 (61 layers)
+
+LAYERS = 61
+
+
+def _step_time(step, n=20) -> tuple:
+    """(host us per step without sync, device us per step by CUDA events, launch gaps included)."""
+    step()
+    torch.cuda.synchronize()
+    host = host_us(step, n=n, rounds=5, sync=torch.cuda.synchronize)
+    return host, event_us(step, n=5, rounds=5)
+
+
+def bench_step(rows: list, fl: dict) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    b = 64
+    apes = [torch.randn(128, D, device="cuda", generator=gen) for _ in range(LAYERS)]
+    layers = [_decode_set(b, gen) for _ in range(LAYERS)]
+    mds, dsts, _ = _metadata_set("decode", b, 4096, b, 0, None, None, 3, gen)
+    copy = MetadataCopy(dsts)
+    src = [mds[k] for k in ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k")]
+
+    def decode_step():
+        copy(*src)
+        for (state, kv, out, idx, seq), ape in zip(layers, apes):
+            c128_decode(state, kv, out, ape, idx, seq)
+
+    host, device = _step_time(decode_step)
+    ops = [C128Decode(state, kv, out, ape, idx, seq) for (state, kv, out, idx, seq), ape in zip(layers, apes)]
+    copy.bind(*src)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        copy.launch()
+        for op in ops:
+            op.launch()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        copy.launch()
+        for op in ops:
+            op.launch()
+    ghost, gdevice = _step_time(graph.replay)
+    rows.append(dict(kernel="step", case=f"decode step: {LAYERS} layers x c128 decode B={b} + K=3 metadata refresh",
+                     bytes=LAYERS * b * D * 32, graph_us=gdevice, eager_host_us=host, eager_device_us=device,
+                     graph_host_us=ghost, graph_device_us=gdevice))
+    del graph, ops, layers
+    # Chunked prefill: 8 requests of 1-2 K new tokens after prefixes, planned once per step.
+    rng = np.random.default_rng(4)
+    ext = rng.integers(1024, 2049, 8).astype(np.int64)
+    seq = ext + rng.integers(0, 20000, 8).astype(np.int64)
+    n = int(ext.sum())
+    idx = torch.arange(8, dtype=torch.int32, device="cuda")
+    layers = []
+    for ape in apes:
+        state = torch.randn(8, 1, 3 * D, device="cuda", generator=gen)
+        state[:, :, D:2 * D].uniform_(1, 30, generator=gen)
+        layers.append((state, torch.randn(n, 2 * D, device="cuda", generator=gen), torch.empty(n, D, device="cuda"), ape))
+
+    def prefill_step():
+        plan = pyplan.plan_prefill(seq, ext)
+        for state, kv, out, ape in layers:
+            c128_prefill(state, kv, out, ape, idx, plan)
+
+    host, device = _step_time(prefill_step, n=5)
+    rows.append(dict(kernel="step", case=f"prefill step: {LAYERS} layers x c128 prefill, 8 x 1-2K tokens ({n}) with prefixes",
+                     bytes=LAYERS * n * 2 * D * 4, graph_us=device, eager_host_us=host, eager_device_us=device))
+    del layers
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
+# sglang-style calls beside the direct calls (host time)
+
+
+def bench_sglang(rows: list, fl: dict) -> None:
+    from . import sglang
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    i32 = dict(dtype=torch.int32, device="cuda")
+    bs, width = 32, 2048
+    src, dsts, _ = _metadata_set("decode", bs, width, bs, 0, None, None, 3, gen)
+    order = ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
+    args = [src[k] for k in order]
+    twin = [t.clone() for t in args]
+    dkeys = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlens", None, "dsa_cu_seqlens_k",
+             None, None, None)
+    groups = [[d[k] if k else None for k in dkeys] for d in dsts]
+    sg_src = [src["cache_seqlens"], src["cu_seqlens_k"], src["page_indices"], src["dsa_cache_seqlens"], None,
+              src["dsa_cu_seqlens_k"], None, None, None]
+    one, three = MetadataCopy(dsts[0]), MetadataCopy(dsts)
+    flip = [0]
+
+    def fresh(op):
+        flip[0] ^= 1
+        op(*(twin if flip[0] else args))
+
+    drop4 = lambda xs: [x for i, x in enumerate(xs) if i != 4]  # noqa: E731
+    calls = [("fused_metadata_copy_cuda, DECODE 32x2048", lambda: sglang.fused_metadata_copy_cuda(*sg_src, *groups[0], 0, bs, width, 0, 0),
+              lambda: fresh(one)),
+             ("fused_metadata_copy_multi_cuda, 32x2048", lambda: sglang.fused_metadata_copy_multi_cuda(
+                 *drop4(sg_src), *drop4(groups[0]), *drop4(groups[1]), *drop4(groups[2]), bs, width, 0),
+              lambda: fresh(three))]
+    s0 = _decode_set(64, gen)
+    ape = torch.randn(128, D, device="cuda", generator=gen)
+    calls.append(("c128_online_decode, B=64", lambda: sglang.c128_online_decode(s0[0], s0[1], s0[2], ape, s0[3], s0[4]),
+                  lambda: c128_decode(s0[0], s0[1], s0[2], ape, s0[3], s0[4])))
+    seq, ext = np.array([1100, 300], np.int64), np.array([100, 300], np.int64)
+    n = 400
+    compress, write = pyplan.plan_prefill(seq, ext)
+    cplan = torch.from_numpy(compress.view(np.uint8).reshape(-1, 16).copy()).cuda()
+    wplan = torch.from_numpy(write.view(np.uint8).reshape(-1, 16).copy()).cuda()
+    state = torch.rand(2, 1, 3 * D, device="cuda") + 1
+    kv, out, idx = torch.randn(n, 2 * D, device="cuda"), torch.empty(n, D, device="cuda"), torch.arange(2, **i32)
+    calls.append(("c128_online_prefill, 2 requests, 400 tokens",
+                  lambda: sglang.c128_online_prefill(state, kv, out, ape, idx, cplan, wplan),
+                  lambda: c128_prefill(state, kv, out, ape, idx, (cplan, wplan))))
+    seq_t, ext_t = torch.from_numpy(seq), torch.from_numpy(ext)
+    cp, wp = torch.empty(n, 16, dtype=torch.uint8), torch.empty(n, 16, dtype=torch.uint8)
+    calls.append(("plan_compress_online_prefill, 2 requests",
+                  lambda: sglang.plan_compress_online_prefill(ext_t, seq_t, cp, wp, False),
+                  lambda: pyplan.plan_prefill(seq_t, ext_t, num_tokens=n, out=(cp, wp), return_counts=True)))
+    for name, sg, direct in calls:
+        sg_us, empty_us = host_vs_empty(sg, n=1000, fetch_stream=True)
+        direct_us, empty2_us = host_vs_empty(direct, n=1000, fetch_stream=True)
+        rows.append(dict(kernel="sglang", case=name, sglang_host_us=sg_us, direct_host_us=direct_us,
+                         host_empty_us=empty_us, direct_host_empty_us=empty2_us))
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
@@ -415,6 +566,8 @@ def targets(rows: list, fl: dict) -> list:
         add("P9", f"{r['case']}: >= 5x torch host", f"{r['torch_host_us'] / r['host_us']:.1f}x",
             r["torch_host_us"] / r["host_us"] >= 5)
     for r in rows:
+        if r.get("variant"):
+            continue  # judged by the turn-2 targets (P14)
         if r["kernel"] == "c128_decode":
             b = int(r["case"].split("=")[1])
             if b >= 4096:
@@ -442,6 +595,64 @@ def targets(rows: list, fl: dict) -> list:
             if "graph" in r["case"]:
                 add("P8", "planner graph mode, 8K capacity, 1 x 100 <= 3 us", f"{r['cython_graph_us']:.2f} us",
                     r["cython_graph_us"] <= 3.0)
+    out += targets_turn2(rows, fl)
+    return out
+
+
+# The reference kernels' graph times from BENCH.md's side-by-side run, whose empty kernel took
+# 0.70 us: a target of 0.9 x the reference is judged on the time above the empty kernel measured
+# in this run (the launch floor differs between machines), and printed beside the raw figure.
+REFERENCE_EMPTY_US = 0.70
+REFERENCE_US = {"decode B=1": 1.66, "decode B=32": 1.78, "decode B=256": 2.20, "prefill 1 x 128": 3.20,
+                "prefill 64 x (1-600), prefixes <= 100K": 31.5,
+                "decode 32x2048 K=3": 2.72, "decode 128x4096 K=3": 3.50, "decode 64x8192 +real+flashmla K=3": 4.20}
+
+
+def _versus_reference(r, fl, factor, key):
+    """(our time above the empty kernel, the reference's above its empty kernel x factor, text)."""
+    ours = r["graph_us"] - fl["empty_kernel_graph_us"]
+    ref = REFERENCE_US[key] - REFERENCE_EMPTY_US
+    return ours, ref * factor, f"{r['graph_us']:.2f} us ({ours:.2f} above the empty kernel; reference {REFERENCE_US[key]:.2f} = {ref:.2f} above)"
+
+
+def targets_turn2(rows: list, fl: dict) -> list:
+    out = []
+
+    def add(tid, what, value, ok):
+        out.append(dict(id=tid, what=what, measured=value, ok=bool(ok)))
+
+    for r in rows:
+        if r.get("host_oneshot_vs_us"):
+            ratio = r["host_oneshot_vs_us"] / r["host_oneshot_empty_us"]
+            add("P10", f"one-shot c128_decode, {r['case']}: host <= 1.6 x empty launch (both fetch the stream)",
+                f"{r['host_oneshot_vs_us']:.2f} us = {ratio:.2f}x", ratio <= 1.6)
+        if r["kernel"] == "c128_prefill" and r.get("host_oneshot_us") and r["bytes"] < 64e6:
+            ratio = r["host_oneshot_us"] / r["host_oneshot_empty_us"]
+            add("P10", f"one-shot c128_prefill with a pyplan plan, {r['case']}: host <= 1.6 x empty launch",
+                f"{r['host_oneshot_us']:.2f} us = {ratio:.2f}x", ratio <= 1.6)
+        if r["kernel"] == "metadata_copy" and r.get("host_new_sources_vs_us") and r["bytes"] < 64e6:
+            ratio = r["host_new_sources_vs_us"] / r["host_new_sources_empty_us"]
+            add("P10", f"MetadataCopy with new sources, {r['case']}: host <= 1.6 x empty launch",
+                f"{r['host_new_sources_vs_us']:.2f} us = {ratio:.2f}x", ratio <= 1.6)
+            ratio = r["host_bound_launch_us"] / r["host_bound_launch_empty_us"]
+            add("P10", f"bound launch(), {r['case']}: host <= 1.2 x empty launch", f"{ratio:.2f}x", ratio <= 1.2)
+        if r["kernel"] == "c128_decode" and r["case"] in ("decode B=1", "decode B=32", "decode B=256"):
+            ours, lim, text = _versus_reference(r, fl, 0.9, r["case"])
+            add("P11", f"{r['case']}: <= 0.9 x the reference", text, ours <= lim)
+        if r["kernel"] == "c128_prefill" and r["case"] in REFERENCE_US:
+            factor = 0.8 if "1 x 128" in r["case"] else 1 / 1.3
+            ours, lim, text = _versus_reference(r, fl, factor, r["case"])
+            add("P12", f"{r['case']}: {'<= 0.8 x' if factor == 0.8 else '>= 1.3 x faster than'} the reference", text, ours <= lim)
+        if r["kernel"] == "metadata_copy" and r["case"] in REFERENCE_US:
+            ours, lim, text = _versus_reference(r, fl, 0.9, r["case"])
+            add("P13", f"{r['case']}: <= 0.9 x the reference", text, ours <= lim)
+        if r["kernel"] == "c128_decode" and r["case"] == "decode B=8192, bf16 state":
+            add("P14", "decode B=8192: bf16 state >= 1.45 x faster than fp32 state", f"{r['speedup_vs_fp32']:.2f}x",
+                r["speedup_vs_fp32"] >= 1.45)
+        if r["kernel"] == "c128_prefill" and r.get("same_plan_fp32_ragged_us"):
+            what = "bf16 state" if "bf16" in r["case"] else "compact output"
+            add("P14", f"{r['case']}: {what} not slower than fp32 ragged",
+                f"{r['graph_us']:.2f} vs {r['same_plan_fp32_ragged_us']:.2f} us", r["graph_us"] <= r["same_plan_fp32_ragged_us"] * 1.02)
     return out
 
 
@@ -464,7 +675,15 @@ def print_report(result: dict) -> None:
         for r in plan:
             print(f"  {r['case']:<42} {_fmt(r.get('cython_us')):>7} {_fmt(r.get('cython_out_us')):>7} {_fmt(r.get('cython_graph_us')):>7} "
                   f"{_fmt(r.get('c_ctypes_us')):>7} {_fmt(r.get('python_us'), '.1f'):>9} {_fmt(r.get('device_plan_us')):>7}")
-    dev = [r for r in result["rows"] if r["kernel"] != "planner"]
+    for r in (r for r in result["rows"] if r["kernel"] == "step"):
+        print(f"\n{r['case']}: eager host {r['eager_host_us']:.1f} us, device {r['eager_device_us']:.1f} us per step"
+              + (f"; CUDA graph replay host {r['graph_host_us']:.1f} us, device {r['graph_device_us']:.1f} us" if "graph_host_us" in r else ""))
+    sg = [r for r in result["rows"] if r["kernel"] == "sglang"]
+    if sg:
+        print("\nsglang-style call, host us | pydsa.sglang (empty launch) | direct call (empty launch)")
+        for r in sg:
+            print(f"  {r['case']:<48} {r['sglang_host_us']:.2f} ({r['host_empty_us']:.2f})  {r['direct_host_us']:.2f} ({r['direct_host_empty_us']:.2f})")
+    dev = [r for r in result["rows"] if r["kernel"] not in ("planner", "step", "sglang")]
     if dev:
         print(f"\n{'kernel / case':<58} {'MB':>8} {'graph us':>9} {'cold us':>8} {'TB/s':>6} {'x bw':>6} {'torch us':>9} {'speedup':>8} {'host us':>8} {'empty':>6} {'new src':>8} {'torch host':>10}")
         for r in dev:
@@ -487,7 +706,22 @@ def markdown(result: dict) -> str:
         lines += [f"Floors measured in the same run: device copy {fl['copy_bandwidth_tbps']:.2f} TB/s (read + write), "
                   f"empty kernel {fl['empty_kernel_graph_us']:.2f} us in a graph, empty kernel through ctypes "
                   f"{fl['empty_kernel_host_us']:.2f} us host time.", ""]
-    dev = [r for r in result["rows"] if r["kernel"] != "planner"]
+    steps = [r for r in result["rows"] if r["kernel"] == "step"]
+    if steps:
+        lines += ["| per step (DeepSeek-V4, 61 layers) | eager host us | eager device us | graph replay host us | graph replay device us |",
+                  "| --- | --- | --- | --- | --- |"]
+        for r in steps:
+            lines.append(f"| {r['case']} | {r['eager_host_us']:.1f} | {r['eager_device_us']:.1f} | "
+                         f"{_fmt(r.get('graph_host_us'), '.1f')} | {_fmt(r.get('graph_device_us'), '.1f')} |")
+        lines.append("")
+    sg = [r for r in result["rows"] if r["kernel"] == "sglang"]
+    if sg:
+        lines += ["| sglang-style call | pydsa.sglang host us | direct call host us | empty launch host us |",
+                  "| --- | --- | --- | --- |"]
+        for r in sg:
+            lines.append(f"| {r['case']} | {r['sglang_host_us']:.2f} | {r['direct_host_us']:.2f} | {r['host_empty_us']:.2f} |")
+        lines.append("")
+    dev = [r for r in result["rows"] if r["kernel"] not in ("planner", "step", "sglang")]
     if dev:
         lines += ["| kernel | case | MB moved | graph us | cold-L2 us | TB/s | x copy bw | torch us | host us (empty launch alongside) | host us, stream given (empty) | bound launch() host us (empty) |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -519,7 +753,8 @@ def plot(result: dict, path: str) -> None:
         raise SystemExit(f"--plot needs matplotlib ({exc}); pip install matplotlib") from exc
     fig, ax = plt.subplots(figsize=(8, 5))
     for kernel, marker in (("metadata_copy", "o"), ("c128_decode", "s"), ("c128_prefill", "^")):
-        pts = sorted((r["bytes"], r["tbps"]) for r in result["rows"] if r["kernel"] == kernel and r.get("tbps"))
+        pts = sorted((r["bytes"], r["tbps"]) for r in result["rows"]
+                     if r["kernel"] == kernel and r.get("tbps") and not r.get("variant"))
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=kernel)
     bw = result["floors"]["copy_bandwidth_tbps"]
@@ -551,18 +786,18 @@ def _commit() -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pydsa bench", description=__doc__.splitlines()[0])
-    ap.add_argument("what", nargs="*", metavar="{all,planner,c128,metadata}",
+    ap.add_argument("what", nargs="*", metavar="{all,planner,c128,metadata,step,sglang}",
                     help="which rows to run (default: all)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write a PNG of achieved bandwidth versus bytes moved")
     ap.add_argument("--markdown", help="write the results as Markdown tables here")
     args = ap.parse_args(argv)
     what = set(args.what or ["all"])
-    unknown = what - {"all", "planner", "c128", "metadata"}
+    unknown = what - {"all", "planner", "c128", "metadata", "step", "sglang"}
     if unknown:
-        ap.error(f"unknown benchmark {sorted(unknown)}; choose from all, planner, c128, metadata")
+        ap.error(f"unknown benchmark {sorted(unknown)}; choose from all, planner, c128, metadata, step, sglang")
     if "all" in what:
-        what = {"planner", "c128", "metadata"}
+        what = {"planner", "c128", "metadata", "step", "sglang"}
     gpu = torch.cuda.is_available() and _abi.lib.dsa_device_count() > 0
     result = dict(gpu=torch.cuda.get_device_name() if gpu else "none", date=datetime.date.today().isoformat(),
                   commit=_commit(), command="python -m pydsa bench " + " ".join(argv if argv is not None else sys.argv[2:]),
@@ -581,6 +816,12 @@ def main(argv=None) -> int:
     if gpu and "metadata" in what:
         print("metadata copy ...", flush=True)
         bench_metadata(rows, result["floors"])
+    if gpu and "step" in what:
+        print("per-step ...", flush=True)
+        bench_step(rows, result["floors"])
+    if gpu and "sglang" in what:
+        print("sglang-style calls ...", flush=True)
+        bench_sglang(rows, result["floors"])
     if not gpu and what - {"planner"}:
         print("no CUDA GPU: only the planner rows run here")
     result["targets"] = targets(rows, result["floors"])
