@@ -188,8 +188,11 @@ def test_c128_online_calls_equal_the_main_api_and_the_formula(device):
         state2 = torch.full((5, 1, 3 * d), float("nan"), device=device)
         out2 = torch.full((m, d), float("nan"), device=device)
         pydsa.c128_prefill(state2, rows.to(device), out2, ape.to(device), idx, (want_c, want_w))
-        assert torch.equal(out.isnan(), out2.isnan()) and torch.equal(out.nan_to_num(), out2.nan_to_num())
-        assert torch.equal(state.nan_to_num(), state2.nan_to_num())
+        # The padded graph-mode plan may run with another tile layout than the exact plan: equal to
+        # fp32 rounding.
+        assert torch.equal(out.isnan(), out2.isnan()) and torch.equal(state.isnan(), state2.isnan())
+        torch.testing.assert_close(out.nan_to_num(), out2.nan_to_num(), rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(state.nan_to_num(), state2.nan_to_num(), rtol=2e-6, atol=2e-6)
         for rid, b, pos, _ in want_c.tolist():
             vec = out[rid].cpu().numpy()
             assert rel_err(vec, stream.chunk_vector(b, pos // 128, ape.numpy())) < 1e-5
