@@ -503,10 +503,11 @@ def bench_sglang(rows: list, fl: dict) -> None:
         op(*(twin if flip[0] else args))
 
     drop4 = lambda xs: [x for i, x in enumerate(xs) if i != 4]  # noqa: E731
-    calls = [("fused_metadata_copy_cuda, DECODE 32x2048", lambda: sglang.fused_metadata_copy_cuda(*sg_src, *groups[0], 0, bs, width, 0, 0),
+    single = sg_src + groups[0] + [0, bs, width, 0, 0]
+    multi = drop4(sg_src) + drop4(groups[0]) + drop4(groups[1]) + drop4(groups[2]) + [bs, width, 0]
+    calls = [("fused_metadata_copy_cuda, DECODE 32x2048", lambda: sglang.fused_metadata_copy_cuda(*single),
               lambda: fresh(one)),
-             ("fused_metadata_copy_multi_cuda, 32x2048", lambda: sglang.fused_metadata_copy_multi_cuda(
-                 *drop4(sg_src), *drop4(groups[0]), *drop4(groups[1]), *drop4(groups[2]), bs, width, 0),
+             ("fused_metadata_copy_multi_cuda, 32x2048", lambda: sglang.fused_metadata_copy_multi_cuda(*multi),
               lambda: fresh(three))]
     s0 = _decode_set(64, gen)
     ape = torch.randn(128, D, device="cuda", generator=gen)

@@ -17,6 +17,8 @@ conventions (SPEC 2 where they agree):
 """
 from __future__ import annotations
 
+from operator import is_
+
 import torch
 
 import pyplan
@@ -56,19 +58,26 @@ def _destination(group) -> dict:
 
 
 def _bind(mode: int, groups) -> MetadataCopy:
-    key = (mode,) + tuple(id(t) for group in groups for t in group)
+    """The bound copy for these destination tensors (checked and bound on first use)."""
+    dests = tuple(t for group in groups for t in group)
+    key = (mode, id(dests[0]), len(dests))
     hit = _bound.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[1], (t for group in groups for t in group))):
+    if hit is not None and all(map(is_, hit[1], dests)):
         return hit[0]
+    for k, group in enumerate(groups):
+        suffix = f"_dst{k}" if len(groups) > 1 else "_dst"
+        _require_int32(group, (name.replace("_src", suffix) for name in _SOURCE_NAMES))
     if len(_bound) >= 64:
         _bound.clear()
     copy = MetadataCopy([_destination(group) for group in groups], mode=mode)
-    _bound[key] = (copy, tuple(t for group in groups for t in group))
+    _bound[key] = (copy, dests)
     return copy
 
 
 def _flat(t, name: str, dev: int, need: int) -> int:
     """Pointer of a contiguous int32 source on `dev` holding at least `need` elements."""
+    if t.dtype is not _int32:
+        raise RuntimeError(f"{name} must have dtype int32 (got {t.dtype})")
     if t.get_device() != dev:
         raise ValueError(f"{name} is on {t.device} but the destination buffers are on {device_name(dev)}")
     if not t.is_contiguous():
@@ -127,8 +136,6 @@ def fused_metadata_copy_cuda(cache_seqlens_src, cu_seqlens_k_src, page_indices_s
     dests = (cache_seqlens_dst, cu_seqlens_k_dst, page_table_1_dst, nsa_cache_seqlens_dst,
              None if decode else seqlens_expanded_dst, nsa_cu_seqlens_k_dst, real_page_table_dst,
              flashmla_num_splits_dst, flashmla_metadata_dst)
-    _require_int32(sources, _SOURCE_NAMES)
-    _require_int32(dests, (name.replace("_src", "_dst") for name in _SOURCE_NAMES))
     _copy(_bind(forward_mode, (dests,)), forward_mode, sources, bs, max_len, max_seqlen_k, seqlens_expanded_size)
 
 
@@ -155,9 +162,6 @@ def fused_metadata_copy_multi_cuda(cache_seqlens_src, cu_seqlens_k_src, page_ind
          real_page_table_dst1, flashmla_num_splits_dst1, flashmla_metadata_dst1),
         (cache_seqlens_dst2, cu_seqlens_k_dst2, page_table_1_dst2, nsa_cache_seqlens_dst2, nsa_cu_seqlens_k_dst2,
          real_page_table_dst2, flashmla_num_splits_dst2, flashmla_metadata_dst2)))
-    _require_int32(sources, _SOURCE_NAMES)
-    for k, group in enumerate(groups):
-        _require_int32(group, (name.replace("_src", f"_dst{k}") for name in _SOURCE_NAMES))
     _copy(_bind(MODE_DECODE, groups), MODE_DECODE, sources, bs, max_len, 0, seqlens_expanded_size)
 
 
