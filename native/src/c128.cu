@@ -237,12 +237,9 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     const int n = (int)seg.window_len;
     const int first_in_chunk = (int)(seg.position % DSA_CHUNK) - n + 1;
     const bool continues = first_in_chunk != 0;
+    // Slot reads are issued here and checked after the token loads, so both are in flight together.
     const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
     const int32_t store_slot = kWrite ? p.indices[seg.batch_id] : 0;
-    if ((continues && !slot_ok(load_slot, p.num_slots)) || (kWrite && !slot_ok(store_slot, p.num_slots))) {
-      if (report) count_error(p.error_count);
-      continue;  // uniform: every thread read the same slots
-    }
 
     const int ch = tile * tile_width + lane * kVec;
     const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
@@ -264,6 +261,10 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
                             __shfl_xor_sync(0xFFFFFFFFu, part[i].acc, offset)};
         part[i] = merge(part[i], other);
       }
+    }
+    if ((continues && !slot_ok(load_slot, p.num_slots)) || (kWrite && !slot_ok(store_slot, p.num_slots))) {
+      if (report) count_error(p.error_count);
+      continue;  // uniform: every thread read the same slots
     }
     const bool merger = threadIdx.x < tile_width;
     const int c = tile * tile_width + threadIdx.x;
