@@ -39,8 +39,10 @@ def resolve_device(device) -> torch.device:
     return device
 
 
-def current_stream(device: int) -> int:
-    """Raw handle of the framework's current stream on `device` (0 for the host backend)."""
+def launch_stream(stream, device: int) -> int:
+    """The stream an op launches on: `stream` (a raw handle) when given, else the current one."""
+    if stream is not None:
+        return stream
     return 0 if device < 0 else _current_raw_stream(device)
 
 

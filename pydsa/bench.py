@@ -423,18 +423,18 @@ def bench_step(rows: list, fl: dict) -> None:
     gen = torch.Generator(device="cuda").manual_seed(3)
     b = 64
     apes = [torch.randn(128, D, device="cuda", generator=gen) for _ in range(LAYERS)]
-    layers = [_decode_set(b, gen) for _ in range(LAYERS)]
+    decode_layers = [_decode_set(b, gen) for _ in range(LAYERS)]
     mds, dsts, _ = _metadata_set("decode", b, 4096, b, 0, None, None, 3, gen)
     copy = MetadataCopy(dsts)
     src = [mds[k] for k in ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k")]
 
     def decode_step():
         copy(*src)
-        for (state, kv, out, idx, seq), ape in zip(layers, apes):
+        for (state, kv, out, idx, seq), ape in zip(decode_layers, apes):
             c128_decode(state, kv, out, ape, idx, seq)
 
     host, device = _step_time(decode_step)
-    ops = [C128Decode(state, kv, out, ape, idx, seq) for (state, kv, out, idx, seq), ape in zip(layers, apes)]
+    ops = [C128Decode(state, kv, out, ape, idx, seq) for (state, kv, out, idx, seq), ape in zip(decode_layers, apes)]
     copy.bind(*src)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -452,28 +452,29 @@ def bench_step(rows: list, fl: dict) -> None:
     rows.append(dict(kernel="step", case=f"decode step: {LAYERS} layers x c128 decode B={b} + K=3 metadata refresh",
                      bytes=LAYERS * b * D * 32, graph_us=gdevice, eager_host_us=host, eager_device_us=device,
                      graph_host_us=ghost, graph_device_us=gdevice))
-    del graph, ops, layers
+    del graph, ops
+    decode_layers.clear()
     # Chunked prefill: 8 requests of 1-2 K new tokens after prefixes, planned once per step.
     rng = np.random.default_rng(4)
     ext = rng.integers(1024, 2049, 8).astype(np.int64)
     seq = ext + rng.integers(0, 20000, 8).astype(np.int64)
     n = int(ext.sum())
     idx = torch.arange(8, dtype=torch.int32, device="cuda")
-    layers = []
+    prefill_layers = []
     for ape in apes:
         state = torch.randn(8, 1, 3 * D, device="cuda", generator=gen)
         state[:, :, D:2 * D].uniform_(1, 30, generator=gen)
-        layers.append((state, torch.randn(n, 2 * D, device="cuda", generator=gen), torch.empty(n, D, device="cuda"), ape))
+        prefill_layers.append((state, torch.randn(n, 2 * D, device="cuda", generator=gen), torch.empty(n, D, device="cuda"), ape))
 
     def prefill_step():
         plan = pyplan.plan_prefill(seq, ext)
-        for state, kv, out, ape in layers:
+        for state, kv, out, ape in prefill_layers:
             c128_prefill(state, kv, out, ape, idx, plan)
 
     host, device = _step_time(prefill_step, n=5)
     rows.append(dict(kernel="step", case=f"prefill step: {LAYERS} layers x c128 prefill, 8 x 1-2K tokens ({n}) with prefixes",
                      bytes=LAYERS * n * 2 * D * 4, graph_us=device, eager_host_us=host, eager_device_us=device))
-    del layers
+    prefill_layers.clear()
     torch.cuda.empty_cache()
 
 

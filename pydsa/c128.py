@@ -22,8 +22,8 @@ import pyplan
 from . import _abi
 from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_PDL, OUT_COMPACT, OUT_RAGGED, PREFILL_FORMAT,
                    check as _check_status, lib, new)
-from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, ptr, resolve_device, rows_ptr,
-                       shaped_ptr)
+from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, launch_stream, ptr, resolve_device,
+                       rows_ptr, shaped_ptr)
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
 
@@ -32,9 +32,6 @@ _prefill_fn = lib.dsa_c128_prefill
 _STATE_DTYPES = {torch.float32: _abi.STATE_FLOAT32, torch.bfloat16: _abi.STATE_BFLOAT16}
 _DECODE_SIZE = DECODE_FORMAT.size
 _PREFILL_SIZE = PREFILL_FORMAT.size
-_pack_decode = DECODE_FORMAT.pack_into
-_pack_prefill = PREFILL_FORMAT.pack_into
-_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _state(state) -> tuple:
@@ -61,21 +58,21 @@ def _state(state) -> tuple:
     return state.data_ptr(), state.get_device(), state.shape[0], d, _STATE_DTYPES[state.dtype]
 
 
-def _stream(stream, dev: int) -> int:
-    if stream is not None:
-        return stream
-    return 0 if dev < 0 else _current_raw_stream(dev)
-
-
-# One params buffer per thread for the one-shot calls (filled in one pack_into, then launched).
+# One params buffer per op and thread for the one-shot calls: filled in one pack_into, launched.
 _local = threading.local()
 
 
-def _buffer(name: str, size: int) -> int:
-    buf = C.create_string_buffer(size)
-    setattr(_local, name, buf)
-    setattr(_local, name + "_address", C.addressof(buf))
-    return buf
+def _launch_once(name: str, fmt, fn, fields: tuple, stream) -> None:
+    try:
+        buf, address = getattr(_local, name)
+    except AttributeError:
+        buf = C.create_string_buffer(fmt.size)
+        address = C.addressof(buf)
+        setattr(_local, name, (buf, address))
+    fmt.pack_into(buf, 0, *fields)
+    status = fn(address, launch_stream(stream, fields[2]))
+    if status:
+        _check_status(status)
 
 
 def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count) -> tuple:
@@ -92,15 +89,8 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pd
     """One new token per request (SPEC 1.2). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
     out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
     int32, seq_lens [B] int32 (<= 0: padding)."""
-    fields = _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count)
-    try:
-        buf = _local.decode
-    except AttributeError:
-        buf = _buffer("decode", _DECODE_SIZE)
-    _pack_decode(buf, 0, *fields)
-    status = _decode_fn(_local.decode_address, _stream(stream, fields[2]))
-    if status:
-        _check_status(status)
+    _launch_once("decode", DECODE_FORMAT, _decode_fn,
+                 _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count), stream)
 
 
 class _Prepared:
@@ -118,7 +108,7 @@ class _Prepared:
 
     def launch(self, stream=None) -> None:
         """Runs the prepared call on `stream` (raw handle) or the current stream."""
-        status = self._fn(self._address, _stream(stream, self._dev))
+        status = self._fn(self._address, launch_stream(stream, self._dev))
         if status:
             _check_status(status)
 
@@ -269,15 +259,9 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     int32; plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
     out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
     row i for compress record i (C = the plan's compress capacity; SPEC 1.5)."""
-    fields = _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count, compact)
-    try:
-        buf = _local.prefill
-    except AttributeError:
-        buf = _buffer("prefill", _PREFILL_SIZE)
-    _pack_prefill(buf, 0, *fields)
-    status = _prefill_fn(_local.prefill_address, _stream(stream, fields[2]))
-    if status:
-        _check_status(status)
+    _launch_once("prefill", PREFILL_FORMAT, _prefill_fn,
+                 _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count, compact),
+                 stream)
 
 
 class C128Prefill(_Prepared):

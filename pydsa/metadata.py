@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import ctypes as C
 
-import numpy as np
 import torch
 
 from ._abi import (FLAG_PDL, MAX_DESTINATIONS, METADATA_FORMAT, MODE_DECODE, MODE_DRAFT_EXTEND,
                    MODE_TARGET_VERIFY, MetadataCopyParams, MetadataDestination, check as _check_status, lib)
-from ._tensors import _int32, as_tensor, current_stream, device_index, shaped_ptr
+from ._tensors import _int32, as_tensor, device_index, launch_stream, shaped_ptr
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
@@ -151,7 +150,7 @@ class MetadataCopy:
         """Copies the bound sources (see bind) on `stream` (raw handle) or the current stream."""
         if self._last[0] is None:
             raise RuntimeError("MetadataCopy.launch: no sources bound; call bind(...) or call the object with sources")
-        status = _copy_fn(self._address, current_stream(self._dev) if stream is None else stream)
+        status = _copy_fn(self._address, launch_stream(stream, self._dev))
         if status:
             _check_status(status)
 
@@ -198,7 +197,7 @@ class MetadataCopy:
             if n_ns != n + 1:
                 raise _bad("num_splits", f"expected {n + 1} elements, got {n_ns}")
             fm, shape = shaped_ptr(flashmla_metadata, "flashmla_metadata", _int32, dev, None)
-            meta = shape.numel() if isinstance(shape, torch.Size) else int(np.prod(shape))
+            meta = shape.numel()
         self._fill(bs, rows, width, n, real_cols, meta, cs, cu, pi, se, dc, du, rp, ns, fm)
         self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                       seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
