@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from . import _calls
 from ._abi import DEVICE_HOST
 
 _int32 = torch.int32
@@ -131,6 +132,7 @@ def error_counter(device) -> torch.Tensor:
     if counter is None:
         counter = torch.zeros(1, dtype=_int32, device=device_name(dev))
         _error_counters[dev] = counter
+        _calls.set_error_counter(dev, counter.data_ptr())
     return counter
 
 

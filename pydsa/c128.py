@@ -19,7 +19,7 @@ import torch
 
 import pyplan
 
-from . import _abi
+from . import _abi, _calls
 from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_PDL, OUT_COMPACT, OUT_RAGGED, PREFILL_FORMAT,
                    check as _check_status, lib, new)
 from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, launch_stream, ptr, resolve_device,
@@ -63,6 +63,7 @@ _local = threading.local()
 
 
 def _launch_once(name: str, fmt, fn, fields: tuple, stream) -> None:
+    """The Python path of a one-shot call: params packed from checked fields, ctypes call."""
     try:
         buf, address = getattr(_local, name)
     except AttributeError:
@@ -89,8 +90,12 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pd
     """One new token per request (SPEC 1.2). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
     out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
     int32, seq_lens [B] int32 (<= 0: padding)."""
-    _launch_once("decode", DECODE_FORMAT, _decode_fn,
-                 _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count), stream)
+    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, FLAG_PDL if pdl else 0, error_count)
+    if status:
+        if status != DECLINED:
+            _check_status(status)  # raises
+        _launch_once("decode", DECODE_FORMAT, _decode_fn,
+                     _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count), stream)
 
 
 class _Prepared:
@@ -98,6 +103,7 @@ class _Prepared:
 
     _fn = None
     _format = None
+    _op = None
 
     def _bind_fields(self, fields: tuple) -> None:
         self._buf = C.create_string_buffer(self._format.size)
@@ -108,8 +114,10 @@ class _Prepared:
 
     def launch(self, stream=None) -> None:
         """Runs the prepared call on `stream` (raw handle) or the current stream."""
-        status = self._fn(self._address, launch_stream(stream, self._dev))
+        status = _launch(self._op, self._address, self._dev, stream)
         if status:
+            if status == DECLINED:
+                status = self._fn(self._address, launch_stream(stream, self._dev))
             _check_status(status)
 
 
@@ -119,6 +127,7 @@ class C128Decode(_Prepared):
 
     _fn = _decode_fn
     _format = DECODE_FORMAT
+    _op = _calls.OP_DECODE
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, pdl=False, error_count=None):
         self._bind_fields(_decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count))
@@ -159,6 +168,8 @@ class DevicePlan:
         self.num_tokens = 0
         self.num_compress = 0
         self.num_write = 0
+        self._records = (self._dev, self.compress_ptr, self.compress_capacity, self.write_ptr, self.write_capacity,
+                         self.counts_ptr)
         for _ in range(2):
             self._grow()
 
@@ -243,7 +254,7 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
         cp, nc, wp, nw, counts = (plan.compress_ptr, plan.compress_capacity, plan.write_ptr,
                                   plan.write_capacity, plan.counts_ptr)
     else:
-        if isinstance(plan, (list, tuple)) and len(plan) == 2:
+        if type(plan) is list and len(plan) == 2:
             return _prefill_fields(state, kv_score, out, ape, indices, tuple(plan), load_indices, pdl,
                                    error_count, compact)
         raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
@@ -259,9 +270,25 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     int32; plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
     out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
     row i for compress record i (C = the plan's compress capacity; SPEC 1.5)."""
-    _launch_once("prefill", PREFILL_FORMAT, _prefill_fn,
-                 _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count, compact),
-                 stream)
+    status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, FLAG_PDL if pdl else 0,
+                           error_count, compact)
+    if status:
+        if status != DECLINED:
+            _check_status(status)  # raises
+        _launch_once("prefill", PREFILL_FORMAT, _prefill_fn,
+                     _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count,
+                                     compact), stream)
+
+
+# The compiled call path (pydsa/_calls.pyx): tensors read through the DLPack C exchange API, the
+# entry points called directly. Where it declines a call (an argument it cannot read or that is
+# wrong, or a torch without the exchange API) the Python path above takes it.
+_calls.init(torch.Tensor, C.cast(_decode_fn, C.c_void_p).value, C.cast(_prefill_fn, C.c_void_p).value,
+            C.cast(lib.dsa_metadata_copy, C.c_void_p).value, DevicePlan, np.ndarray, pyplan.record_lists)
+DECLINED = _calls.DECLINED
+_fast_decode = _calls.decode
+_fast_prefill = _calls.prefill
+_launch = _calls.launch
 
 
 class C128Prefill(_Prepared):
@@ -274,6 +301,7 @@ class C128Prefill(_Prepared):
 
     _fn = _prefill_fn
     _format = PREFILL_FORMAT
+    _op = _calls.OP_PREFILL
 
     def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, pdl=False,
                  error_count=None):

@@ -14,6 +14,7 @@ import ctypes as C
 
 import torch
 
+from . import _calls
 from ._abi import (FLAG_PDL, MAX_DESTINATIONS, METADATA_FORMAT, MODE_DECODE, MODE_DRAFT_EXTEND,
                    MODE_TARGET_VERIFY, MetadataCopyParams, MetadataDestination, check as _check_status, lib)
 from ._tensors import _int32, as_tensor, device_index, launch_stream, shaped_ptr
@@ -22,6 +23,9 @@ __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
 MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_extend": MODE_DRAFT_EXTEND}
 _copy_fn = lib.dsa_metadata_copy
+_fill_sources = _calls.fill_metadata_sources  # the compiled reader of a step's sources
+_launch = _calls.launch
+_OP = _calls.OP_METADATA
 
 # (key in a destination dict, C field, kind): kind 1 = 1-D, 2 = 2-D with a row stride, 0 = any
 # shape, contiguous, taken flat.
@@ -106,6 +110,7 @@ class MetadataCopy:
         self._dests_address = C.addressof(self._dests)
         self._params = MetadataCopyParams()
         self._address = C.addressof(self._params)
+        self._fill(0, 0, 0, 0, 0, 0, *(0,) * 9)  # device, mode and destinations; sources per step
         self._last = (None,) * 9  # the source tensors the params were last built from
 
     def _check_dest(self, t, name, kind):
@@ -134,8 +139,14 @@ class MetadataCopy:
         if not (cache_seqlens is last[0] and cu_seqlens_k is last[1] and page_indices is last[2]
                 and dsa_cache_seqlens is last[3] and dsa_cu_seqlens_k is last[4] and seqlens_expanded is last[5]
                 and real_page_table is last[6] and num_splits is last[7] and flashmla_metadata is last[8]):
-            self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                          seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+            if _fill_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, cache_seqlens,
+                             cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k, seqlens_expanded,
+                             real_page_table, num_splits, flashmla_metadata):
+                self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                              seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+            else:  # the Python path: checks (naming the argument that is wrong) and fills
+                self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                              seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
         self.launch(stream)
 
     def bind(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
@@ -150,8 +161,10 @@ class MetadataCopy:
         """Copies the bound sources (see bind) on `stream` (raw handle) or the current stream."""
         if self._last[0] is None:
             raise RuntimeError("MetadataCopy.launch: no sources bound; call bind(...) or call the object with sources")
-        status = _copy_fn(self._address, launch_stream(stream, self._dev))
+        status = _launch(_OP, self._address, self._dev, stream)
         if status:
+            if status == _calls.DECLINED:
+                status = _copy_fn(self._address, launch_stream(stream, self._dev))
             _check_status(status)
 
     def _prepare(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,

@@ -1,0 +1,530 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The compiled call path of the per-step ops: read every tensor argument through the DLPack C
+exchange API (`type(t).__dlpack_c_exchange_api__`, DLPack 1.3), check it, fill the op's params
+on the C stack (or into a prepared buffer) and call the library's entry point directly, on the
+framework's current stream unless a stream is given.
+
+A tensor costs one C call here (a few tens of ns) instead of five attribute reads through
+torch's Python bindings (~0.1 us each), and the launch skips ctypes. Every function returns
+DECLINED without writing or launching anything when an argument is not a tensor it can read or
+is not exactly what the op takes; the Python path in pydsa then handles the call (other DLPack
+arrays) or raises the error that names the argument. So this module holds no messages, and the
+Python path stays the one definition of what is accepted: the tests check that both fill the
+same bytes for valid arguments and that this path declines every invalid one.
+"""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject
+    PyTypeObject* Py_TYPE(object o)
+    void PyErr_Clear()
+
+cdef extern from "dsa_kernels.h":
+    int DSA_FLAG_HOST_PLAN
+    int DSA_CHUNK
+    int DSA_STATE_FLOAT32
+    int DSA_STATE_BFLOAT16
+    int DSA_OUT_RAGGED
+    int DSA_OUT_COMPACT
+
+    ctypedef struct dsa_segment:
+        pass
+
+    ctypedef struct dsa_c128_decode_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        void* state
+        const float* kv_score
+        float* out
+        const float* ape
+        const int32_t* indices
+        const int32_t* seq_lens
+        uint32_t* error_count
+        int32_t state_dtype
+        int32_t reserved
+
+    ctypedef struct dsa_c128_prefill_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        int64_t num_tokens
+        void* state
+        const float* kv_score
+        float* out
+        const float* ape
+        const int32_t* indices
+        const int32_t* load_indices
+        const dsa_segment* compress
+        const dsa_segment* write
+        int64_t compress_capacity
+        int64_t write_capacity
+        const int64_t* counts
+        uint32_t* error_count
+        int32_t state_dtype
+        int32_t out_layout
+
+    ctypedef struct dsa_metadata_sources:
+        const int32_t* cache_seqlens
+        const int32_t* cu_seqlens_k
+        const int32_t* page_indices
+        const int32_t* seqlens_expanded
+        const int32_t* dsa_cache_seqlens
+        const int32_t* dsa_cu_seqlens_k
+        const int32_t* real_page_table
+        const int32_t* num_splits
+        const int32_t* flashmla_metadata
+
+    ctypedef struct dsa_metadata_copy_params:
+        int32_t device
+        int64_t bs
+        int64_t page_rows
+        int64_t page_width
+        int64_t expanded
+        int64_t real_cols
+        int64_t metadata_size
+        dsa_metadata_sources src
+
+
+# ---- DLPack 1.3: the tensor view and the C exchange API table (the standard's C layout) --------
+
+cdef struct DLDevice:
+    int32_t device_type
+    int32_t device_id
+
+cdef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct DLTensor:
+    void* data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+ctypedef int (*DLTensorFromPyObject)(void* py_object, DLTensor* out) noexcept
+ctypedef int (*CurrentWorkStream)(int32_t device_type, int32_t device_id, void** out) noexcept
+
+cdef struct ExchangeAPI:
+    uint32_t major
+    uint32_t minor
+    void* prev_api
+    void* managed_tensor_allocator
+    void* managed_tensor_from_py_object_no_sync
+    void* managed_tensor_to_py_object_no_sync
+    DLTensorFromPyObject dltensor_from_py_object_no_sync
+    CurrentWorkStream current_work_stream
+
+cdef enum:
+    DL_CPU = 1
+    DL_CUDA = 2
+    # dtype keys: code | bits << 8 | lanes << 16
+    F32 = 2 | (32 << 8) | (1 << 16)
+    BF16 = 4 | (16 << 8) | (1 << 16)
+    I32 = 0 | (32 << 8) | (1 << 16)
+    U8 = 1 | (8 << 8) | (1 << 16)
+    MAX_TYPES = 8
+    MAX_DEVICES = 64
+
+DECLINED = -1
+"""Returned when nothing was launched or written: the Python path takes the call."""
+
+ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
+
+cdef Entry _decode_entry = NULL
+cdef Entry _prefill_entry = NULL
+cdef Entry _metadata_entry = NULL
+cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
+cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
+cdef const ExchangeAPI* _apis[MAX_TYPES]
+cdef int _num_types = 0
+cdef list _type_refs = []                      # keeps the cached type objects alive
+cdef uintptr_t _error_counters[MAX_DEVICES + 1]  # default counter per device, [0] = host
+cdef object _device_plan_type = None
+cdef object _ndarray_type = None
+cdef object _record_lists = None
+
+available = False
+"""True once init() found the exchange API on the framework's tensor type."""
+
+
+cdef const ExchangeAPI* _table(object tensor_type):
+    cap = getattr(tensor_type, "__dlpack_c_exchange_api__", None)
+    if cap is None or not PyCapsule_IsValid(cap, b"dlpack_exchange_api"):
+        return NULL
+    cdef const ExchangeAPI* api = <const ExchangeAPI*>PyCapsule_GetPointer(cap, b"dlpack_exchange_api")
+    if api == NULL or api.major != 1 or api.dltensor_from_py_object_no_sync == NULL or api.current_work_stream == NULL:
+        return NULL
+    return api
+
+
+def init(tensor_type, uintptr_t decode, uintptr_t prefill, uintptr_t metadata, device_plan_type, ndarray_type,
+         record_lists):
+    """Binds the library's three entry points (addresses), the framework's tensor type, and the
+    plan types with pyplan's reader of record arrays; sets and returns `available`."""
+    global _decode_entry, _prefill_entry, _metadata_entry, _streams, _device_plan_type, _ndarray_type
+    global _record_lists, available
+    _decode_entry = <Entry>decode
+    _prefill_entry = <Entry>prefill
+    _metadata_entry = <Entry>metadata
+    _device_plan_type = device_plan_type
+    _ndarray_type = ndarray_type
+    _record_lists = record_lists
+    _streams = _table(tensor_type)
+    available = _streams != NULL
+    return available
+
+
+def set_error_counter(int dev, uintptr_t address):
+    """Registers the default error counter of device `dev` (DSA_DEVICE_HOST = -1 for the host)."""
+    if -1 <= dev < MAX_DEVICES:
+        _error_counters[dev + 1] = address
+
+
+cdef const ExchangeAPI* _api_of(object obj):
+    cdef PyTypeObject* tp = Py_TYPE(obj)
+    cdef int i
+    global _num_types
+    for i in range(_num_types):
+        if _types[i] == tp:
+            return _apis[i]
+    cdef const ExchangeAPI* api = _table(type(obj))
+    if _num_types < MAX_TYPES:
+        _type_refs.append(type(obj))
+        _types[_num_types] = tp
+        _apis[_num_types] = api
+        _num_types += 1
+    return api
+
+
+cdef struct Arg:
+    char* data
+    int32_t dev      # CUDA ordinal, -1 host, -2 anything else
+    uint32_t dtype
+    int32_t ndim
+    const int64_t* shape
+    bint contiguous
+
+
+cdef int _read(object obj, Arg* a) except -2:
+    """0 and `a` filled for a tensor this path can read; -1 for anything else."""
+    cdef const ExchangeAPI* api = _api_of(obj)
+    cdef DLTensor t
+    if api == NULL:
+        return -1
+    if api.dltensor_from_py_object_no_sync(<void*>obj, &t) != 0:
+        PyErr_Clear()
+        return -1
+    a.data = <char*>t.data + t.byte_offset
+    a.dev = t.device.device_id if t.device.device_type == DL_CUDA else (-1 if t.device.device_type == DL_CPU else -2)
+    a.dtype = t.dtype.code | (<uint32_t>t.dtype.bits << 8) | (<uint32_t>t.dtype.lanes << 16)
+    a.ndim = t.ndim
+    a.shape = t.shape
+    # torch's rule: no elements, or unit steps over every dimension longer than one
+    a.contiguous = True
+    cdef int64_t expect = 1
+    cdef int i
+    if t.strides != NULL:
+        for i in range(t.ndim):
+            if t.shape[i] == 0:
+                return 0
+        for i in range(t.ndim - 1, -1, -1):
+            if t.shape[i] != 1:
+                if t.strides[i] != expect:
+                    a.contiguous = False
+                    break
+                expect *= t.shape[i]
+    return 0
+
+
+cdef int _tensor(object obj, Arg* a, uint32_t dtype, int32_t dev, int32_t ndim) except -2:
+    """0 for a contiguous tensor of `dtype` on `dev` with `ndim` dimensions, else -1."""
+    if _read(obj, a) < 0 or a.dtype != dtype or a.dev != dev or a.ndim != ndim or not a.contiguous:
+        return -1
+    return 0
+
+
+cdef int _vector(object obj, Arg* a, uint32_t dtype, int32_t dev, int64_t n) except -2:
+    if _tensor(obj, a, dtype, dev, 1) < 0 or a.shape[0] != n:
+        return -1
+    return 0
+
+
+cdef int _matrix(object obj, Arg* a, uint32_t dtype, int32_t dev, int64_t rows, int64_t cols) except -2:
+    if _tensor(obj, a, dtype, dev, 2) < 0 or a.shape[0] != rows or a.shape[1] != cols:
+        return -1
+    return 0
+
+
+cdef int _state(object state, Arg* a, int32_t* sdt) except -2:
+    """The state [S, 1, 3D] with D a positive multiple of 64, fp32 or bf16."""
+    if _read(state, a) < 0 or a.dev == -2 or a.ndim != 3 or not a.contiguous:
+        return -1
+    if a.shape[1] != 1 or a.shape[2] <= 0 or a.shape[2] % 192 != 0:
+        return -1
+    if a.dtype == F32:
+        sdt[0] = DSA_STATE_FLOAT32
+    elif a.dtype == BF16:
+        sdt[0] = DSA_STATE_BFLOAT16
+    else:
+        return -1
+    return 0
+
+
+cdef int _error_counter(object error_count, int32_t dev, uint32_t** out) except -2:
+    cdef Arg a
+    if error_count is None:
+        if dev < -1 or dev >= MAX_DEVICES or _error_counters[dev + 1] == 0:
+            return -1
+        out[0] = <uint32_t*>_error_counters[dev + 1]
+        return 0
+    if _vector(error_count, &a, I32, dev, 1) < 0:
+        return -1
+    out[0] = <uint32_t*>a.data
+    return 0
+
+
+cdef int _launch(Entry entry, const void* params, int32_t dev, object stream) except -2:
+    cdef void* s = NULL
+    cdef int status
+    if stream is not None:
+        s = <void*><uintptr_t>stream
+    elif dev >= 0 and (_streams == NULL or _streams.current_work_stream(DL_CUDA, dev, &s) != 0):
+        PyErr_Clear()
+        return -1
+    if dev < 0:  # the host backend computes on this thread: let other Python threads run
+        with nogil:
+            status = entry(params, s)
+        return status
+    return entry(params, s)
+
+
+# ---- c128 decode ----------------------------------------------------------------------------
+
+cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indices, seq_lens,
+                      uint32_t flags, error_count) except -2:
+    cdef Arg st, kv, o, ap, ix, sl
+    cdef int32_t sdt
+    cdef uint32_t* errors
+    if _state(state, &st, &sdt) < 0:
+        return -1
+    cdef int32_t dev = st.dev
+    cdef int64_t d = st.shape[2] // 3
+    if _tensor(kv_score, &kv, F32, dev, 2) < 0 or kv.shape[1] != 2 * d:
+        return -1
+    cdef int64_t b = kv.shape[0]
+    if (_matrix(out, &o, F32, dev, b, d) < 0 or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0
+            or _vector(indices, &ix, I32, dev, b) < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0
+            or _error_counter(error_count, dev, &errors) < 0):
+        return -1
+    p.struct_size = sizeof(dsa_c128_decode_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = <int32_t>d
+    p.num_slots = st.shape[0]
+    p.batch_size = b
+    p.state = st.data
+    p.kv_score = <const float*>kv.data
+    p.out = <float*>o.data
+    p.ape = <const float*>ap.data
+    p.indices = <const int32_t*>ix.data
+    p.seq_lens = <const int32_t*>sl.data
+    p.error_count = errors
+    p.state_dtype = sdt
+    p.reserved = 0
+    return 0
+
+
+def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags, error_count):
+    """One-shot c128 decode: the library's status, or DECLINED."""
+    cdef dsa_c128_decode_params p
+    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count) < 0:
+        return DECLINED
+    return _launch(_decode_entry, &p, p.device, stream)
+
+
+def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, uint32_t flags, error_count):
+    """Fills the decode params at `address`: True, or False with nothing written."""
+    cdef dsa_c128_decode_params p
+    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count) < 0:
+        return False
+    (<dsa_c128_decode_params*>address)[0] = p
+    return True
+
+
+# ---- c128 prefill ---------------------------------------------------------------------------
+
+cdef int _fill_prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, indices, plan, load_indices,
+                       uint32_t flags, error_count, bint compact) except -2:
+    cdef Arg st, kv, o, ap, ix, lx, pc, pw
+    cdef int32_t sdt
+    cdef uint32_t* errors
+    cdef uintptr_t cp, wp, counts = 0
+    cdef int64_t nc, nw
+    if _state(state, &st, &sdt) < 0:
+        return -1
+    cdef int32_t dev = st.dev
+    cdef int64_t d = st.shape[2] // 3
+    if _tensor(kv_score, &kv, F32, dev, 2) < 0 or kv.shape[1] != 2 * d:
+        return -1
+    cdef int64_t n = kv.shape[0]
+    if _tensor(indices, &ix, I32, dev, 1) < 0:
+        return -1
+    cdef int64_t b = ix.shape[0]
+    lx.data = NULL
+    if load_indices is not None and _vector(load_indices, &lx, I32, dev, b) < 0:
+        return -1
+    if type(plan) is tuple and len(<tuple>plan) == 2:
+        compress, write = <tuple>plan
+        if type(compress) is not type(write):
+            return -1
+        if type(compress) is _ndarray_type:  # pyplan's record arrays, read from host memory during the call
+            try:
+                cp, nc, wp, nw = _record_lists(compress, write)
+            except TypeError:
+                return -1
+            flags |= DSA_FLAG_HOST_PLAN
+        else:  # uint8 [M, 16] record tensors, on the op's device or in host memory
+            if (_read(compress, &pc) < 0 or _read(write, &pw) < 0 or pc.dtype != U8 or pw.dtype != U8
+                    or pc.dev != pw.dev or (pc.dev != dev and pc.dev != -1) or pc.ndim != 2 or pw.ndim != 2
+                    or not pc.contiguous or not pw.contiguous or pc.shape[1] != 16 or pw.shape[1] != 16):
+                return -1
+            cp, nc, wp, nw = <uintptr_t>pc.data, pc.shape[0], <uintptr_t>pw.data, pw.shape[0]
+            if pc.dev == -1:
+                flags |= DSA_FLAG_HOST_PLAN
+    elif type(plan) is _device_plan_type:
+        plan_dev, cp, nc, wp, nw, counts = plan._records
+        if plan_dev != dev:
+            return -1
+    else:
+        return -1
+    if (_matrix(out, &o, F32, dev, nc if compact else n, d) < 0 or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0
+            or _error_counter(error_count, dev, &errors) < 0):
+        return -1
+    p.struct_size = sizeof(dsa_c128_prefill_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = <int32_t>d
+    p.num_slots = st.shape[0]
+    p.batch_size = b
+    p.num_tokens = n
+    p.state = st.data
+    p.kv_score = <const float*>kv.data
+    p.out = <float*>o.data
+    p.ape = <const float*>ap.data
+    p.indices = <const int32_t*>ix.data
+    p.load_indices = <const int32_t*>lx.data
+    p.compress = <const dsa_segment*>cp
+    p.write = <const dsa_segment*>wp
+    p.compress_capacity = nc
+    p.write_capacity = nw
+    p.counts = <const int64_t*>counts
+    p.error_count = errors
+    p.state_dtype = sdt
+    p.out_layout = DSA_OUT_COMPACT if compact else DSA_OUT_RAGGED
+    return 0
+
+
+def prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, uint32_t flags, error_count,
+            bint compact):
+    """One-shot c128 prefill: the library's status, or DECLINED."""
+    cdef dsa_c128_prefill_params p
+    if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact) < 0:
+        return DECLINED
+    return _launch(_prefill_entry, &p, p.device, stream)
+
+
+def fill_prefill(uintptr_t address, state, kv_score, out, ape, indices, plan, load_indices, uint32_t flags,
+                 error_count, bint compact):
+    """Fills the prefill params at `address`: True, or False with nothing written."""
+    cdef dsa_c128_prefill_params p
+    if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact) < 0:
+        return False
+    (<dsa_c128_prefill_params*>address)[0] = p
+    return True
+
+
+# ---- metadata copy --------------------------------------------------------------------------
+
+cdef int _optional(object obj, Arg* a, int32_t dev, int32_t ndim) except -2:
+    a.data = NULL
+    if obj is None:
+        return 0
+    return _tensor(obj, a, I32, dev, ndim)
+
+
+def fill_metadata_sources(uintptr_t address, bint decode, bint has_real_page_table, bint has_flashmla,
+                          cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                          seqlens_expanded, real_page_table, num_splits, flashmla_metadata):
+    """Writes the sizes and source pointers of one step into the metadata params at `address`
+    (its device, mode and destinations already set): True, or False with nothing written."""
+    cdef dsa_metadata_copy_params* p = <dsa_metadata_copy_params*>address
+    cdef int32_t dev = p.device
+    cdef Arg cs, cu, pi, se, dc, du, rp, ns, fm
+    cdef int64_t bs, n, meta = 0
+    cdef int i
+    if _tensor(cache_seqlens, &cs, I32, dev, 1) < 0:
+        return False
+    bs = cs.shape[0]
+    if (_vector(cu_seqlens_k, &cu, I32, dev, bs + 1) < 0 or _tensor(page_indices, &pi, I32, dev, 2) < 0
+            or _optional(seqlens_expanded, &se, dev, 1) < 0 or _optional(real_page_table, &rp, dev, 2) < 0
+            or _optional(num_splits, &ns, dev, 1) < 0 or (seqlens_expanded is None) != decode
+            or (real_page_table is not None) != has_real_page_table
+            or (num_splits is not None) != has_flashmla or (flashmla_metadata is not None) != has_flashmla):
+        return False
+    if decode:
+        n = bs
+        if pi.shape[0] != bs:
+            return False
+    else:
+        n = se.shape[0]
+    if (_vector(dsa_cache_seqlens, &dc, I32, dev, n) < 0 or _vector(dsa_cu_seqlens_k, &du, I32, dev, n + 1) < 0
+            or (real_page_table is not None and rp.shape[0] != pi.shape[0])
+            or (num_splits is not None and ns.shape[0] != n + 1)):
+        return False
+    fm.data = NULL
+    if flashmla_metadata is not None:
+        if _read(flashmla_metadata, &fm) < 0 or fm.dtype != I32 or fm.dev != dev or not fm.contiguous:
+            return False
+        meta = 1
+        for i in range(fm.ndim):
+            meta *= fm.shape[i]
+    p.bs = bs
+    p.page_rows = pi.shape[0]
+    p.page_width = pi.shape[1]
+    p.expanded = 0 if decode else n
+    p.real_cols = rp.shape[1] if real_page_table is not None else 0
+    p.metadata_size = meta
+    p.src.cache_seqlens = <const int32_t*>cs.data
+    p.src.cu_seqlens_k = <const int32_t*>cu.data
+    p.src.page_indices = <const int32_t*>pi.data
+    p.src.seqlens_expanded = <const int32_t*>se.data
+    p.src.dsa_cache_seqlens = <const int32_t*>dc.data
+    p.src.dsa_cu_seqlens_k = <const int32_t*>du.data
+    p.src.real_page_table = <const int32_t*>rp.data
+    p.src.num_splits = <const int32_t*>ns.data
+    p.src.flashmla_metadata = <const int32_t*>fm.data
+    return True
+
+
+# ---- prepared launches ----------------------------------------------------------------------
+
+OP_DECODE, OP_PREFILL, OP_METADATA = 0, 1, 2
+
+
+def launch(int op, uintptr_t address, int32_t dev, stream):
+    """Launches prepared params at `address` (OP_DECODE / OP_PREFILL / OP_METADATA): the
+    library's status, or DECLINED when the current stream could not be read."""
+    cdef Entry entry = _decode_entry if op == 0 else (_prefill_entry if op == 1 else _metadata_entry)
+    return _launch(entry, <const void*>address, dev, stream)

@@ -1,0 +1,314 @@
+"""The compiled call path (pydsa/_calls.pyx) against the Python path it stands in for.
+
+For valid arguments both must fill the very same params bytes; for an argument that is wrong in
+any one way the compiled path must decline (write nothing, launch nothing) so that the Python
+path raises the error naming it. And the one-shot calls must really take the compiled path."""
+import ctypes as C
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import pydsa
+import pyplan
+from conftest import DEVICES, examples
+from pydsa import _calls, c128
+from pydsa._abi import DECODE_FORMAT, PREFILL_FORMAT
+
+POISON = b"\xab"
+
+
+def _buffer(size):
+    buf = C.create_string_buffer(POISON * size, size)
+    return buf, C.addressof(buf)
+
+
+def test_the_compiled_path_is_on_with_a_torch_that_has_the_exchange_api():
+    # torch >= 2.10 exports the DLPack C exchange API; with an older torch the Python path runs.
+    assert _calls.available == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    assert _calls.available, f"torch {torch.__version__} lacks __dlpack_c_exchange_api__"
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument sets
+
+def _decode_args(dev, d, b, slots, bf16, gen):
+    state = torch.randn(slots, 1, 3 * d, generator=gen).to(dev, torch.bfloat16 if bf16 else torch.float32)
+    return dict(state=state, kv_score=torch.randn(b, 2 * d, generator=gen).to(dev),
+                out=torch.empty(b, d, device=dev), ape=torch.randn(128, d, generator=gen).to(dev),
+                indices=torch.arange(b, dtype=torch.int32).to(dev) % max(slots, 1),
+                seq_lens=torch.randint(-2, 500, (b,), generator=gen, dtype=torch.int32).to(dev))
+
+
+def _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, gen):
+    ext = np.array(extends, np.int64)
+    seq = ext + 7
+    n, b = int(ext.sum()), len(extends)
+    if plan_kind == "device_plan":
+        plan = pydsa.DevicePlan(max(n, 1), b, device=dev).plan(seq, ext, num_tokens=n)
+        nc = plan.compress_capacity
+    else:
+        plan = pyplan.plan_prefill(seq, ext)
+        nc = len(plan[0])
+        if plan_kind == "tensors":
+            plan = tuple(torch.from_numpy(r.view(np.uint8).reshape(-1, 16).copy()).to(dev) for r in plan)
+        elif plan_kind == "host_tensors":
+            plan = tuple(torch.from_numpy(r.view(np.uint8).reshape(-1, 16).copy()) for r in plan)
+    state = torch.randn(b + 2, 1, 3 * d, generator=gen).to(dev, torch.bfloat16 if bf16 else torch.float32)
+    args = dict(state=state, kv_score=torch.randn(n, 2 * d, generator=gen).to(dev),
+                out=torch.empty(nc if compact else n, d, device=dev), ape=torch.randn(128, d, generator=gen).to(dev),
+                indices=torch.arange(b, dtype=torch.int32).to(dev), plan=plan,
+                load_indices=(torch.arange(b, dtype=torch.int32).to(dev) + 1) if load else None)
+    return args
+
+
+def _python_decode(args, flags, error_count):
+    buf, _ = _buffer(DECODE_FORMAT.size)
+    DECODE_FORMAT.pack_into(buf, 0, *c128._decode_fields(*args.values(), bool(flags), error_count))
+    return buf.raw
+
+
+def _compiled_decode(args, flags, error_count):
+    buf, address = _buffer(DECODE_FORMAT.size)
+    ok = _calls.fill_decode(address, *args.values(), flags, error_count)
+    return ok, buf.raw
+
+
+def _python_prefill(args, flags, error_count, compact):
+    a = dict(args)
+    plan, load = a.pop("plan"), a.pop("load_indices")
+    buf, _ = _buffer(PREFILL_FORMAT.size)
+    PREFILL_FORMAT.pack_into(buf, 0, *c128._prefill_fields(*a.values(), plan, load, bool(flags), error_count, compact))
+    return buf.raw
+
+
+def _compiled_prefill(args, flags, error_count, compact):
+    a = dict(args)
+    plan, load = a.pop("plan"), a.pop("load_indices")
+    buf, address = _buffer(PREFILL_FORMAT.size)
+    ok = _calls.fill_prefill(address, *a.values(), plan, load, flags, error_count, compact)
+    return ok, buf.raw
+
+
+# ---------------------------------------------------------------------------------------------
+# Same bytes for valid arguments
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=examples(40))
+@given(d=st.sampled_from([64, 128, 192, 512]), b=st.integers(0, 40), slots=st.integers(1, 9), bf16=st.booleans(),
+       pdl=st.booleans(), own_counter=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_decode_fills_the_same_params_as_the_python_path(device, d, b, slots, bf16, pdl, own_counter, seed):
+    dev = torch.device(device)
+    args = _decode_args(dev, d, b, slots, bf16, torch.Generator().manual_seed(seed))
+    counter = torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None
+    flags = 1 if pdl else 0
+    expected = _python_decode(args, flags, counter)
+    ok, got = _compiled_decode(args, flags, counter)
+    assert ok and got == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=examples(40))
+@given(d=st.sampled_from([64, 128, 512]), extends=st.lists(st.integers(1, 400), min_size=1, max_size=6),
+       bf16=st.booleans(), plan_kind=st.sampled_from(["arrays", "tensors", "host_tensors", "device_plan"]),
+       compact=st.booleans(), load=st.booleans(), pdl=st.booleans(), own_counter=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_prefill_fills_the_same_params_as_the_python_path(device, d, extends, bf16, plan_kind, compact, load, pdl,
+                                                         own_counter, seed):
+    dev = torch.device(device)
+    args = _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, torch.Generator().manual_seed(seed))
+    counter = torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None
+    flags = 1 if pdl else 0
+    expected = _python_prefill(args, flags, counter, compact)
+    ok, got = _compiled_prefill(args, flags, counter, compact)
+    assert ok and got == expected
+
+
+def _metadata_case(dev, mode, bs, width, expanded, real, flash, meta_shape):
+    i32 = dict(dtype=torch.int32, device=dev)
+    n = bs if mode == "decode" else expanded
+    rows = bs if mode == "decode" else max(bs, 1) + 2
+    src = dict(cache_seqlens=torch.arange(bs, **i32), cu_seqlens_k=torch.arange(bs + 1, **i32),
+               page_indices=torch.arange(rows * width, **i32).view(rows, width),
+               dsa_cache_seqlens=torch.arange(n, **i32), dsa_cu_seqlens_k=torch.arange(n + 1, **i32))
+    dst = dict(cache_seqlens=torch.zeros(bs + 1, **i32), cu_seqlens_k=torch.zeros(bs + 2, **i32),
+               page_table_1=torch.zeros(rows + 1, width + 3, **i32), dsa_cache_seqlens=torch.zeros(n + 1, **i32),
+               dsa_cu_seqlens_k=torch.zeros(n + 2, **i32))
+    if mode != "decode":
+        src["seqlens_expanded"] = torch.arange(n, **i32)
+        dst["seqlens_expanded"] = torch.zeros(n + 1, **i32)
+    if real:
+        src["real_page_table"] = torch.arange(rows * 5, **i32).view(rows, 5)
+        dst["real_page_table"] = torch.zeros(rows, 6, **i32)
+    if flash:
+        numel = int(np.prod(meta_shape))
+        src["num_splits"] = torch.arange(n + 1, **i32)
+        src["flashmla_metadata"] = torch.arange(numel, **i32).view(meta_shape)
+        dst["flashmla_num_splits"] = torch.zeros(n + 1, **i32)
+        dst["flashmla_metadata"] = torch.zeros(numel, **i32)
+    return src, dst
+
+
+_SOURCE_ORDER = ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k",
+                 "seqlens_expanded", "real_page_table", "num_splits", "flashmla_metadata")
+
+
+def _compiled_metadata(copy, src):
+    before = bytes(copy._params)
+    ok = _calls.fill_metadata_sources(copy._address, copy.decode, copy.has_real_page_table, copy.has_flashmla,
+                                      *(src.get(k) for k in _SOURCE_ORDER))
+    return ok, before, bytes(copy._params)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=examples(40))
+@given(mode=st.sampled_from(["decode", "target_verify", "draft_extend"]), bs=st.integers(0, 20),
+       width=st.integers(1, 40), expanded=st.integers(0, 30), real=st.booleans(), flash=st.booleans(),
+       meta_shape=st.sampled_from([(7,), (3, 4), (2, 1, 5), (0,)]), k=st.integers(1, 3))
+def test_metadata_fills_the_same_params_as_the_python_path(device, mode, bs, width, expanded, real, flash, meta_shape, k):
+    src, dst = _metadata_case(torch.device(device), mode, bs, width, expanded, real, flash, meta_shape)
+    python = pydsa.MetadataCopy([dst] * k, mode=mode)
+    python._prepare(*(src.get(k) for k in _SOURCE_ORDER))
+    compiled = pydsa.MetadataCopy([dst] * k, mode=mode)
+    ok, before, got = _compiled_metadata(compiled, src)
+    # equal but for the last field, each object's own destinations array
+    assert ok and got[:-8] == bytes(python._params)[:-8] and got[-8:] == before[-8:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Agrees with the Python path on arguments changed one at a time: where the Python path raises,
+# the compiled path declines and writes nothing; where it accepts, the same bytes
+
+def _variants(t, dev):
+    """Changes to one tensor argument: most make it wrong, a few (a longer state) keep it valid."""
+    out = [None, 3, "x", np.zeros(3, np.float32)]
+    if not isinstance(t, torch.Tensor):
+        return out
+    other = torch.float64 if t.dtype != torch.float64 else torch.float32
+    out += [t.to(other), t.unsqueeze(0), t.reshape(-1)[:-1] if t.numel() else t.reshape(-1)]
+    if t.dim() >= 1:
+        out.append(torch.cat([t, t[:1]]) if t.shape[0] else torch.zeros((1,) + tuple(t.shape[1:]), dtype=t.dtype,
+                                                                          device=t.device))
+    if t.dim() == 2 and t.shape[0] > 1 and t.shape[1] > 1:
+        out.append(t.t().contiguous().t())  # same shape, column-major
+    if t.dim() >= 1 and t.shape[-1] > 1:
+        out.append(torch.cat([t, t], -1)[..., ::2])  # same shape, strided
+        out.append(t[..., :-1])
+    if dev.type == "cuda":
+        out.append(t.cpu())
+    return out
+
+
+def _agree(python, compiled, poison):
+    """python(): params bytes or an exception; compiled(): (ok, bytes). Returns True if rejected."""
+    try:
+        expected = python()
+    except (TypeError, ValueError):
+        ok, raw = compiled()
+        assert not ok and raw == poison
+        return True
+    ok, raw = compiled()
+    assert ok and raw == expected
+    return False
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["state", "kv_score", "out", "ape", "indices", "seq_lens", "error_count"])
+def test_decode_agrees_on_every_changed_argument(device, name):
+    dev = torch.device(device)
+    base = _decode_args(dev, 128, 3, 4, False, torch.Generator().manual_seed(0))
+    base["error_count"] = torch.zeros(1, dtype=torch.int32, device=dev)
+    rejected = 0
+    for bad in _variants(base[name], dev):
+        args = dict(base, **{name: bad})
+        counter = args.pop("error_count")
+        rejected += _agree(lambda: _python_decode(args, 0, counter), lambda: _compiled_decode(args, 0, counter),
+                           POISON * DECODE_FORMAT.size)
+        if rejected:
+            assert _calls.decode(*args.values(), None, 0, counter) in (c128.DECLINED, 0)
+    assert rejected >= 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("plan_kind", ["arrays", "tensors", "device_plan"])
+@pytest.mark.parametrize("name", ["state", "kv_score", "out", "ape", "indices", "load_indices", "plan0", "plan1"])
+def test_prefill_agrees_on_every_changed_argument(device, plan_kind, name):
+    dev = torch.device(device)
+    base = _prefill_args(dev, 64, [130, 5], False, plan_kind, False, True, torch.Generator().manual_seed(0))
+    if name.startswith("plan"):
+        if plan_kind == "device_plan":
+            return  # a DevicePlan has no record arrays to change
+        i = int(name[-1])
+        records = base["plan"][i]
+        wrong = [records[:, :8], records.float()] if plan_kind == "tensors" else [records.view(np.uint8), records[::2]]
+        cases = [dict(base, plan=tuple(bad if j == i else r for j, r in enumerate(base["plan"])))
+                 for bad in _variants(records, dev) + wrong]
+        cases += [dict(base, plan=p) for p in (list(base["plan"]), base["plan"][:1], None)]
+    else:
+        cases = [dict(base, **{name: bad}) for bad in _variants(base[name], dev)]
+    rejected = 0
+    for args in cases:
+        rejected += _agree(lambda: _python_prefill(args, 0, None, False), lambda: _compiled_prefill(args, 0, None, False),
+                           POISON * PREFILL_FORMAT.size) if not isinstance(args["plan"], list) else 0
+    assert rejected >= 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["decode", "target_verify"])
+@pytest.mark.parametrize("name", _SOURCE_ORDER)
+def test_metadata_agrees_on_every_changed_source(device, mode, name):
+    dev = torch.device(device)
+    src, dst = _metadata_case(dev, mode, 5, 9, 7, True, True, (3, 4))
+    present = src.get(name)
+    variants = _variants(present, dev) if present is not None else [torch.zeros(5, dtype=torch.int32, device=dev)]
+    rejected = 0
+    for bad in variants:
+        case = dict(src, **{name: bad})
+        python = pydsa.MetadataCopy([dst, dst], mode=mode)
+        compiled = pydsa.MetadataCopy([dst, dst], mode=mode)
+
+        def python_fill():
+            python._prepare(*(case.get(k) for k in _SOURCE_ORDER))
+            return bytes(python._params)[:-8]
+
+        def compiled_fill():
+            ok, before, after = _compiled_metadata(compiled, case)
+            return ok, (after[:-8] if ok else (after == before))
+
+        try:
+            expected = python_fill()
+        except (TypeError, ValueError):
+            ok, unchanged = compiled_fill()
+            assert not ok and unchanged, (name, bad)
+            rejected += 1
+            continue
+        assert compiled_fill() == (True, expected)
+    assert rejected >= min(3, len(variants))
+
+
+# ---------------------------------------------------------------------------------------------
+# The one-shot calls take the compiled path
+
+def test_one_shot_calls_launch_through_the_compiled_path(device, monkeypatch):
+    def python_path(*args):
+        raise AssertionError("the Python path ran")
+
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(3)
+    args = _decode_args(dev, 64, 5, 6, False, gen)
+    pydsa.c128_decode(*args.values())  # creates the default error counter once
+    monkeypatch.setattr(c128, "_launch_once", python_path)
+    monkeypatch.setattr(pydsa.metadata.MetadataCopy, "_prepare", python_path)
+    pydsa.c128_decode(*args.values())
+    for kind in ("arrays", "tensors", "device_plan"):
+        p = _prefill_args(dev, 64, [200, 3], True, kind, kind == "tensors", True, gen)
+        pydsa.c128_prefill(p.pop("state"), p.pop("kv_score"), p.pop("out"), p.pop("ape"), p.pop("indices"),
+                           p.pop("plan"), load_indices=p.pop("load_indices"), compact=kind == "tensors")
+    src, dst = _metadata_case(dev, "target_verify", 4, 8, 6, True, True, (2, 3))
+    pydsa.MetadataCopy([dst, dst], mode="target_verify")(**src)
+    assert torch.equal(dst["page_table_1"][:6, :8], src["page_indices"])
+    # A numpy array is not something the compiled path reads: the Python path takes it.
+    host = {k: (v.cpu().numpy() if k != "state" else v.cpu()) for k, v in args.items()}
+    with pytest.raises(AssertionError, match="the Python path ran"):
+        pydsa.c128_decode(*host.values())
