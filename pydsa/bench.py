@@ -37,18 +37,38 @@ L2_ROTATE_BYTES = 256 << 20  # rotate input sets until this much memory is cycle
 # Timers
 
 
-def host_us(fn, n=2000, rounds=5, sync=None) -> float:
-    """Median over rounds of Python wall time per call (no sync inside the loop)."""
+# Host timings of GPU ops run in blocks of at most this many calls, each block followed by a
+# synchronization that is not timed: fewer launches than the driver's launch queue holds (about
+# 1024), so a slow kernel never makes a launch wait for a free queue entry, which would measure
+# device time instead of host time.
+HOST_BLOCK = 200
+
+
+def _blocks(n: int, sync, block=HOST_BLOCK) -> list:
+    if sync is None or n <= block:
+        return [n]
+    return [block] * (n // block)
+
+
+def host_us(fn, n=2000, rounds=5, sync=None, block=HOST_BLOCK) -> float:
+    """Median over rounds of Python wall time per call (no sync inside a timed block of `block`
+    calls)."""
     for _ in range(min(n, 200)):
         fn()
+    if sync:
+        sync()
     results = []
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        results.append((time.perf_counter() - t0) / n * 1e6)
-        if sync:
-            sync()
+        elapsed, calls = 0.0, 0
+        for size in _blocks(n, sync, block):
+            t0 = time.perf_counter()
+            for _ in range(size):
+                fn()
+            elapsed += time.perf_counter() - t0
+            calls += size
+            if sync:
+                sync()
+        results.append(elapsed / calls * 1e6)
     return statistics.median(results)
 
 
@@ -56,9 +76,9 @@ _EMPTY = {}
 
 
 def host_vs_empty(fn, n=2000, rounds=7, fetch_stream=False) -> tuple:
-    """(µs per call of fn, µs per empty-kernel ctypes launch), measured in alternating rounds so
-    that drift in the host's speed affects both alike. With fetch_stream the empty launch looks up
-    the current stream on every call, as a call without stream= does."""
+    """(µs per call of fn, µs per empty-kernel ctypes launch), measured in alternating blocks of
+    HOST_BLOCK calls so that drift in the host's speed affects both alike. With fetch_stream the
+    empty launch looks up the current stream on every call, as a call without stream= does."""
     dev = torch.cuda.current_device()
     stream = torch.cuda.current_stream().cuda_stream
     lib_empty = _abi.lib.dsa_empty_launch
@@ -70,16 +90,17 @@ def host_vs_empty(fn, n=2000, rounds=7, fetch_stream=False) -> tuple:
         empty(dev, stream)
     sync()
     ours, floor = [], []
-    for _ in range(rounds):
+    blocks = max(1, n // HOST_BLOCK)
+    for _ in range(rounds * blocks):
         t0 = time.perf_counter()
-        for _ in range(n):
+        for _ in range(HOST_BLOCK):
             fn()
-        ours.append((time.perf_counter() - t0) / n * 1e6)
+        ours.append((time.perf_counter() - t0) / HOST_BLOCK * 1e6)
         sync()
         t0 = time.perf_counter()
-        for _ in range(n):
+        for _ in range(HOST_BLOCK):
             empty(dev, stream)
-        floor.append((time.perf_counter() - t0) / n * 1e6)
+        floor.append((time.perf_counter() - t0) / HOST_BLOCK * 1e6)
         sync()
     return statistics.median(ours), statistics.median(floor)
 
@@ -412,10 +433,11 @@ LAYERS = 61
 
 
 def _step_time(step, n=20) -> tuple:
-    """(host us per step without sync, device us per step by CUDA events, launch gaps included)."""
+    """(host us per step without sync, device us per step by CUDA events, launch gaps included).
+    Host time is timed one step at a time (a step's 61-122 launches fit the launch queue)."""
     step()
     torch.cuda.synchronize()
-    host = host_us(step, n=n, rounds=5, sync=torch.cuda.synchronize)
+    host = host_us(step, n=n, rounds=5, sync=torch.cuda.synchronize, block=1)
     return host, event_us(step, n=5, rounds=5)
 
 

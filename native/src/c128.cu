@@ -78,19 +78,20 @@ __device__ __forceinline__ void count_error(uint32_t* error_count) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode: D / VEC threads per request, one token each. Two dependent memory round trips: the
-// request's length and slot, then the token, its ape row and the slot's state together.
+// Decode: one request per block row (threadIdx.y), D / VEC threads across its channels, in
+// column tiles of at most 128 threads (blockIdx.y) for wide heads. Two dependent memory round
+// trips: the token with the request's length and slot, then its ape row and the slot's state.
 
 template <int VEC, typename S>
 __global__ void __launch_bounds__(kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ dsa_c128_decode_params p) {
-  wait_for_producers();
   const int D = p.head_dim;
-  const int lanes_per_request = D / VEC;
-  const int64_t thread = (int64_t)blockIdx.x * kDecodeThreads + threadIdx.x;
-  const int64_t b = thread / lanes_per_request;
-  if (b >= p.batch_size) return;
-  const int ch = (int)(thread - b * lanes_per_request) * VEC;
+  const int64_t b = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+  if (b >= p.batch_size || ch >= D) return;
+  wait_for_producers();
+  const float* token = p.kv_score + b * 2 * D + ch;
+  const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
   const int32_t seq_len = __ldg(p.seq_lens + b);
   const int32_t slot = __ldg(p.indices + b);
   allow_dependents();
@@ -100,9 +101,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     return;
   }
   const int c = (seq_len - 1) % DSA_CHUNK;
-  const float* token = p.kv_score + b * 2 * D + ch;
   S* state = static_cast<S*>(p.state) + (int64_t)slot * 3 * D + ch;
-  const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)c * D + ch);
   Lanes<VEC> m, s, k;
   if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
@@ -522,25 +521,28 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   }
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
-  const int vec = vector_width(p);
-  const int64_t threads = p.batch_size * (p.head_dim / vec);
-  const int64_t blocks = (threads + kDecodeThreads - 1) / kDecodeThreads;
-  if (blocks > INT32_MAX) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size too large", op);
-  DeviceGuard guard(p.device);
-  const bool pdl = p.flags & DSA_FLAG_PDL;
-  const cudaStream_t s = (cudaStream_t)stream;
-  const unsigned grid = (unsigned)blocks;
   // Large bf16-state batches: 8 channels per thread, so state accesses stay 16 bytes wide (H200,
   // B = 8192: 25.6 us against 26.0 with 4 channels; at B = 1 the 4-channel kernel is faster, 2.3
   // against 2.8 us).
+  const int vec4 = vector_width(p);
+  const int vec = bf16 && vec4 == 4 && aligned(p.state, 16) && p.head_dim % 8 == 0 && p.batch_size >= 1024 ? 8 : vec4;
+  const int lanes = p.head_dim / vec;
+  const int tiles = (lanes + kDecodeThreads - 1) / kDecodeThreads;
+  const int tile_lanes = (lanes + tiles - 1) / tiles;
+  const int rows = std::max(1, kDecodeThreads / tile_lanes);
+  const int64_t blocks = (p.batch_size + rows - 1) / rows;
+  if (blocks > INT32_MAX || tiles > 65535)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
+  DeviceGuard guard(p.device);
+  const bool pdl = p.flags & DSA_FLAG_PDL;
+  const cudaStream_t s = (cudaStream_t)stream;
+  const dim3 grid((unsigned)blocks, (unsigned)tiles), block((unsigned)tile_lanes, (unsigned)rows);
   const cudaError_t err =
-      bf16 && vec == 4 && aligned(p.state, 16) && p.head_dim % 8 == 0 && p.batch_size >= 1024
-          ? launch(c128_decode_kernel<8, Bf16>, (unsigned)((p.batch_size * (p.head_dim / 8) + kDecodeThreads - 1) / kDecodeThreads),
-                   kDecodeThreads, s, pdl, p)
-      : vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16>, grid, kDecodeThreads, s, pdl, p)
-                       : launch(c128_decode_kernel<4, float>, grid, kDecodeThreads, s, pdl, p))
-               : (bf16 ? launch(c128_decode_kernel<2, Bf16>, grid, kDecodeThreads, s, pdl, p)
-                       : launch(c128_decode_kernel<2, float>, grid, kDecodeThreads, s, pdl, p));
+      vec == 8   ? launch(c128_decode_kernel<8, Bf16>, grid, block, s, pdl, p)
+      : vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16>, grid, block, s, pdl, p)
+                         : launch(c128_decode_kernel<4, float>, grid, block, s, pdl, p))
+                 : (bf16 ? launch(c128_decode_kernel<2, Bf16>, grid, block, s, pdl, p)
+                         : launch(c128_decode_kernel<2, float>, grid, block, s, pdl, p));
   DSA_TRY(launch_status(err, op));
   return ok();
 }

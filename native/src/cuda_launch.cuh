@@ -30,14 +30,14 @@ class DeviceGuard {
 };
 
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), unsigned grid, unsigned block, cudaStream_t stream,
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                    bool pdl, Args&&... args) {
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(block);
+  config.gridDim = grid;
+  config.blockDim = block;
   config.dynamicSmemBytes = 0;
   config.stream = stream;
   config.attrs = attribute;
