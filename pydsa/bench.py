@@ -38,10 +38,11 @@ L2_ROTATE_BYTES = 256 << 20  # rotate input sets until this much memory is cycle
 
 
 # Host timings of GPU ops run in blocks of at most this many calls, each block followed by a
-# synchronization that is not timed: fewer launches than the driver's launch queue holds (about
-# 1024), so a slow kernel never makes a launch wait for a free queue entry, which would measure
+# synchronization that is not timed: the launches of a block fit the driver's launch queue (its
+# entries and its parameter space, which a prefill launch carrying 4 KB of plan records fills
+# fast), so a kernel slower than its launch never makes a launch wait, which would measure
 # device time instead of host time.
-HOST_BLOCK = 200
+HOST_BLOCK = 50
 
 
 def _blocks(n: int, sync, block=HOST_BLOCK) -> list:
