@@ -36,7 +36,7 @@ def test_the_compiled_path_is_on_with_a_torch_that_has_the_exchange_api():
 def _decode_args(dev, d, b, slots, bf16, gen):
     state = torch.randn(slots, 1, 3 * d, generator=gen).to(dev, torch.bfloat16 if bf16 else torch.float32)
     return dict(state=state, kv_score=torch.randn(b, 2 * d, generator=gen).to(dev),
-                out=torch.empty(b, d, device=dev), ape=torch.randn(128, d, generator=gen).to(dev),
+                out=torch.full((b, d), float("nan"), device=dev), ape=torch.randn(128, d, generator=gen).to(dev),
                 indices=torch.arange(b, dtype=torch.int32).to(dev) % max(slots, 1),
                 seq_lens=torch.randint(-2, 500, (b,), generator=gen, dtype=torch.int32).to(dev))
 
@@ -57,7 +57,7 @@ def _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, gen):
             plan = tuple(torch.from_numpy(r.view(np.uint8).reshape(-1, 16).copy()) for r in plan)
     state = torch.randn(b + 2, 1, 3 * d, generator=gen).to(dev, torch.bfloat16 if bf16 else torch.float32)
     args = dict(state=state, kv_score=torch.randn(n, 2 * d, generator=gen).to(dev),
-                out=torch.empty(nc if compact else n, d, device=dev), ape=torch.randn(128, d, generator=gen).to(dev),
+                out=torch.full((nc if compact else n, d), float("nan"), device=dev), ape=torch.randn(128, d, generator=gen).to(dev),
                 indices=torch.arange(b, dtype=torch.int32).to(dev), plan=plan,
                 load_indices=(torch.arange(b, dtype=torch.int32).to(dev) + 1) if load else None)
     return args
