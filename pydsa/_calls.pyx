@@ -518,6 +518,85 @@ def fill_metadata_sources(uintptr_t address, bint decode, bint has_real_page_tab
     return True
 
 
+cdef int _flat(object obj, Arg* a, int32_t dev, int64_t need) except -2:
+    """0 for a contiguous int32 tensor on `dev` holding at least `need` elements (taken flat)."""
+    cdef int64_t numel = 1
+    cdef int i
+    if _read(obj, a) < 0 or a.dtype != I32 or a.dev != dev or not a.contiguous:
+        return -1
+    for i in range(a.ndim):
+        numel *= a.shape[i]
+    return 0 if numel >= need else -1
+
+
+def fill_flat_sources(uintptr_t address, bint decode, bint has_real_page_table, bint has_flashmla, bs_, max_len_,
+                      max_seqlen_k_, expanded_, cache_seqlens, cu_seqlens_k,
+                      page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k, real_page_table,
+                      num_splits, flashmla_metadata):
+    """sglang's convention (pydsa.sglang): sizes given, every source read flat and holding at least
+    what is copied, seqlens_expanded ignored in DECODE. Writes the sizes and source pointers into
+    the metadata params at `address`: True, or False with nothing written."""
+    cdef dsa_metadata_copy_params* p = <dsa_metadata_copy_params*>address
+    cdef int32_t dev = p.device
+    cdef Arg cs, cu, pi, se, dc, du, rp, ns, fm
+    cdef int64_t rows, width, n, real_cols = 0, meta = 0, bs, max_len, max_seqlen_k, expanded
+    cdef int i
+    if not (type(bs_) is int and type(max_len_) is int and type(max_seqlen_k_) is int and type(expanded_) is int
+            and 0 <= bs_ < 2**31 and 0 <= max_len_ < 2**31 and 0 <= max_seqlen_k_ < 2**31
+            and 0 <= expanded_ < 2**31):
+        return False  # sizes the products below could overflow with: the Python path says what is wrong
+    bs, max_len, max_seqlen_k, expanded = bs_, max_len_, max_seqlen_k_, expanded_
+    if ((real_page_table is not None) != has_real_page_table
+            or (num_splits is not None) != has_flashmla or (flashmla_metadata is not None) != has_flashmla):
+        return False
+    n = bs if decode else expanded
+    if decode:
+        rows, width = bs, max_len
+    else:
+        if _read(page_indices, &pi) < 0 or pi.ndim < 1:
+            return False
+        rows, width = pi.shape[0], max_seqlen_k
+        if rows >= 2**31:
+            return False
+    se.data = rp.data = ns.data = fm.data = NULL
+    if real_page_table is not None:
+        if _read(real_page_table, &rp) < 0 or rp.ndim < 2:
+            return False
+        real_cols = rp.shape[1]
+        if real_cols >= 2**31:
+            return False
+    if flashmla_metadata is not None:
+        if _read(flashmla_metadata, &fm) < 0:
+            return False
+        meta = 1
+        for i in range(fm.ndim):
+            meta *= fm.shape[i]
+    if (_flat(cache_seqlens, &cs, dev, bs) < 0 or _flat(cu_seqlens_k, &cu, dev, bs + 1) < 0
+            or _flat(page_indices, &pi, dev, rows * width) < 0
+            or (not decode and _flat(seqlens_expanded, &se, dev, n) < 0)
+            or _flat(dsa_cache_seqlens, &dc, dev, n) < 0 or _flat(dsa_cu_seqlens_k, &du, dev, n + 1) < 0
+            or (real_page_table is not None and _flat(real_page_table, &rp, dev, rows * real_cols) < 0)
+            or (num_splits is not None and _flat(num_splits, &ns, dev, n + 1) < 0)
+            or (flashmla_metadata is not None and _flat(flashmla_metadata, &fm, dev, meta) < 0)):
+        return False
+    p.bs = bs
+    p.page_rows = rows
+    p.page_width = width
+    p.expanded = 0 if decode else n
+    p.real_cols = real_cols
+    p.metadata_size = meta
+    p.src.cache_seqlens = <const int32_t*>cs.data
+    p.src.cu_seqlens_k = <const int32_t*>cu.data
+    p.src.page_indices = <const int32_t*>pi.data
+    p.src.seqlens_expanded = <const int32_t*>se.data
+    p.src.dsa_cache_seqlens = <const int32_t*>dc.data
+    p.src.dsa_cu_seqlens_k = <const int32_t*>du.data
+    p.src.real_page_table = <const int32_t*>rp.data
+    p.src.num_splits = <const int32_t*>ns.data
+    p.src.flashmla_metadata = <const int32_t*>fm.data
+    return True
+
+
 # ---- prepared launches ----------------------------------------------------------------------
 
 OP_DECODE, OP_PREFILL, OP_METADATA = 0, 1, 2

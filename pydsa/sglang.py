@@ -23,6 +23,7 @@ import torch
 
 import pyplan
 
+from . import _calls
 from ._abi import MODE_DECODE
 from ._tensors import _int32, device_name
 from .c128 import c128_decode, c128_prefill
@@ -39,6 +40,10 @@ _DEST_KEYS = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlen
 
 # Bound copies per destination set: sglang refreshes the same static buffers every step.
 _bound: dict = {}
+# What a bound copy's `_last` holds after an sglang call: sources filled in sglang's conventions,
+# so a later MetadataCopy call with source objects re-checks them in its own.
+_BOUND_BY_SGLANG = (object(),) + (None,) * 8
+_fill_flat = _calls.fill_flat_sources
 
 
 def _require_int32(tensors, names) -> None:
@@ -88,6 +93,11 @@ def _flat(t, name: str, dev: int, need: int) -> int:
 
 
 def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seqlen_k: int, expanded: int) -> None:
+    if _fill_flat(copy._address, mode == MODE_DECODE, copy.has_real_page_table, copy.has_flashmla, bs, max_len,
+                  max_seqlen_k, expanded, *sources):  # the compiled path (pydsa/_calls.pyx)
+        copy._last = _BOUND_BY_SGLANG
+        copy.launch()
+        return
     (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k,
      real_page_table, num_splits, flashmla_metadata) = sources
     if bs < 0 or max_len < 0 or max_seqlen_k < 0 or expanded < 0:
@@ -115,8 +125,7 @@ def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seq
                0 if real_page_table is None else _flat(real_page_table, "real_page_table_src", dev, rows * real_cols),
                0 if num_splits is None else _flat(num_splits, "flashmla_num_splits_src", dev, n + 1),
                0 if flashmla_metadata is None else _flat(flashmla_metadata, "flashmla_metadata_src", dev, meta))
-    copy._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                  seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+    copy._last = _BOUND_BY_SGLANG
     copy.launch()
 
 

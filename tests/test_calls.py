@@ -312,3 +312,27 @@ def test_one_shot_calls_launch_through_the_compiled_path(device, monkeypatch):
     host = {k: (v.cpu().numpy() if k != "state" else v.cpu()) for k, v in args.items()}
     with pytest.raises(AssertionError, match="the Python path ran"):
         pydsa.c128_decode(*host.values())
+
+
+def test_sglang_metadata_copy_takes_the_compiled_path(device, monkeypatch):
+    from pydsa import sglang
+    dev = torch.device(device)
+    src, dst = _metadata_case(dev, "target_verify", 4, 8, 6, True, True, (2, 3))
+    args = (src["cache_seqlens"], src["cu_seqlens_k"], src["page_indices"], src["dsa_cache_seqlens"],
+            src["seqlens_expanded"], src["dsa_cu_seqlens_k"], src["real_page_table"], src["num_splits"],
+            src["flashmla_metadata"], dst["cache_seqlens"], dst["cu_seqlens_k"], dst["page_table_1"],
+            dst["dsa_cache_seqlens"], dst["seqlens_expanded"], dst["dsa_cu_seqlens_k"], dst["real_page_table"],
+            dst["flashmla_num_splits"], dst["flashmla_metadata"])
+    sglang.fused_metadata_copy_cuda(*args, 1, 4, 0, 8, 6)  # binds the destinations once
+    for t in dst.values():
+        t.zero_()
+
+    def python_path(*a):
+        raise AssertionError("the Python path ran")
+
+    monkeypatch.setattr(pydsa.metadata.MetadataCopy, "_fill", python_path)
+    sglang.fused_metadata_copy_cuda(*args, 1, 4, 0, 8, 6)
+    assert torch.equal(dst["page_table_1"][:6, :8], src["page_indices"])
+    assert torch.equal(dst["flashmla_metadata"], src["flashmla_metadata"].reshape(-1))
+    with pytest.raises(AssertionError, match="the Python path ran"):  # a size that is not an int
+        sglang.fused_metadata_copy_cuda(*args, 1, 4.0, 0, 8, 6)
