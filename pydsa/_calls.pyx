@@ -464,6 +464,27 @@ cdef int _optional(object obj, Arg* a, int32_t dev, int32_t ndim) except -2:
     return _tensor(obj, a, I32, dev, ndim)
 
 
+cdef void _store_sources(dsa_metadata_copy_params* p, int64_t bs, int64_t rows, int64_t width, int64_t expanded,
+                         int64_t real_cols, int64_t meta, const Arg* cs, const Arg* cu, const Arg* pi, const Arg* se,
+                         const Arg* dc, const Arg* du, const Arg* rp, const Arg* ns, const Arg* fm) noexcept:
+    """Writes one step's sizes and source pointers (checked by the caller) into the params."""
+    p.bs = bs
+    p.page_rows = rows
+    p.page_width = width
+    p.expanded = expanded
+    p.real_cols = real_cols
+    p.metadata_size = meta
+    p.src.cache_seqlens = <const int32_t*>cs.data
+    p.src.cu_seqlens_k = <const int32_t*>cu.data
+    p.src.page_indices = <const int32_t*>pi.data
+    p.src.seqlens_expanded = <const int32_t*>se.data
+    p.src.dsa_cache_seqlens = <const int32_t*>dc.data
+    p.src.dsa_cu_seqlens_k = <const int32_t*>du.data
+    p.src.real_page_table = <const int32_t*>rp.data
+    p.src.num_splits = <const int32_t*>ns.data
+    p.src.flashmla_metadata = <const int32_t*>fm.data
+
+
 def fill_metadata_sources(uintptr_t address, bint decode, bint has_real_page_table, bint has_flashmla,
                           cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                           seqlens_expanded, real_page_table, num_splits, flashmla_metadata):
@@ -500,21 +521,8 @@ def fill_metadata_sources(uintptr_t address, bint decode, bint has_real_page_tab
         meta = 1
         for i in range(fm.ndim):
             meta *= fm.shape[i]
-    p.bs = bs
-    p.page_rows = pi.shape[0]
-    p.page_width = pi.shape[1]
-    p.expanded = 0 if decode else n
-    p.real_cols = rp.shape[1] if real_page_table is not None else 0
-    p.metadata_size = meta
-    p.src.cache_seqlens = <const int32_t*>cs.data
-    p.src.cu_seqlens_k = <const int32_t*>cu.data
-    p.src.page_indices = <const int32_t*>pi.data
-    p.src.seqlens_expanded = <const int32_t*>se.data
-    p.src.dsa_cache_seqlens = <const int32_t*>dc.data
-    p.src.dsa_cu_seqlens_k = <const int32_t*>du.data
-    p.src.real_page_table = <const int32_t*>rp.data
-    p.src.num_splits = <const int32_t*>ns.data
-    p.src.flashmla_metadata = <const int32_t*>fm.data
+    _store_sources(p, bs, pi.shape[0], pi.shape[1], 0 if decode else n,
+                   rp.shape[1] if real_page_table is not None else 0, meta, &cs, &cu, &pi, &se, &dc, &du, &rp, &ns, &fm)
     return True
 
 
@@ -579,21 +587,8 @@ def fill_flat_sources(uintptr_t address, bint decode, bint has_real_page_table, 
             or (num_splits is not None and _flat(num_splits, &ns, dev, n + 1) < 0)
             or (flashmla_metadata is not None and _flat(flashmla_metadata, &fm, dev, meta) < 0)):
         return False
-    p.bs = bs
-    p.page_rows = rows
-    p.page_width = width
-    p.expanded = 0 if decode else n
-    p.real_cols = real_cols
-    p.metadata_size = meta
-    p.src.cache_seqlens = <const int32_t*>cs.data
-    p.src.cu_seqlens_k = <const int32_t*>cu.data
-    p.src.page_indices = <const int32_t*>pi.data
-    p.src.seqlens_expanded = <const int32_t*>se.data
-    p.src.dsa_cache_seqlens = <const int32_t*>dc.data
-    p.src.dsa_cu_seqlens_k = <const int32_t*>du.data
-    p.src.real_page_table = <const int32_t*>rp.data
-    p.src.num_splits = <const int32_t*>ns.data
-    p.src.flashmla_metadata = <const int32_t*>fm.data
+    _store_sources(p, bs, rows, width, 0 if decode else n, real_cols, meta, &cs, &cu, &pi, &se, &dc, &du, &rp, &ns,
+                   &fm)
     return True
 
 
