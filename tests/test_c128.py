@@ -232,8 +232,15 @@ def test_any_schedule_emits_the_offline_chunk_vectors(device_name, sched):
 
 
 def _plan_case(name):
+    """(seq_lens, extend_lens) of one prefill. The prefill kernel picks its tile layout from the
+    pass size (one or two records: 8-channel tiles; a few: 16; more: 64; hundreds at D = 512 on a
+    large GPU: 128), so the cases together run every layout."""
     if name == "small":
         return np.array([1000, 130, 77, 4096, 300], np.int64), np.array([900, 130, 20, 4000, 1], np.int64)
+    if name == "tiny":  # one mid-chunk compress record, one write record
+        return np.array([200], np.int64), np.array([120], np.int64)
+    if name == "wide":  # 256 compress records after a mid-chunk start, in one launch
+        return np.array([32768 + 100], np.int64), np.array([32768], np.int64)
     # Over DSA_INLINE_RECORDS records in both lists: several chained launches per pass.
     rng = np.random.default_rng(3)
     ext = rng.integers(1, 200, 300).astype(np.int64)
@@ -252,7 +259,8 @@ def _close_state(a, b, dtype):
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("d,case", [(128, "small"), (256, "small"), (512, "small"), (128, "chained")])
+@pytest.mark.parametrize("d,case", [(128, "small"), (256, "small"), (512, "small"), (128, "chained"), (512, "tiny"),
+                                    (512, "wide")])
 def test_gpu_equals_host_backend(d, case, state_dtype):
     """GPU and host backend agree to fp32 rounding on a random prefill (ragged and compact) and
     a decode from the same state, for both state dtypes; the chained case has more plan records

@@ -107,8 +107,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    const float t[1] = {to_log2(score.v[i] + bias.v[i])}, v[1] = {kv.v[i]};
-    const Partial r = c == 0 ? partial_of(t[0], v[0]) : absorb(from_state(m.v[i], s.v[i], k.v[i]), t, v, 1);
+    const float t = to_log2(score.v[i] + bias.v[i]);
+    const Partial r = c == 0 ? partial_of(t, kv.v[i]) : absorb_one(from_state(m.v[i], s.v[i], k.v[i]), t, kv.v[i]);
     m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
   }
   if (c == DSA_CHUNK - 1) {
@@ -124,10 +124,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // Prefill: one work item = one segment x one tile of channels, taken by one block of 256
 // threads laid out as `lanes` threads across the tile (4 channels each, one 16-byte access) by
 // 256 / lanes token rows. Row r folds tokens r, r + rows, ... in batches of kBatch whose loads
-// are all issued before any arithmetic; the rows of a warp then merge by shuffles and the 8 warp
-// partials through shared memory. Wide tiles (32 lanes = 128 channels, 8 rows) keep the
-// per-token work lowest for large plans; narrow ones (down to 4 lanes = 16 channels, 64 rows)
-// spread a small plan over many blocks, so a segment's 128 tokens are loaded in one round trip.
+// are all issued before any arithmetic (a row with at most one token takes it as its partial).
+// The rows then combine in two reductions instead of pairwise online merges: the channel maximum
+// over all rows (shuffles within a warp, shared memory across the 8 warps), then each row's sums
+// rescaled to it once and added. Wide tiles (32 lanes = 128 channels, 8 rows) keep the per-token
+// work lowest for large plans; smaller ones (down to 2 lanes = 8 channels, 128 rows) spread a
+// small plan over many blocks, so a segment's 128 tokens are loaded in one round trip.
 //
 // Plans come from device memory (one launch per pass, grid-stride over the records) or from
 // host memory inside the launch parameters (DSA_FLAG_HOST_PLAN: up to DSA_INLINE_RECORDS per
@@ -198,6 +200,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   __shared__ float part_max[kPrefillWarps][32 * kVec];
   __shared__ float part_sum[kPrefillWarps][32 * kVec];
   __shared__ float part_acc[kPrefillWarps][32 * kVec];
+  __shared__ float tile_max[32 * kVec];
 
   const dsa_c128_prefill_params& p = a.p;
   bool waited = false;
@@ -210,7 +213,6 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   constexpr int lanes_log2 = kLanesLog2;
   constexpr int lanes = 1 << lanes_log2;
   constexpr int rows = kPrefillThreads >> lanes_log2;
-  constexpr int rows_per_warp = 32 >> lanes_log2;
   constexpr int tile_width = lanes * kVec;
   const int tiles = D / tile_width;
   const int lane = threadIdx.x % lanes, row = threadIdx.x / lanes;
@@ -223,7 +225,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   const int64_t items = count * tiles;
 
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t r = item / tiles;
+    const int64_t r = items <= INT32_MAX ? (int64_t)((uint32_t)item / (uint32_t)tiles) : item / tiles;  // 32-bit when it can
     const int tile = (int)(item - r * tiles);
     const dsa_segment seg = list[r];
     if (is_sentinel(seg)) continue;
@@ -244,20 +246,19 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     Partial part[kVec];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) part[i] = empty_partial();
-    for (int t0 = row; t0 < n; t0 += rows * kBatch) {
-      TokenGroup g;
-      load_group(g, p, first_row, first_in_chunk, ch, t0, rows, n);
-      fold_group(part, g, t0, 8 - lanes_log2, n);
-    }
-    // Rows of one warp differ in the lane bits above lanes_log2.
+    if (n <= rows) {  // at most one token per thread: its partial is the token itself
+      if (row < n) {
+        const float* token = p.kv_score + (first_row + row) * 2 * D + ch;
+        const Lanes<kVec> x = load_lanes<kVec>(token), t = load_lanes<kVec>(token + D);
+        const Lanes<kVec> bias = load_lanes<kVec>(p.ape + (int64_t)(first_in_chunk + row) * D + ch);
 #pragma unroll
-    for (int offset = lanes; offset < 32; offset <<= 1) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        const Partial other{__shfl_xor_sync(0xFFFFFFFFu, part[i].max, offset),
-                            __shfl_xor_sync(0xFFFFFFFFu, part[i].sum, offset),
-                            __shfl_xor_sync(0xFFFFFFFFu, part[i].acc, offset)};
-        part[i] = merge(part[i], other);
+        for (int i = 0; i < kVec; ++i) part[i] = partial_of(to_log2(t.v[i] + bias.v[i]), x.v[i]);
+      }
+    } else {
+      for (int t0 = row; t0 < n; t0 += rows * kBatch) {
+        TokenGroup g;
+        load_group(g, p, first_row, first_in_chunk, ch, t0, rows, n);
+        fold_group(part, g, t0, 8 - lanes_log2, n);
       }
     }
     if ((continues && !slot_ok(load_slot, p.num_slots)) || (kWrite && !slot_ok(store_slot, p.num_slots))) {
@@ -271,25 +272,56 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       const S* prior = state + (int64_t)load_slot * 3 * D + c;
       prior_m = widen(prior[0]), prior_s = widen(prior[D]), prior_k = widen(prior[2 * D]);
     }
-    if (warp_lane < lanes) {
+    // The tile's channel maxima over all rows: rows of one warp differ in the lane bits above
+    // lanes_log2 (shuffles), the warps meet in shared memory.
+    float top[kVec];
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        part_max[warp][lane * kVec + i] = part[i].max;
-        part_sum[warp][lane * kVec + i] = part[i].sum;
-        part_acc[warp][lane * kVec + i] = part[i].acc;
-      }
-    }
+    for (int i = 0; i < kVec; ++i) top[i] = part[i].max;
+#pragma unroll
+    for (int offset = lanes; offset < 32; offset <<= 1)
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) top[i] = fmaxf(top[i], __shfl_xor_sync(0xFFFFFFFFu, top[i], offset));
+    if (warp_lane < lanes)
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) part_max[warp][lane * kVec + i] = top[i];
     __syncthreads();
     if (a.sync == kSyncBeforeStore && !waited) {  // every compress-pass read of state is done
       wait_for_producers();
       waited = true;
       allow_dependents();
     }
+#pragma unroll
+    for (int w = 0; w < kPrefillWarps; ++w)
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) top[i] = fmaxf(top[i], part_max[w][lane * kVec + i]);
+    // Every row's partial rescaled to the common maximum; then plain sums.
+    float sum[kVec], acc[kVec];
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) {
+      const float scale = exp2_(part[i].max - top[i]);
+      sum[i] = part[i].sum * scale, acc[i] = part[i].acc * scale;
+    }
+#pragma unroll
+    for (int offset = lanes; offset < 32; offset <<= 1)
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        sum[i] += __shfl_xor_sync(0xFFFFFFFFu, sum[i], offset);
+        acc[i] += __shfl_xor_sync(0xFFFFFFFFu, acc[i], offset);
+      }
+    if (warp_lane < lanes) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        part_sum[warp][lane * kVec + i] = sum[i];
+        part_acc[warp][lane * kVec + i] = acc[i];
+        if (warp == 0) tile_max[lane * kVec + i] = top[i];
+      }
+    }
+    __syncthreads();
     if (merger) {
       const int t = threadIdx.x;
-      Partial total{part_max[0][t], part_sum[0][t], part_acc[0][t]};
-      const int warps_with_tokens = min(kPrefillWarps, (n + rows_per_warp - 1) / rows_per_warp);
-      for (int w = 1; w < warps_with_tokens; ++w) total = merge(total, Partial{part_max[w][t], part_sum[w][t], part_acc[w][t]});
+      Partial total{tile_max[t], 0.0f, 0.0f};
+#pragma unroll
+      for (int w = 0; w < kPrefillWarps; ++w) total.sum += part_sum[w][t], total.acc += part_acc[w][t];
       if (continues) total = merge(from_state(prior_m, prior_s, prior_k), total);
       if (kWrite) {
         S* to = state + (int64_t)store_slot * 3 * D + c;
@@ -301,7 +333,6 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
         p.out[out_row * D + c] = mean_of(total);
       }
     }
-    __syncthreads();
   }
   if (!waited) {
     wait_for_producers();
@@ -326,9 +357,9 @@ void host_decode(const dsa_c128_decode_params& p) {
     const float* token = p.kv_score + b * 2 * D;
     S* state = static_cast<S*>(p.state) + (int64_t)slot * 3 * D;
     for (int d = 0; d < D; ++d) {
-      const float t[1] = {to_log2(token[D + d] + p.ape[(int64_t)c * D + d])}, v[1] = {token[d]};
-      const Partial r = c == 0 ? partial_of(t[0], v[0])
-                               : absorb(from_state(widen(state[d]), widen(state[D + d]), widen(state[2 * D + d])), t, v, 1);
+      const float t = to_log2(token[D + d] + p.ape[(int64_t)c * D + d]);
+      const Partial r = c == 0 ? partial_of(t, token[d])
+                               : absorb_one(from_state(widen(state[d]), widen(state[D + d]), widen(state[2 * D + d])), t, token[d]);
       if (c == DSA_CHUNK - 1) {
         p.out[b * D + d] = mean_of(r);
       } else {
@@ -433,28 +464,46 @@ dsa_status check_common(const P& p, const char* op) {
 // ---------------------------------------------------------------------------------------------
 // Device launches.
 
-// Tile layout for a pass of `records` segments: wide tiles (32 threads x 4 = 128 channels, 8 token
-// rows: the least work per token) once the pass gives half the SMs a block with them, narrow ones
-// (4 threads = 16 channels, 64 token rows) for tiny passes, whose segments then load in one round
-// trip. Measured on the H200 (graph us, D = 512, tiles of 16 / 32 / 64 / 128 channels): 1 x 128
-// tokens 4.9 / 5.0 / 5.9 / 8.3; 1 x 8K 25.0 / 14.2 / 10.9 / 10.8; 64 x (1-600) 74.8 / 43.6 /
-// 36.7 / 35.9.
-constexpr int kNarrow = 2, kWide = 5;
+// Tile layout for a pass of `records` segments, from the blocks (items) each layout gives:
+//   tiny   (2 threads x 4 = 8 channels, 128 token rows)  while 16-channel tiles leave half the SMs idle;
+//   narrow (4 threads = 16 channels, 64 rows)            while 64-channel tiles leave half the SMs idle;
+//   wide   (32 threads = 128 channels, 8 rows)           once its items fill 1.5 x the resident blocks;
+//   mid    (16 threads = 64 channels, 16 rows)           between.
+// Small tiles load a segment in one or two round trips over many SMs; wide ones do the least work per
+// token. Measured on the H200 (graph us, D = 512; tiny / narrow / mid / wide, "-" not run):
+// 1 x 128 tokens 2.51 / - / - / -; 4 x 128 with prefixes - / 4.33 / 5.14 / -; 16 x (50-128)
+// - / 5.99 / 5.60 / -; 1 x 2K - / 5.09 / 4.67 / -; 1 x 8K - / 14.9 / 8.20 / 8.64; 64 x (1-600) with
+// prefixes - / 44.2 / 26.2 / 28.1; 1 x 32K - / 59.1 / 39.1 / 36.6; 128 x 1K - / 240 / 142.4 / 139.5.
+constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
 
 int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
-  const bool wide = head_dim % (kVec << kWide) == 0 && records * (head_dim / (kVec << kWide)) >= sms / 2;
-  return wide ? kWide : kNarrow;
+  auto items = [&](int lanes_log2) { return records * (head_dim / (kVec << lanes_log2)); };
+  if (items(kNarrow) < sms / 2) return kTiny;
+  if (items(kMid) < sms / 2) return kNarrow;
+  if (head_dim % (kVec << kWide) == 0 && 2 * items(kWide) >= 3 * (int64_t)sms * kPrefillBlocksPerSm) return kWide;
+  return kMid;
 }
 
+// One block per item for host plans (the hardware hands the next item to whichever SM frees
+// first, which balances segments of unequal length); device plans are sized from their capacity,
+// so their grid is capped at the resident blocks and strides over the records actually present.
 template <bool kWrite, int kInline, typename S>
 cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* records, int sms, cudaStream_t stream, bool pdl) {
   InlineRecords<kInline> inline_records;
-  if constexpr (kInline > 0) std::memcpy(inline_records.r, records, (size_t)a.count * sizeof(dsa_segment));
+  if constexpr (kInline > 0) {
+    std::memcpy(inline_records.r, records, (size_t)a.count * sizeof(dsa_segment));
+  } else {
+    inline_records.r[0] = dsa_segment{};  // unused: device plans read `a.list`
+  }
   const int64_t items = a.count * (a.p.head_dim / (kVec << a.lanes_log2));
-  const unsigned grid = (unsigned)std::max<int64_t>(1, std::min(items, (int64_t)sms * kPrefillBlocksPerSm));
-  return a.lanes_log2 == kWide
-             ? launch(c128_prefill_kernel<kWrite, kInline, S, kWide>, grid, kPrefillThreads, stream, pdl, a, inline_records)
-             : launch(c128_prefill_kernel<kWrite, kInline, S, kNarrow>, grid, kPrefillThreads, stream, pdl, a, inline_records);
+  const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
+  const unsigned grid = (unsigned)std::max<int64_t>(1, kInline > 0 ? items : std::min(items, resident));
+  switch (a.lanes_log2) {
+    case kTiny: return launch(c128_prefill_kernel<kWrite, kInline, S, kTiny>, grid, kPrefillThreads, stream, pdl, a, inline_records);
+    case kNarrow: return launch(c128_prefill_kernel<kWrite, kInline, S, kNarrow>, grid, kPrefillThreads, stream, pdl, a, inline_records);
+    case kMid: return launch(c128_prefill_kernel<kWrite, kInline, S, kMid>, grid, kPrefillThreads, stream, pdl, a, inline_records);
+    default: return launch(c128_prefill_kernel<kWrite, kInline, S, kWide>, grid, kPrefillThreads, stream, pdl, a, inline_records);
+  }
 }
 
 // Launches one pass over `count` records (a device list: one launch; a host list: one launch per

@@ -16,12 +16,24 @@
 
 namespace dsa {
 
-// Scores are carried in base 2 (score * log2(e)) so every exponential is one exp2f, a single
+// Scores are carried in base 2 (score * log2(e)) so every exponential is one exp2_, a single
 // hardware instruction on the GPU; exp2(a*log2e - b*log2e) == exp(a - b) up to rounding.
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 DSA_HD float to_log2(float biased_score) { return biased_score * kLog2e; }
+
+// 2^x. On the GPU one MUFU.EX2 that flushes subnormal results to zero (weights below 2^-126 of
+// the largest are dropped; the host keeps them, a difference far below fp32 rounding of the sums).
+DSA_HD float exp2_(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);
+#endif
+}
 
 // A partial softmax over some tokens of one channel, in unnormalized form:
 // max = largest biased score (base 2), sum = sum exp2(score - max), acc = sum kv * exp2(score - max).
@@ -43,12 +55,12 @@ DSA_HD Partial absorb(Partial p, const float (&score)[N], const float (&kv)[N], 
   for (int i = 1; i < N; ++i)
     if (i < count) m = fmaxf(m, score[i]);
   const float M = fmaxf(p.max, m);
-  const float scale = exp2f(p.max - M);
+  const float scale = exp2_(p.max - M);
   float sum = p.sum * scale, acc = p.acc * scale;
 #pragma unroll
   for (int i = 0; i < N; ++i) {
     if (i < count) {
-      const float e = exp2f(score[i] - M);
+      const float e = exp2_(score[i] - M);
       sum += e;
       acc = fmaf(kv[i], e, acc);
     }
@@ -56,12 +68,19 @@ DSA_HD Partial absorb(Partial p, const float (&score)[N], const float (&kv)[N], 
   return Partial{M, sum, acc};
 }
 
+// One token folded into `p` with a single exponential: whichever of the two maxima is smaller is
+// scaled by 2^-|difference|. Same value as absorb(p, {score}, {kv}, 1) up to rounding.
+DSA_HD Partial absorb_one(Partial p, float score, float kv) {
+  const float d = score - p.max, e = exp2_(-fabsf(d));
+  return d > 0.0f ? Partial{score, fmaf(p.sum, e, 1.0f), fmaf(p.acc, e, kv)} : Partial{p.max, p.sum + e, fmaf(kv, e, p.acc)};
+}
+
 // An empty partial (no tokens yet) has sum 0 and max -inf; merging with it returns the other side.
 DSA_HD Partial merge(Partial a, Partial b) {
   if (b.sum == 0.0f) return a;
   if (a.sum == 0.0f) return b;
   const float M = fmaxf(a.max, b.max);
-  const float ea = exp2f(a.max - M), eb = exp2f(b.max - M);
+  const float ea = exp2_(a.max - M), eb = exp2_(b.max - M);
   return Partial{M, a.sum * ea + b.sum * eb, a.acc * ea + b.acc * eb};
 }
 
@@ -110,8 +129,14 @@ DSA_HD Partial from_state(float m, float s, float k) { return Partial{to_log2(m)
 
 DSA_HD float state_max(Partial p) { return p.max * kLn2; }
 
-DSA_HD float mean_of(Partial p) { return p.acc / p.sum; }
-
+// On the GPU a fast division (2 ulp; sum >= 1 for every partial that holds a token).
+DSA_HD float mean_of(Partial p) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(p.acc, p.sum);
+#else
+  return p.acc / p.sum;
+#endif
+}
 // A plan record is usable when it lies inside the input and inside one chunk, and its chunk
 // position matches the list it came from. Sentinels are recognised separately.
 DSA_HD bool is_sentinel(const dsa_segment& s) {
