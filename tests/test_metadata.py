@@ -94,6 +94,19 @@ def test_equals_per_field_copies_and_touches_nothing_else(device_name, case):
             assert torch.equal(got[key], ref[key]), key
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("bs", [200, 300])
+def test_copies_around_the_tile_size_switch(bs):
+    """The kernel cuts rows into small tiles, or into large ones once the small ones number over two
+    per resident block (on an H200 200 rows of 16383 elements stay below, 300 go above): both
+    equal the per-field sequence bit for bit, with every optional group and three destinations."""
+    dsts, want = run_case(torch.device("cuda"), ("decode", bs, 16383, 0, 70, 300, 3, 2, bs))
+    for got, ref in zip(dsts, want):
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), key
+
+
 def refill_and_check(src, dsts, mode, run, steps=3):
     """Refills the sources in place with new random contents, run()s the bound or captured copy
     and compares every destination with the per-field sequence."""
