@@ -470,7 +470,8 @@ dsa_status check_common(const P& p, const char* op) {
 //   wide   (32 threads = 128 channels, 8 rows)           once its items fill 1.5 x the resident blocks;
 //   mid    (16 threads = 64 channels, 16 rows)           between.
 // Small tiles load a segment in one or two round trips over many SMs; wide ones do the least work per
-// token. Measured on the H200 (graph us, D = 512; tiny / narrow / mid / wide, "-" not run):
+// token. Measured on H200s (graph us, D = 512; tiny / narrow / mid / wide, "-" not run; sweeps 2-3 in
+// benchmarks/results/variant-sweeps-nvidia-h200-2026-11-29.txt):
 // 1 x 128 tokens 2.51 / - / - / -; 4 x 128 with prefixes - / 4.33 / 5.14 / -; 16 x (50-128)
 // - / 5.99 / 5.60 / -; 1 x 2K - / 5.09 / 4.67 / -; 1 x 8K - / 14.9 / 8.20 / 8.64; 64 x (1-600) with
 // prefixes - / 44.2 / 26.2 / 28.1; 1 x 32K - / 59.1 / 39.1 / 36.6; 128 x 1K - / 240 / 142.4 / 139.5.

@@ -18,7 +18,7 @@ constexpr int kThreads = 256;
 // ones cut the per-tile work of a large copy. Measured on the H200 (graph us, unroll 8 / 4 / 2 / 1):
 // K = 3, 32 x 2048 page table 2.64 / 2.39 / 2.37 / 2.29; 128 x 4096 3.35 / 3.34 / 3.30 / 3.73;
 // 64 x 8192 + real table + FlashMLA 4.28 / 3.57 / 3.51 / 3.87; K = 1, 256 x 32768 18.47 / 18.41 /
-// 18.62 / 22.36.
+// 18.62 / 22.36 (sweep 4 in benchmarks/results/variant-sweeps-nvidia-h200-2026-11-29.txt).
 constexpr int kSmallUnroll = 2, kLargeUnroll = 8;
 __host__ __device__ constexpr int64_t tile_elements(int unroll) { return kThreads * 4 * unroll; }
 constexpr int kMaxJobs = 9;

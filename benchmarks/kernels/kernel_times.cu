@@ -1,0 +1,119 @@
+// Device time per call of dsa_c128_prefill, dsa_c128_decode and dsa_metadata_copy on fixed cases
+// (CUDA graph of 20 calls, median of 30 replays), each result checked against the host backend
+// first. Usage: kernel_times <tag> <cases file>; see compare.sh.
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+#include "dsa_kernels.h"
+#define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s line %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
+static const int D = 512;
+static std::mt19937 rng(7);
+static std::vector<float> randv(size_t n, float lo, float hi) { std::uniform_real_distribution<float> u(lo, hi); std::vector<float> v(n); for (auto& x : v) x = u(rng); return v; }
+template <class T> T* up(const std::vector<T>& v) { T* d; CK(cudaMalloc(&d, v.size() * sizeof(T) + 16)); CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); return d; }
+template <class T> std::vector<T> down(const T* d, size_t n) { std::vector<T> v(n); CK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost)); return v; }
+
+template <class F> double graph_us(F call, cudaStream_t s, int per = 20, int reps = 30) {
+  cudaGraph_t g; cudaGraphExec_t ge;
+  call(s); CK(cudaStreamSynchronize(s));
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < per; ++i) call(s);
+  CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) { cudaEventRecord(a, s); CK(cudaGraphLaunch(ge, s)); cudaEventRecord(b, s); CK(cudaEventSynchronize(b)); float ms; cudaEventElapsedTime(&ms, a, b); t.push_back(ms * 1000.0 / per); }
+  std::sort(t.begin(), t.end());
+  cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
+  return t[t.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  const char* tag = argv[1];
+  cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<float> ape_h = randv(128 * D, -1, 1); float* ape = up(ape_h);
+  printf("%s empty %.3f\n", tag, graph_us([](cudaStream_t st) { dsa_empty_launch(0, st); }, s));
+  std::ifstream f(argv[2]); std::string line;
+  while (std::getline(f, line)) {
+    std::istringstream ls(line); std::string name, e, p; std::getline(ls, name, '|'); std::getline(ls, e, '|'); std::getline(ls, p, '|');
+    std::vector<int64_t> ext, seq; { std::istringstream a(e); int64_t x; while (a >> x) ext.push_back(x); }
+    { std::istringstream a(p); int64_t x; size_t i = 0; while (a >> x) seq.push_back(ext[i++] + x); }
+    const int64_t B = ext.size(); int64_t N = 0; for (auto x : ext) N += x;
+    const int64_t cap = dsa_c128_compress_capacity(N, B);
+    std::vector<dsa_segment> comp(cap), wr(B); int64_t nc = 0, nw = 0;
+    dsa_plan_params pp{}; pp.struct_size = sizeof pp; pp.batch_size = B; pp.num_tokens = N; pp.seq_lens = seq.data(); pp.extend_lens = ext.data();
+    pp.compress = comp.data(); pp.write = wr.data(); pp.compress_capacity = cap; pp.write_capacity = B; pp.num_compress = &nc; pp.num_write = &nw;
+    if (dsa_c128_plan_prefill(&pp) != DSA_STATUS_OK) { printf("plan failed %s\n", dsa_last_error()); return 1; }
+    std::vector<float> st_h = randv(B * 3 * D, -2, 2);
+    for (int64_t b = 0; b < B; ++b) for (int d = 0; d < D; ++d) st_h[b * 3 * D + D + d] = 1 + 29 * std::fabs(st_h[b * 3 * D + D + d]) / 2;
+    std::vector<float> kv_h = randv(N * 2 * D, -2, 2), out_h(N * D, NAN);
+    std::vector<int32_t> idx_h(B); for (int64_t b = 0; b < B; ++b) idx_h[b] = (int32_t)b;
+    float *st = up(st_h), *kv = up(kv_h), *out = up(out_h); int32_t* idx = up(idx_h);
+    dsa_c128_prefill_params q{}; q.struct_size = sizeof q; q.flags = DSA_FLAG_HOST_PLAN; q.device = 0; q.head_dim = D; q.num_slots = B; q.batch_size = B; q.num_tokens = N;
+    q.state = st; q.kv_score = kv; q.out = out; q.ape = ape; q.indices = idx; q.compress = comp.data(); q.write = wr.data(); q.compress_capacity = nc; q.write_capacity = nw;
+    if (dsa_c128_prefill(&q, s) != DSA_STATUS_OK) { printf("launch failed %s\n", dsa_last_error()); return 1; }
+    CK(cudaStreamSynchronize(s));
+    std::vector<float> st_g = down(st, B * 3 * D), out_g = down(out, N * D);
+    dsa_c128_prefill_params h = q; h.device = DSA_DEVICE_HOST; std::vector<float> st_c = st_h, out_c(N * D, NAN);
+    h.state = st_c.data(); h.kv_score = kv_h.data(); h.out = out_c.data(); h.ape = ape_h.data(); h.indices = idx_h.data();
+    if (dsa_c128_prefill(&h, nullptr) != DSA_STATUS_OK) { printf("host failed %s\n", dsa_last_error()); return 1; }
+    double err = 0; int64_t bad = 0;
+    auto cmp = [&](float a, float b) { if (std::isnan(a) != std::isnan(b)) { ++bad; return; } if (!std::isnan(a)) err = std::max(err, (double)std::fabs(a - b) / (1.0 + std::fabs(b))); };
+    for (size_t i = 0; i < out_c.size(); ++i) cmp(out_g[i], out_c[i]);
+    for (size_t i = 0; i < st_c.size(); ++i) cmp(st_g[i], st_c[i]);
+    const double t = graph_us([&](cudaStream_t st_) { dsa_c128_prefill(&q, st_); }, s);
+    printf("%s prefill %s %.3f err %.2e nanmismatch %lld\n", tag, name.c_str(), t, err, (long long)bad);
+    cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx);
+  }
+  struct MdCase { const char* name; int64_t bs, width, real_cols, meta; };
+  for (MdCase mc : {MdCase{"md32x2048K3", 32, 2048, 0, 0}, MdCase{"md128x4096K3", 128, 4096, 0, 0}, MdCase{"md64x8192+gK3", 64, 8192, 128, 1024},
+                    MdCase{"md1x128K3", 1, 128, 0, 0}, MdCase{"md32x2048K1", 32, 2048, 0, 0}, MdCase{"md256x32768K1", 256, 32768, 0, 0}}) {
+    const int K = strstr(mc.name, "K1") ? 1 : 3;
+    const int64_t bs = mc.bs, W = mc.width, R = mc.real_cols, M = mc.meta;
+    auto ri = [&](size_t n) { std::vector<int32_t> v(n); for (auto& x : v) x = (int32_t)(rng() % 100000); return up(v); };
+    dsa_metadata_copy_params q{}; q.struct_size = sizeof q; q.device = 0; q.mode = DSA_MODE_DECODE; q.bs = bs; q.page_rows = bs; q.page_width = W;
+    q.real_cols = R; q.metadata_size = M;
+    q.src.cache_seqlens = ri(bs); q.src.cu_seqlens_k = ri(bs + 1); q.src.page_indices = ri(bs * W); q.src.dsa_cache_seqlens = ri(bs); q.src.dsa_cu_seqlens_k = ri(bs + 1);
+    if (R) q.src.real_page_table = ri(bs * R);
+    if (M) q.src.num_splits = ri(bs + 1), q.src.flashmla_metadata = ri(M);
+    std::vector<dsa_metadata_destination> dd(3);
+    for (auto& d : dd) {
+      d.cache_seqlens = ri(bs); d.cache_seqlens_len = bs; d.cu_seqlens_k = ri(bs + 1); d.cu_seqlens_k_len = bs + 1;
+      d.page_table = ri(bs * W); d.page_table_rows = bs; d.page_table_cols = W; d.page_table_stride = W;
+      d.dsa_cache_seqlens = ri(bs); d.dsa_cache_seqlens_len = bs; d.dsa_cu_seqlens_k = ri(bs + 1); d.dsa_cu_seqlens_k_len = bs + 1;
+      if (R) d.real_page_table = ri(bs * R), d.real_page_table_rows = bs, d.real_page_table_cols = R, d.real_page_table_stride = R;
+      if (M) d.num_splits = ri(bs + 1), d.num_splits_len = bs + 1, d.flashmla_metadata = ri(M), d.flashmla_metadata_len = M;
+    }
+    q.num_destinations = K; q.destinations = dd.data();
+    if (dsa_metadata_copy(&q, s) != DSA_STATUS_OK) { printf("md failed %s\n", dsa_last_error()); return 1; }
+    CK(cudaStreamSynchronize(s));
+    std::vector<int32_t> a = down(q.src.page_indices, bs * W), b = down(dd[K - 1].page_table, bs * W);
+    printf("%s decode %s %.3f err %d\n", tag, mc.name, graph_us([&](cudaStream_t st_) { dsa_metadata_copy(&q, st_); }, s), (int)(a != b));
+  }
+  for (int64_t B : {1, 32, 256, 8192}) {
+    std::vector<float> st_h = randv((B + 3) * 3 * D, -2, 2), kv_h = randv(B * 2 * D, -2, 2), out_h(B * D, NAN);
+    for (int64_t b = 0; b < B + 3; ++b) for (int d = 0; d < D; ++d) st_h[b * 3 * D + D + d] = 1 + std::fabs(st_h[b * 3 * D + D + d]) * 10;
+    std::vector<int32_t> idx_h(B), len_h(B); std::uniform_int_distribution<int> u(1, 1000);
+    for (int64_t b = 0; b < B; ++b) idx_h[b] = (int32_t)b, len_h[b] = u(rng);
+    float *st = up(st_h), *kv = up(kv_h), *out = up(out_h); int32_t *idx = up(idx_h), *len = up(len_h);
+    dsa_c128_decode_params q{}; q.struct_size = sizeof q; q.device = 0; q.head_dim = D; q.num_slots = B + 3; q.batch_size = B;
+    q.state = st; q.kv_score = kv; q.out = out; q.ape = ape; q.indices = idx; q.seq_lens = len;
+    dsa_c128_decode(&q, s); CK(cudaStreamSynchronize(s));
+    std::vector<float> st_g = down(st, st_h.size()), out_g = down(out, out_h.size());
+    dsa_c128_decode_params h = q; h.device = DSA_DEVICE_HOST; std::vector<float> st_c = st_h, out_c = out_h;
+    h.state = st_c.data(); h.kv_score = kv_h.data(); h.out = out_c.data(); h.ape = ape_h.data(); h.indices = idx_h.data(); h.seq_lens = len_h.data();
+    dsa_c128_decode(&h, nullptr);
+    double err = 0; for (size_t i = 0; i < st_c.size(); ++i) err = std::max(err, (double)std::fabs(st_g[i] - st_c[i]) / (1.0 + std::fabs(st_c[i])));
+    for (size_t i = 0; i < out_c.size(); ++i) if (!std::isnan(out_c[i])) err = std::max(err, (double)std::fabs(out_g[i] - out_c[i]) / (1.0 + std::fabs(out_c[i])));
+    printf("%s decode B=%lld %.3f err %.2e\n", tag, (long long)B, graph_us([&](cudaStream_t st_) { dsa_c128_decode(&q, st_); }, s), err);
+    cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx); cudaFree(len);
+  }
+  return 0;
+}
