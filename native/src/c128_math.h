@@ -129,7 +129,8 @@ DSA_HD Partial from_state(float m, float s, float k) { return Partial{to_log2(m)
 
 DSA_HD float state_max(Partial p) { return p.max * kLn2; }
 
-// On the GPU a fast division (2 ulp; sum >= 1 for every partial that holds a token).
+// On the GPU a fast division: 2 ulp, and it differs from the exact one beyond that only for divisors
+// above 2^126 (every sum this library produces is >= 1).
 DSA_HD float mean_of(Partial p) {
 #if defined(__CUDA_ARCH__)
   return __fdividef(p.acc, p.sum);
