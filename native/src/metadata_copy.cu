@@ -143,28 +143,25 @@ dsa_status check_capacity(int k, const char* name, int64_t have, int64_t need) {
   return DSA_STATUS_OK;
 }
 
-// Cuts every job's rows into tiles of `elements`; false when the launch would exceed 2^62 tiles
-// (only for corrupt sizes).
-bool tile_jobs(CopyPlan& plan, int64_t elements) {
-  plan.first_tile[0] = 0;
-  for (int j = 0; j < plan.num_jobs; ++j) {
-    CopyJob& job = plan.job[j];
-    job.tiles_per_row = (job.width + elements - 1) / elements;
-    if (job.rows > (INT64_C(1) << 62) / job.tiles_per_row) return false;
-    plan.first_tile[j + 1] = plan.first_tile[j] + job.rows * job.tiles_per_row;
-    if (plan.first_tile[j + 1] > (INT64_C(1) << 62)) return false;
-  }
-  return true;
+// Cuts job j's rows into tiles of `elements`, after the tiles of jobs 0..j-1; false when the
+// launch would exceed 2^62 tiles (only for corrupt sizes).
+bool tile_job(CopyPlan& plan, int j, int64_t elements) {
+  CopyJob& job = plan.job[j];
+  job.tiles_per_row = (job.width + elements - 1) / elements;
+  if (job.rows > (INT64_C(1) << 62) / job.tiles_per_row) return false;
+  plan.first_tile[j + 1] = plan.first_tile[j] + job.rows * job.tiles_per_row;
+  return plan.first_tile[j + 1] <= (INT64_C(1) << 62);
 }
 
 // Appends a job in small tiles; false when the launch would exceed 2^62 tiles.
 bool add_job(CopyPlan& plan, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
-  CopyJob& job = plan.job[plan.num_jobs++];
+  const int j = plan.num_jobs++;
+  CopyJob& job = plan.job[j];
   job.src = src;
   job.src_stride = src_stride;
   job.rows = rows;
   job.width = width;
-  return tile_jobs(plan, tile_elements(kSmallUnroll));
+  return tile_job(plan, j, tile_elements(kSmallUnroll));
 }
 
 dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
@@ -265,7 +262,8 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   DeviceGuard guard(p.device);
   // Large tiles once the small ones would number over 2 per resident block.
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
-  if (large) tile_jobs(plan, tile_elements(kLargeUnroll));  // fewer tiles than the small ones: cannot fail
+  if (large)  // fewer tiles than the small ones: cannot fail
+    for (int j = 0; j < plan.num_jobs; ++j) tile_job(plan, j, tile_elements(kLargeUnroll));
   const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], (int64_t)sms * kBlocksPerSm);
   const cudaStream_t s = (cudaStream_t)stream;
   const bool pdl = p.flags & DSA_FLAG_PDL;
