@@ -301,6 +301,54 @@ def test_gpu_equals_host_backend(d, case, state_dtype):
     torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("plan_kind", ["host", "host captured", "device"])
+@pytest.mark.parametrize("b", [3, 40, 300])
+def test_state_stores_land_after_every_state_read(b, plan_kind):
+    """SPEC 1.3's order across requests: request i continues from slot L[i] and stores its
+    trailing partial into L[i + 1], the slot request i + 1 continues from. Every compress read
+    must see the slot before any write-segment store, however the launch is cut (an eager call of
+    a small host plan: one launch with a grid barrier; a large plan, a captured call or a device
+    plan: a compress pass, then a write pass): GPU equals the host backend, which runs the lists
+    one after the other."""
+    d = 256
+    rng = np.random.default_rng(b)
+    prefix = 128 * rng.integers(0, 40, b) + rng.integers(1, 127, b)  # every request starts mid-chunk
+    ext = 128 - prefix % 128 + 128 * rng.integers(0, 2, b) + rng.integers(1, 127, b)  # and ends mid-chunk
+    seq = (prefix + ext).astype(np.int64)
+    ext = ext.astype(np.int64)
+    n = int(ext.sum())
+    gen = torch.Generator().manual_seed(b)
+    kv = torch.randn(n, 2 * d, generator=gen) * 2
+    ape = ape_for(d)
+    state0 = random_state(b + 1, d, gen)
+    load = torch.randperm(b + 1, generator=gen)[:b].to(torch.int32)
+    store = torch.roll(load, -1)
+    results = {}
+    for dev in ("cpu", "cuda"):
+        plan = pyplan.plan_prefill(seq, ext)
+        if dev == "cuda" and plan_kind == "device":
+            plan = pydsa.DevicePlan(n, b, device=dev).plan(seq, ext, num_tokens=n)
+        state = state0.clone().to(dev)
+        out = torch.full((n, d), POISON, device=dev)
+        args = (state, kv.to(dev), out, ape.to(dev), store.to(dev), plan)
+        load_dev = load.to(dev)
+        if dev == "cuda" and plan_kind == "host captured":
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                pydsa.c128_prefill(*args, load_indices=load_dev)
+            state.copy_(state0), out.fill_(POISON)  # capture does not run the kernels; make sure
+            graph.replay()
+        else:
+            pydsa.c128_prefill(*args, load_indices=load_dev)
+        results[dev] = (state.cpu(), out.cpu())
+    _close_state(results["cpu"][0], results["cuda"][0], torch.float32)
+    a, g = results["cpu"][1], results["cuda"][1]
+    assert torch.equal(torch.isnan(a), torch.isnan(g))
+    torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # CUDA graphs and device plans
 

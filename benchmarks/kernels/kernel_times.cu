@@ -1,8 +1,12 @@
 // Device time per call of dsa_c128_prefill, dsa_c128_decode and dsa_metadata_copy on fixed cases
 // (CUDA graph of 20 calls, median of 30 replays), each result checked against the host backend
-// first. Usage: kernel_times <tag> <cases file>; see compare.sh.
+// first; for prefill also the host time per call and the device time per call of eager calls
+// (both with the calls queued behind a GPU spin). Usage: kernel_times <tag> <cases file>; see
+// compare.sh. Output lines: "<tag> prefill|decode <case> <graph us> ...", "<tag> hostprefill
+// <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel).
 #include <cuda_runtime.h>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -35,11 +39,46 @@ template <class F> double graph_us(F call, cudaStream_t s, int per = 20, int rep
   return t[t.size() / 2];
 }
 
+__global__ void spin_kernel(long long cycles) { long long t0 = clock64(); while (clock64() - t0 < cycles) {} }
+// Host time per call with the GPU busy (a long spin queued first), so no call waits on the GPU.
+template <class F> double host_us(F call, cudaStream_t s, int n = 300) {
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    spin_kernel<<<1, 1, 0, s>>>(40000000LL);
+    for (int i = 0; i < 20; ++i) call(s);
+    auto a = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) call(s);
+    auto b = std::chrono::steady_clock::now();
+    CK(cudaStreamSynchronize(s));
+    t.push_back(std::chrono::duration<double, std::micro>(b - a).count() / n);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Device time per call of eager calls: the calls queue behind a spin, events time them on the GPU.
+template <class F> double eager_us(F call, cudaStream_t s, int n = 200) {
+  cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    spin_kernel<<<1, 1, 0, s>>>(20000000LL);
+    cudaEventRecord(a, s);
+    for (int i = 0; i < n; ++i) call(s);
+    cudaEventRecord(b, s);
+    CK(cudaEventSynchronize(b));
+    float ms; cudaEventElapsedTime(&ms, a, b); t.push_back(ms * 1000.0 / n);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 int main(int argc, char** argv) {
   const char* tag = argv[1];
   cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   std::vector<float> ape_h = randv(128 * D, -1, 1); float* ape = up(ape_h);
   printf("%s empty %.3f\n", tag, graph_us([](cudaStream_t st) { dsa_empty_launch(0, st); }, s));
+  printf("%s hostempty %.3f\n", tag, host_us([](cudaStream_t st) { dsa_empty_launch(0, st); }, s));
+  printf("%s eagerempty %.3f\n", tag, eager_us([](cudaStream_t st) { dsa_empty_launch(0, st); }, s));
   std::ifstream f(argv[2]); std::string line;
   while (std::getline(f, line)) {
     std::istringstream ls(line); std::string name, e, p; std::getline(ls, name, '|'); std::getline(ls, e, '|'); std::getline(ls, p, '|');
@@ -70,6 +109,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < st_c.size(); ++i) cmp(st_g[i], st_c[i]);
     const double t = graph_us([&](cudaStream_t st_) { dsa_c128_prefill(&q, st_); }, s);
     printf("%s prefill %s %.3f err %.2e nanmismatch %lld\n", tag, name.c_str(), t, err, (long long)bad);
+    printf("%s hostprefill %s %.3f\n", tag, name.c_str(), host_us([&](cudaStream_t st_) { dsa_c128_prefill(&q, st_); }, s));
+    printf("%s eagerprefill %s %.3f\n", tag, name.c_str(), eager_us([&](cudaStream_t st_) { dsa_c128_prefill(&q, st_); }, s));
     cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx);
   }
   struct MdCase { const char* name; int64_t bs, width, real_cols, meta; };

@@ -18,7 +18,6 @@ namespace dsa {
 
 namespace {
 thread_local char last_error[512] = "";
-constexpr int kMaxDevices = 64;
 int sm_count_cache[kMaxDevices] = {};
 std::once_flag device_count_once;
 int device_count_value = 0;
@@ -79,7 +78,7 @@ dsa_status dsa_empty_launch(int32_t device, void* stream) {
   int sms = 0;
   DSA_TRY(dsa::check_device(device, "dsa_empty_launch", &sms));
   dsa::DeviceGuard guard(device);
-  DSA_TRY(dsa::launch_status(dsa::launch(dsa::empty_kernel, 1, 32, (cudaStream_t)stream, false), "dsa_empty_launch"));
+  DSA_TRY(dsa::launch_status(dsa::launch(dsa::empty_kernel, 1, 32, (cudaStream_t)stream, 0u), "dsa_empty_launch"));
   return dsa::ok();
 }
 

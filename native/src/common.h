@@ -32,6 +32,9 @@ inline dsa_status check_struct(const T* p, const char* op) {
     if (dsa_try_status_ != DSA_STATUS_OK) return dsa_try_status_; \
   } while (0)
 
+// Devices the library serves (ids 0 .. kMaxDevices - 1); per-device caches are this long.
+constexpr int kMaxDevices = 64;
+
 // Checks `device` names a usable CUDA device (for device calls) and returns its multiprocessor
 // count through `num_sms` (cached per device).
 dsa_status check_device(int32_t device, const char* op, int* num_sms);

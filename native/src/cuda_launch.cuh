@@ -29,19 +29,31 @@ class DeviceGuard {
   int previous_ = 0;
 };
 
+// Launch modes, or-ed: programmatic dependent launch (the kernel may start before the previous
+// one in the stream ends; it waits in wait_for_producers) and cooperative launch (every block
+// resident at once, so blocks may wait on each other; the grid must fit the device).
+constexpr unsigned kLaunchPdl = 1u, kLaunchCooperative = 2u;
+
 template <typename... Params, typename... Args>
 cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                   bool pdl, Args&&... args) {
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+                   unsigned mode, Args&&... args) {
+  cudaLaunchAttribute attributes[2];
+  unsigned n = 0;
+  if (mode & kLaunchPdl) {
+    attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (mode & kLaunchCooperative) {
+    attributes[n].id = cudaLaunchAttributeCooperative;
+    attributes[n++].val.cooperative = 1;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = 0;
   config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = pdl ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

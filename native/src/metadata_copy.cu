@@ -267,7 +267,7 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], (int64_t)sms * kBlocksPerSm);
   const cudaStream_t s = (cudaStream_t)stream;
   const bool pdl = p.flags & DSA_FLAG_PDL;
-  DSA_TRY(launch_status(large ? launch(metadata_copy_kernel<kLargeUnroll>, grid, kThreads, s, pdl, plan)
-                              : launch(metadata_copy_kernel<kSmallUnroll>, grid, kThreads, s, pdl, plan), kOp));
+  DSA_TRY(launch_status(large ? launch(metadata_copy_kernel<kLargeUnroll>, grid, kThreads, s, pdl ? kLaunchPdl : 0u, plan)
+                              : launch(metadata_copy_kernel<kSmallUnroll>, grid, kThreads, s, pdl ? kLaunchPdl : 0u, plan), kOp));
   return ok();
 }
