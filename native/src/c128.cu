@@ -636,34 +636,36 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
   return DSA_STATUS_OK;
 }
 
-// Both lists of a host plan in one cooperative launch when the call is not being captured, the
-// records fit one launch and their items fit the blocks resident at once (widened to 128-channel
-// tiles if that makes them fit). The trade, measured on an H200 (C harness, 2 x 100 / 4 x 128 /
-// 8 x 1K tokens with prefixes): host time per call 4.1 / 3.9 / 4.4 us against 7.6 / 8.0 / 9.4 with
-// two launches; device time per call 5.7 / 6.1 / 12.6 us against 5.0 / 5.4 / 11.7 (the grid
-// barrier's round trips cost more than the stream order between two kernels). Eager calls of
-// small plans are host-bound, so they take one launch. In a graph the launch cost is paid once at
-// capture, so captured calls (and device plans, which are for graphs) take two passes: 3.7 / 4.3 /
-// 10.2 us there against 5.0 / 5.4 / 12.1 with the barrier. Returns false (nothing launched) when
-// it does not apply.
+// Both lists in one cooperative launch, for eager calls of small host plans: the call is not
+// being captured, the records fit one launch, their items fit the blocks resident at once and the
+// tokens are few (num_tokens x head_dim <= kOneLaunchMaxElements). The trade, measured on an H200
+// (C harness, host time / device time per eager call, one launch against two):
+//   2 x 100 tokens   3.8 / 5.6 us against 7.7 / 5.1       4 x 128       3.7 / 6.0 against 6.3 / 5.5
+//   16 x (50-128)    4.1 / 7.4 us against 6.1 / 6.8       3 x 700       4.1 / 7.4 against 6.8 / 7.0
+//   8 x 1K           4.3 / 12.8 us against 7.1 / 11.3 (with 128-channel tiles so that it fits)
+// A grid barrier costs 0.7-1.0 us of device time on an H200 however few blocks take part
+// (benchmarks/kernels/grid_barrier.cu), more than the stream order between two kernels. Calls
+// of up to ~1K tokens at D = 512 are host-bound (one launch is faster back to back); larger ones
+// are device-bound and take two passes, as do captured calls (a graph pays the launch cost once)
+// and device plans. Returns false (nothing launched) when it does not apply.
+constexpr int64_t kOneLaunchMaxElements = 1024 * 512;
+
 template <typename S>
 bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
                      cudaStream_t stream, dsa_status* status, const char* op) {
   const int64_t records = num_compress + num_write;
-  if (!(p.flags & DSA_FLAG_HOST_PLAN) || records > DSA_INLINE_RECORDS) return false;
+  if (!(p.flags & DSA_FLAG_HOST_PLAN) || records > DSA_INLINE_RECORDS || p.num_tokens * p.head_dim > kOneLaunchMaxElements)
+    return false;
+  PrefillLaunch a = {};
+  a.p = p;
+  a.lanes_log2 = prefill_lanes_log2(records, p.head_dim, sms);
+  if (records * (p.head_dim / (kVec << a.lanes_log2)) > (int64_t)sms * kPrefillBlocksPerSm) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
   if (capture != cudaStreamCaptureStatusNone) return false;
-  PrefillLaunch a = {};
-  a.p = p;
-  a.lanes_log2 = prefill_lanes_log2(records, p.head_dim, sms);
-  const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
-  auto items = [&] { return records * (p.head_dim / (kVec << a.lanes_log2)); };
-  if (items() > resident && p.head_dim % (kVec << kWide) == 0) a.lanes_log2 = kWide;  // fewer, wider items
-  if (items() > resident) return false;
   a.num_compress = num_compress, a.num_write = num_write;
   a.sync = kSyncAtStart;
   const cudaError_t err = launch_inline<kBothPasses, S>(a, p.compress, p.write, sms, stream, p.flags & DSA_FLAG_PDL);
