@@ -353,11 +353,12 @@ def _on_cuda1_side_stream(call):
 
 @two_gpus
 @pytest.mark.gpu
-@pytest.mark.parametrize("family", ["decode", "prefill_device_plan", "metadata_k3"])
+@pytest.mark.parametrize("family", ["decode", "prefill_device_plan", "prefill_host_plan", "metadata_k3"])
 def test_each_op_family_on_the_second_gpu_from_a_side_stream(family):
-    """Decode, prefill with a DevicePlan and a K = 3 metadata copy on cuda:1, on a side stream of
-    cuda:1, while cuda:0 is current: results equal the host backend's, the current device is
-    unchanged after every call."""
+    """Decode, prefill with a DevicePlan (two passes) and with a small host plan (one cooperative
+    launch, sized for cuda:1) and a K = 3 metadata copy on cuda:1, on a side stream of cuda:1,
+    while cuda:0 is current: results equal the host backend's, the current device is unchanged
+    after every call."""
     gen = torch.Generator().manual_seed(5)
     d = 128
     dev1 = torch.device("cuda", 1)
@@ -373,17 +374,22 @@ def test_each_op_family_on_the_second_gpu_from_a_side_stream(family):
         want_state, want_out = state0.clone(), torch.full((4, d), float("nan"))
         pydsa.c128_decode(want_state, kv, want_out, ape, idx, seq)
         pairs = [(got_state, want_state), (got_out, want_out)]
-    elif family == "prefill_device_plan":
+    elif family.startswith("prefill"):
         seq, ext = np.array([300, 40, 129]), np.array([250, 40, 129])
         n = int(ext.sum())
         kv = torch.randn(512, 2 * d, generator=gen)
         idx = torch.tensor([1, 4, 0], **i32)
-        plan = pydsa.DevicePlan(512, 3, device=dev1)
+        if family == "prefill_device_plan":
+            plan = pydsa.DevicePlan(512, 3, device=dev1)
         got_state, got_out = state0.to(dev1), torch.full((512, d), float("nan"), device=dev1)
 
         def call(s):
-            plan.plan(seq, ext, num_tokens=512, stream=s)
-            pydsa.c128_prefill(got_state, kv.to(dev1), got_out, ape.to(dev1), idx.to(dev1), plan, stream=s)
+            if family == "prefill_device_plan":
+                plan.plan(seq, ext, num_tokens=512, stream=s)
+                pydsa.c128_prefill(got_state, kv.to(dev1), got_out, ape.to(dev1), idx.to(dev1), plan, stream=s)
+            else:
+                pydsa.c128_prefill(got_state, kv[:n].to(dev1), got_out[:n], ape.to(dev1), idx.to(dev1),
+                                   pyplan.plan_prefill(seq, ext), stream=s)
         _on_cuda1_side_stream(call)
         want_state, want_out = state0.clone(), torch.full((n, d), float("nan"))
         pydsa.c128_prefill(want_state, kv[:n], want_out, ape, idx, pyplan.plan_prefill(seq, ext))
