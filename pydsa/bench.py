@@ -767,6 +767,14 @@ def markdown(result: dict) -> str:
         for r in sg:
             lines.append(f"| {r['case']} | {r['sglang_host_us']:.2f} | {r['direct_host_us']:.2f} | {r['host_empty_us']:.2f} |")
         lines.append("")
+    shot = [r for r in result["rows"] if r["kernel"] == "c128_prefill" and r.get("host_oneshot_us")]
+    if shot:
+        lines += ["| one-shot `c128_prefill(..., pyplan plan)` | host us (empty launch alongside) | "
+                  "back-to-back eager us | graph us |", "| --- | --- | --- | --- |"]
+        for r in shot:
+            lines.append(f"| {r['case']} | {r['host_oneshot_us']:.2f} ({r['host_oneshot_empty_us']:.2f}) | "
+                         f"{_fmt(r.get('eager_oneshot_us'))} | {r['graph_us']:.2f} |")
+        lines.append("")
     dev = [r for r in result["rows"] if r["kernel"] not in ("planner", "step", "sglang")]
     if dev:
         lines += ["| kernel | case | MB moved | graph us (empty kernel beside it) | cold-L2 us | TB/s | x copy bw | torch us | host us (empty launch alongside) | host us, stream given (empty) | bound launch() host us (empty) |",

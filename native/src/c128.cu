@@ -553,9 +553,10 @@ int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
 
 // Host plans launch one block per item (the hardware hands the next item to whichever SM frees
 // first, which balances segments of unequal length); device plans are sized from their capacity,
-// so their grid is capped at the resident blocks and strides over the records actually present,
-// and so is a cooperative launch. A cooperative launch larger than the device holds at once is
-// refused here (cudaErrorCooperativeLaunchTooLarge) before anything is launched.
+// so their grid is capped at the resident blocks and strides over the records actually present.
+// A cooperative launch is capped the same way; one larger than the device holds at once (its
+// occupancy, queried once per device) is refused here with cudaErrorCooperativeLaunchTooLarge
+// before anything is launched.
 template <int kPasses, int kInline, typename S, int kLanesLog2>
 cudaError_t launch_layout(const PrefillLaunch& a, const InlineRecords<kInline>& records, int64_t items, int sms,
                           cudaStream_t stream, bool pdl) {
