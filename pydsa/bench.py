@@ -744,57 +744,52 @@ def print_report(result: dict) -> None:
             print(f"  {t['id']:<3} {'ok  ' if t['ok'] else 'MISS'} {t['what']}: {t['measured']}")
 
 
+def _md_table(header: list, rows: list) -> list:
+    """A Markdown table (header cells, rows of cells) and a blank line; nothing for no rows."""
+    if not rows:
+        return []
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join(["---"] * len(header)) + " |",
+            *("| " + " | ".join(row) + " |" for row in rows), ""]
+
+
 def markdown(result: dict) -> str:
     """The run as Markdown tables (the README's results section)."""
     fl = result.get("floors") or {}
+    rows = result["rows"]
     lines = [f"{result['gpu']}, {result['date']}, commit {result['commit']}, `{result['command']}`", ""]
     if fl:
         lines += [f"Floors measured in the same run: device copy {fl['copy_bandwidth_tbps']:.2f} TB/s (read + write), "
                   f"empty kernel {fl['empty_kernel_graph_us']:.2f} us in a graph, empty kernel through ctypes "
                   f"{fl['empty_kernel_host_us']:.2f} us host time.", ""]
-    steps = [r for r in result["rows"] if r["kernel"] == "step"]
-    if steps:
-        lines += ["| per step (DeepSeek-V4, 61 layers) | eager host us | eager device us | graph replay host us | graph replay device us |",
-                  "| --- | --- | --- | --- | --- |"]
-        for r in steps:
-            lines.append(f"| {r['case']} | {r['eager_host_us']:.1f} | {r['eager_device_us']:.1f} | "
-                         f"{_fmt(r.get('graph_host_us'), '.1f')} | {_fmt(r.get('graph_device_us'), '.1f')} |")
-        lines.append("")
-    sg = [r for r in result["rows"] if r["kernel"] == "sglang"]
-    if sg:
-        lines += ["| sglang-style call | pydsa.sglang host us | direct call host us | empty launch host us |",
-                  "| --- | --- | --- | --- |"]
-        for r in sg:
-            lines.append(f"| {r['case']} | {r['sglang_host_us']:.2f} | {r['direct_host_us']:.2f} | {r['host_empty_us']:.2f} |")
-        lines.append("")
-    shot = [r for r in result["rows"] if r["kernel"] == "c128_prefill" and r.get("host_oneshot_us")]
-    if shot:
-        lines += ["| one-shot `c128_prefill(..., pyplan plan)` | host us (empty launch alongside) | "
-                  "back-to-back eager us | graph us |", "| --- | --- | --- | --- |"]
-        for r in shot:
-            lines.append(f"| {r['case']} | {r['host_oneshot_us']:.2f} ({r['host_oneshot_empty_us']:.2f}) | "
-                         f"{_fmt(r.get('eager_oneshot_us'))} | {r['graph_us']:.2f} |")
-        lines.append("")
-    dev = [r for r in result["rows"] if r["kernel"] not in ("planner", "step", "sglang")]
-    if dev:
-        lines += ["| kernel | case | MB moved | graph us (empty kernel beside it) | cold-L2 us | TB/s | x copy bw | torch us | host us (empty launch alongside) | host us, stream given (empty) | bound launch() host us (empty) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in dev:
-            base = r.get("torch_graph_us", r.get("torch_eager_us"))
-            lines.append(f"| {r['kernel']} | {r['case']} | {r['bytes'] / 1e6:.3f} | {r['graph_us']:.2f} ({_fmt(r.get('empty_graph_us'))}) | "
-                         f"{_fmt(r.get('graph_cold_us'))} | {_fmt(r.get('tbps'))} | {_fmt(r.get('frac_copy_bw'), '.3f')} | "
-                         f"{_fmt(base)} | {_fmt(r.get('host_us'))} ({_fmt(r.get('host_empty_us'))}) | "
-                         f"{_fmt(r.get('host_stream_given_us'))} ({_fmt(r.get('host_stream_given_empty_us'))}) | "
-                         f"{_fmt(r.get('host_bound_launch_us'))} ({_fmt(r.get('host_bound_launch_empty_us'))}) |")
-        lines.append("")
-    plan = [r for r in result["rows"] if r["kernel"] == "planner"]
-    if plan:
-        lines += ["| planner (host us per call) | Cython | Cython, out= | Cython, graph mode | C via ctypes | pure Python |",
-                  "| --- | --- | --- | --- | --- | --- |"]
-        for r in plan:
-            lines.append(f"| {r['case']} | {_fmt(r.get('cython_us'))} | {_fmt(r.get('cython_out_us'))} | "
-                         f"{_fmt(r.get('cython_graph_us'))} | {_fmt(r.get('c_ctypes_us'))} | {_fmt(r.get('python_us'), '.1f')} |")
-        lines.append("")
+    lines += _md_table(
+        ["per step (DeepSeek-V4, 61 layers)", "eager host us", "eager device us", "graph replay host us",
+         "graph replay device us"],
+        [[r["case"], f"{r['eager_host_us']:.1f}", f"{r['eager_device_us']:.1f}", _fmt(r.get("graph_host_us"), ".1f"),
+          _fmt(r.get("graph_device_us"), ".1f")] for r in rows if r["kernel"] == "step"])
+    lines += _md_table(
+        ["sglang-style call", "pydsa.sglang host us", "direct call host us", "empty launch host us"],
+        [[r["case"], f"{r['sglang_host_us']:.2f}", f"{r['direct_host_us']:.2f}", f"{r['host_empty_us']:.2f}"]
+         for r in rows if r["kernel"] == "sglang"])
+    lines += _md_table(
+        ["one-shot `c128_prefill(..., pyplan plan)`", "host us (empty launch alongside)", "back-to-back eager us",
+         "graph us"],
+        [[r["case"], f"{r['host_oneshot_us']:.2f} ({r['host_oneshot_empty_us']:.2f})", _fmt(r.get("eager_oneshot_us")),
+          f"{r['graph_us']:.2f}"] for r in rows if r["kernel"] == "c128_prefill" and r.get("host_oneshot_us")])
+    lines += _md_table(
+        ["kernel", "case", "MB moved", "graph us (empty kernel beside it)", "cold-L2 us", "TB/s", "x copy bw",
+         "torch us", "host us (empty launch alongside)", "host us, stream given (empty)",
+         "bound launch() host us (empty)"],
+        [[r["kernel"], r["case"], f"{r['bytes'] / 1e6:.3f}", f"{r['graph_us']:.2f} ({_fmt(r.get('empty_graph_us'))})",
+          _fmt(r.get("graph_cold_us")), _fmt(r.get("tbps")), _fmt(r.get("frac_copy_bw"), ".3f"),
+          _fmt(r.get("torch_graph_us", r.get("torch_eager_us"))),
+          f"{_fmt(r.get('host_us'))} ({_fmt(r.get('host_empty_us'))})",
+          f"{_fmt(r.get('host_stream_given_us'))} ({_fmt(r.get('host_stream_given_empty_us'))})",
+          f"{_fmt(r.get('host_bound_launch_us'))} ({_fmt(r.get('host_bound_launch_empty_us'))})"]
+         for r in rows if r["kernel"] not in ("planner", "step", "sglang")])
+    lines += _md_table(
+        ["planner (host us per call)", "Cython", "Cython, out=", "Cython, graph mode", "C via ctypes", "pure Python"],
+        [[r["case"], _fmt(r.get("cython_us")), _fmt(r.get("cython_out_us")), _fmt(r.get("cython_graph_us")),
+          _fmt(r.get("c_ctypes_us")), _fmt(r.get("python_us"), ".1f")] for r in rows if r["kernel"] == "planner"])
     return "\n".join(lines)
 
 
