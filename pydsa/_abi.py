@@ -11,13 +11,14 @@ import struct
 import sys
 from importlib import resources
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
 FLAG_PDL = 1
 FLAG_HOST_PLAN = 2
 INLINE_RECORDS = 256
+UPLOAD_RECORDS = 1024
 STATE_FLOAT32, STATE_BFLOAT16 = 0, 1
 OUT_RAGGED, OUT_COMPACT = 0, 1
 
@@ -51,6 +52,17 @@ class PlanParams(C.Structure):
         ("compress", C.c_void_p), ("write", C.c_void_p),
         ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
         ("num_compress", C.c_void_p), ("num_write", C.c_void_p),
+    ]
+
+
+class PlanUploadParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("device", C.c_int32),
+        ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("num_compress", C.c_int64), ("num_write", C.c_int64),
+        ("device_compress", C.c_void_p), ("device_write", C.c_void_p),
+        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
+        ("device_counts", C.c_void_p),
     ]
 
 
@@ -123,7 +135,7 @@ METADATA_FORMAT = struct.Struct("=IIiiqqqqqq9QiiQ")
 
 # dsa_struct_id -> mirror
 STRUCTS = {0: Segment, 1: PlanParams, 2: DecodeParams, 3: PrefillParams, 4: MetadataSources,
-           5: MetadataDestination, 6: MetadataCopyParams}
+           5: MetadataDestination, 6: MetadataCopyParams, 7: PlanUploadParams}
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
                "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
@@ -180,7 +192,7 @@ def _load() -> C.CDLL:
         fn.restype = C.c_int
         fn.argtypes = [C.POINTER(params)]
     for name, params in (("dsa_c128_decode", DecodeParams), ("dsa_c128_prefill", PrefillParams),
-                         ("dsa_metadata_copy", MetadataCopyParams)):
+                         ("dsa_metadata_copy", MetadataCopyParams), ("dsa_c128_upload_plan", PlanUploadParams)):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream

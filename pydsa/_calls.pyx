@@ -71,6 +71,10 @@ cdef extern from "dsa_kernels.h":
         int32_t state_dtype
         int32_t out_layout
 
+    ctypedef struct dsa_plan_upload_params:
+        int64_t num_compress
+        int64_t num_write
+
     ctypedef struct dsa_metadata_sources:
         const int32_t* cache_seqlens
         const int32_t* cu_seqlens_k
@@ -145,6 +149,7 @@ ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
 cdef Entry _decode_entry = NULL
 cdef Entry _prefill_entry = NULL
 cdef Entry _metadata_entry = NULL
+cdef Entry _upload_entry = NULL
 cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
 cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
 cdef const ExchangeAPI* _apis[MAX_TYPES]
@@ -169,15 +174,16 @@ cdef const ExchangeAPI* _table(object tensor_type):
     return api
 
 
-def init(tensor_type, uintptr_t decode, uintptr_t prefill, uintptr_t metadata, device_plan_type, ndarray_type,
-         record_lists):
-    """Binds the library's three entry points (addresses), the framework's tensor type, and the
+def init(tensor_type, uintptr_t decode, uintptr_t prefill, uintptr_t metadata, uintptr_t upload, device_plan_type,
+         ndarray_type, record_lists):
+    """Binds the library's four entry points (addresses), the framework's tensor type, and the
     plan types with pyplan's reader of record arrays; sets and returns `available`."""
-    global _decode_entry, _prefill_entry, _metadata_entry, _streams, _device_plan_type, _ndarray_type
-    global _record_lists, available
+    global _decode_entry, _prefill_entry, _metadata_entry, _upload_entry, _streams, _device_plan_type
+    global _ndarray_type, _record_lists, available
     _decode_entry = <Entry>decode
     _prefill_entry = <Entry>prefill
     _metadata_entry = <Entry>metadata
+    _upload_entry = <Entry>upload
     _device_plan_type = device_plan_type
     _ndarray_type = ndarray_type
     _record_lists = record_lists
@@ -593,6 +599,15 @@ def fill_flat_sources(uintptr_t address, bint decode, bint has_real_page_table, 
 
 
 # ---- prepared launches ----------------------------------------------------------------------
+
+def upload(uintptr_t address, int64_t num_compress, int64_t num_write, int32_t dev, stream):
+    """Sets the record counts of the plan-upload params at `address` (everything else prepared)
+    and launches them: the library's status, or DECLINED when the current stream could not be read."""
+    cdef dsa_plan_upload_params* p = <dsa_plan_upload_params*>address
+    p.num_compress = num_compress
+    p.num_write = num_write
+    return _launch(_upload_entry, p, dev, stream)
+
 
 OP_DECODE, OP_PREFILL, OP_METADATA = 0, 1, 2
 

@@ -29,6 +29,7 @@ __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePl
 
 _decode_fn = lib.dsa_c128_decode
 _prefill_fn = lib.dsa_c128_prefill
+_upload_fn = lib.dsa_c128_upload_plan
 _STATE_DTYPES = {torch.float32: _abi.STATE_FLOAT32, torch.bfloat16: _abi.STATE_BFLOAT16}
 _DECODE_SIZE = DECODE_FORMAT.size
 _PREFILL_SIZE = PREFILL_FORMAT.size
@@ -135,15 +136,17 @@ class C128Decode(_Prepared):
 
 
 class DevicePlan:
-    """Prefill plans staged in pinned memory and copied to the device on the caller's stream,
-    for CUDA graphs: the kernels read the records from one fixed device buffer.
+    """Prefill plans in device memory, for CUDA graphs: the kernels read the records from one
+    fixed device buffer.
 
-    Sized once for at most `max_tokens` new tokens and `max_batch` requests; every plan() pads
-    the record lists to that capacity (CUDA-graph mode) and puts the real counts in device
-    memory, so a graph captured once stays valid and the kernels' work follows the real counts.
-    Staging buffers form a ring: a buffer is reused once the event recorded after its copy has
-    completed, and the ring grows (pinned host memory) rather than wait, so plan() never
-    synchronizes, even far ahead of the GPU.
+    Sized once for at most `max_tokens` new tokens and `max_batch` requests. plan() plans on the
+    host into arrays of this object, then the library writes the real counts and records into
+    the device buffer with a small kernel launch on the caller's stream (the records travel in
+    its launch parameters, DSA_UPLOAD_RECORDS per launch). Stream order is the only
+    synchronization: a launch or replay queued before plan() reads the previous plan, one
+    queued after reads the new one, and plan() never waits, allocates or stages, however far
+    ahead of the GPU it runs. The prefill grid is sized from the capacities, so a graph captured
+    once stays valid; the kernels' work follows the real counts.
     """
 
     def __init__(self, max_tokens: int, max_batch: int, device="cuda"):
@@ -156,11 +159,8 @@ class DevicePlan:
         self.max_batch = int(max_batch)
         self.compress_capacity = pyplan.compress_capacity(self.max_tokens, self.max_batch)
         self.write_capacity = self.max_batch
-        self._nbytes = 16 * (1 + self.compress_capacity + self.write_capacity)
-        self._ring = []  # [pinned staging tensor, (counts, compress, write) views, event or None]
-        self._next = 0
-        self._streams = {}
-        self.buffer = torch.empty(self._nbytes, dtype=torch.uint8, device=device)
+        self.buffer = torch.empty(16 * (1 + self.compress_capacity + self.write_capacity), dtype=torch.uint8,
+                                  device=device)
         base = self.buffer.data_ptr()
         self.counts_ptr = base
         self.compress_ptr = base + 16
@@ -170,54 +170,33 @@ class DevicePlan:
         self.num_write = 0
         self._records = (self._dev, self.compress_ptr, self.compress_capacity, self.write_ptr, self.write_capacity,
                          self.counts_ptr)
-        for _ in range(2):
-            self._grow()
-
-    def _grow(self) -> None:
-        pin = self.device.type == "cuda"
-        staging = torch.empty(self._nbytes, dtype=torch.uint8, pin_memory=pin)
-        raw = staging.numpy()
-        views = (raw[:16].view(np.int64), raw[16:16 * (1 + self.compress_capacity)], raw[16 * (1 + self.compress_capacity):])
-        self._ring.append([staging, views, torch.cuda.Event() if pin else None, False])
-
-    def _free_staging(self) -> list:
-        """The next staging buffer whose previous copy has completed (a new one if none has)."""
-        ring = self._ring
-        for i in range(len(ring)):
-            entry = ring[(self._next + i) % len(ring)]
-            if not entry[3] or entry[2] is None or entry[2].query():
-                self._next = (self._next + i + 1) % len(ring)
-                return entry
-        self._grow()
-        self._next = 0
-        return ring[-1]
+        # The host side of the plan, and the upload params over it (prepared once; plan() sets the counts).
+        self._host = (np.empty(self.compress_capacity, pyplan.SEGMENT_DTYPE),
+                      np.empty(self.write_capacity, pyplan.SEGMENT_DTYPE))
+        up = self._upload = new(_abi.PlanUploadParams)
+        up.device = self._dev
+        up.compress, up.write = self._host[0].ctypes.data, self._host[1].ctypes.data
+        up.device_compress, up.device_write, up.device_counts = self.compress_ptr, self.write_ptr, self.counts_ptr
+        up.compress_capacity, up.write_capacity = self.compress_capacity, self.write_capacity
+        self._upload_address = C.addressof(up)
 
     def plan(self, seq_lens, extend_lens, *, num_tokens=None, stream=None) -> "DevicePlan":
-        """Plans on the host into a free staging buffer and enqueues its copy to the device."""
+        """Plans on the host and enqueues the upload of the plan on `stream` (raw handle) or the
+        current stream."""
         tokens = self.max_tokens if num_tokens is None else num_tokens
         if tokens > self.max_tokens:
             raise ValueError(f"num_tokens {tokens} exceeds this DevicePlan's max_tokens {self.max_tokens}")
         if len(seq_lens) > self.max_batch:
             raise ValueError(f"{len(seq_lens)} requests exceed this DevicePlan's max_batch {self.max_batch}")
-        entry = self._free_staging()
-        staging, (counts, compress, write), event, _ = entry
-        _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=tokens, graph=True,
-                                           out=(compress, write), return_counts=True)
-        counts[0], counts[1] = nc, nw
+        _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=tokens, graph=True, out=self._host,
+                                           return_counts=True)
+        status = _upload(self._upload_address, nc, nw, self._dev, stream)
+        if status:
+            if status == DECLINED:
+                self._upload.num_compress, self._upload.num_write = nc, nw
+                status = _upload_fn(self._upload_address, launch_stream(stream, self._dev))
+            _check_status(status)
         self.num_tokens, self.num_compress, self.num_write = tokens, nc, nw
-        if event is None:
-            self.buffer.copy_(staging)
-        elif stream is None:
-            self.buffer.copy_(staging, non_blocking=True)
-            event.record()
-        else:
-            s = self._streams.get(stream)
-            if s is None:
-                s = self._streams[stream] = torch.cuda.ExternalStream(stream, device=self.device)
-            with torch.cuda.stream(s):
-                self.buffer.copy_(staging, non_blocking=True)
-                event.record(s)
-        entry[3] = True
         return self
 
 
@@ -284,11 +263,13 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
 # entry points called directly. Where it declines a call (an argument it cannot read or that is
 # wrong, or a torch without the exchange API) the Python path above takes it.
 _calls.init(torch.Tensor, C.cast(_decode_fn, C.c_void_p).value, C.cast(_prefill_fn, C.c_void_p).value,
-            C.cast(lib.dsa_metadata_copy, C.c_void_p).value, DevicePlan, np.ndarray, pyplan.record_lists)
+            C.cast(lib.dsa_metadata_copy, C.c_void_p).value, C.cast(lib.dsa_c128_upload_plan, C.c_void_p).value,
+            DevicePlan, np.ndarray, pyplan.record_lists)
 DECLINED = _calls.DECLINED
 _fast_decode = _calls.decode
 _fast_prefill = _calls.prefill
 _launch = _calls.launch
+_upload = _calls.upload
 
 
 class C128Prefill(_Prepared):

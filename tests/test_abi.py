@@ -44,7 +44,8 @@ def test_header_documents_the_abi_version_rule():
 
 
 @pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", _abi.DecodeParams), ("dsa_c128_prefill", _abi.PrefillParams),
-                                       ("dsa_metadata_copy", _abi.MetadataCopyParams), ("dsa_c128_plan_prefill", _abi.PlanParams)])
+                                       ("dsa_metadata_copy", _abi.MetadataCopyParams), ("dsa_c128_plan_prefill", _abi.PlanParams),
+                                       ("dsa_c128_upload_plan", _abi.PlanUploadParams)])
 @pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(_abi.DecodeParams)])
 def test_wrong_struct_size_is_refused_with_a_clear_message(fn, struct, delta):
     p = _abi.new(struct)

@@ -84,7 +84,7 @@ def test_no_call_waits_for_queued_gpu_work():
     for name, fn in ops.items():
         torch.cuda._sleep(int(cycles_per_ms * 1000))  # ~1 s
         t0 = time.perf_counter()
-        for _ in range(10):  # more calls than DevicePlan's initial staging ring holds
+        for _ in range(10):
             fn()
         elapsed = time.perf_counter() - t0
         torch.cuda.synchronize()

@@ -113,6 +113,30 @@ static void check_c128(void) {
   dsa_plan_params plan = plan_params(&seq, &ext, 1, PREFILL, compress, 4, write, 2, &nc, &nw);
   expect(dsa_c128_plan_prefill(&plan) == DSA_STATUS_OK && nc == 2 && nw == 1, "prefill plan");
 
+  /* The plan into a plan buffer that a captured prefill would read (on a GPU: device memory, the
+   * records carried by the upload's launch; here the host backend's memory). */
+  dsa_segment held_compress[4], held_write[2];
+  int64_t held_counts[2] = {-1, -1};
+  dsa_plan_upload_params up;
+  memset(&up, 0, sizeof up);
+  up.struct_size = sizeof up;
+  up.device = DSA_DEVICE_HOST;
+  up.compress = compress;
+  up.write = write;
+  up.num_compress = nc;
+  up.num_write = nw;
+  up.device_compress = held_compress;
+  up.device_write = held_write;
+  up.compress_capacity = 4;
+  up.write_capacity = 2;
+  up.device_counts = held_counts;
+  expect(dsa_c128_upload_plan(&up, NULL) == DSA_STATUS_OK && held_counts[0] == 2 && held_counts[1] == 1 &&
+             memcmp(held_compress, compress, 2 * sizeof(dsa_segment)) == 0 &&
+             memcmp(held_write, write, sizeof(dsa_segment)) == 0,
+         "plan upload");
+  up.num_compress = 5;
+  expect(dsa_c128_upload_plan(&up, NULL) == DSA_STATUS_CAPACITY, "an upload over capacity is refused");
+
   const int32_t slot = 1;
   dsa_c128_prefill_params p;
   memset(&p, 0, sizeof p);

@@ -39,12 +39,13 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 2
+#define DSA_ABI_VERSION 3
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
 #define DSA_SEGMENT_SENTINEL 0xFFFFFFFFu
 #define DSA_INLINE_RECORDS 256   /* plan records carried by one prefill launch (DSA_FLAG_HOST_PLAN) */
+#define DSA_UPLOAD_RECORDS 1024  /* plan records carried by one dsa_c128_upload_plan launch */
 
 typedef enum dsa_status {
   DSA_STATUS_OK = 0,
@@ -62,7 +63,8 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_PREFILL_PARAMS = 3,
   DSA_STRUCT_METADATA_SOURCES = 4,
   DSA_STRUCT_METADATA_DESTINATION = 5,
-  DSA_STRUCT_METADATA_PARAMS = 6
+  DSA_STRUCT_METADATA_PARAMS = 6,
+  DSA_STRUCT_PLAN_UPLOAD_PARAMS = 7 /* ABI 3 */
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -137,6 +139,29 @@ DSA_API dsa_status dsa_c128_plan_prefill(const dsa_plan_params* params);
 
 /* Records needed for a plan: compress <= sum(extend)/128 + B, write <= B. */
 DSA_API int64_t dsa_c128_compress_capacity(int64_t num_tokens, int64_t batch_size);
+
+/* A host plan copied into a device plan buffer (CUDA-graph mode: the captured prefill reads
+ * `counts` and the records from fixed device addresses). ABI 3. */
+typedef struct dsa_plan_upload_params {
+  uint32_t struct_size;
+  int32_t device;               /* CUDA ordinal owning the destination, or DSA_DEVICE_HOST */
+  const dsa_segment* compress;  /* [num_compress] host memory, read during the call */
+  const dsa_segment* write;     /* [num_write] host memory, read during the call */
+  int64_t num_compress;         /* compress records to copy, 0..compress_capacity */
+  int64_t num_write;            /* write records to copy, 0..write_capacity */
+  dsa_segment* device_compress; /* [compress_capacity] destination on `device` */
+  dsa_segment* device_write;    /* [write_capacity] destination on `device` */
+  int64_t compress_capacity;
+  int64_t write_capacity;
+  int64_t* device_counts;       /* [2] destination on `device`: {num_compress, num_write} */
+} dsa_plan_upload_params;
+
+/* Writes counts = {num_compress, num_write} and the records into the destination, in stream
+ * order. The records travel inside kernel launches (up to DSA_UPLOAD_RECORDS per launch), so the
+ * host arrays may be reused as soon as the call returns: no staging memory, no event, no
+ * synchronization. Records past the counts are left as they were; a prefill given `counts`
+ * never reads them. Captured in a CUDA graph, the upload replays the records of capture time. */
+DSA_API dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Online c128 compression (SPEC 1). kv_score, ape and out are fp32, the state fp32 or bf16

@@ -114,6 +114,7 @@ size_t dsa_struct_size(dsa_struct_id id) {
     case DSA_STRUCT_METADATA_SOURCES: return sizeof(dsa_metadata_sources);
     case DSA_STRUCT_METADATA_DESTINATION: return sizeof(dsa_metadata_destination);
     case DSA_STRUCT_METADATA_PARAMS: return sizeof(dsa_metadata_copy_params);
+    case DSA_STRUCT_PLAN_UPLOAD_PARAMS: return sizeof(dsa_plan_upload_params);
   }
   return 0;
 }
