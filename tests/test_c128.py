@@ -536,6 +536,56 @@ def test_replans_queued_behind_gpu_work_each_reach_their_own_launch():
         assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
 
 
+def _prefill_kernels(fn) -> list:
+    """Names of the prefill kernels that fn() launched, in launch order (CUDA activity of the
+    torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if "c128_prefill_kernel" in e.name]
+    return [e.name for e in sorted(kernels, key=lambda e: e.time_range.start)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("extends,prefixes,passes", [
+    ([300, 70, 77], [0, 130, 5000], ["<3,"]),                 # both lists, 447 x 512 elements: one launch
+    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<1,", "<2,"]),  # 8K x 512: two passes
+    ([128, 256], [0, 128], ["<1,"]),                         # compress records only
+    ([5, 60], [3, 0], ["<2,"]),                              # write records only
+])
+def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, passes):
+    """An eager host-plan prefill with both lists and at most 2^19 kv_score elements is one
+    cooperative launch of the two-list kernel; a larger one is the compress pass, then the write
+    pass; a plan with one list is one launch of that list's kernel. Each result equals the host
+    backend's."""
+    d = 512
+    ext = np.array(extends, np.int64)
+    seq = ext + np.array(prefixes, np.int64)
+    plan = pyplan.plan_prefill(seq, ext)
+    n, b = int(ext.sum()), len(ext)
+    gen = torch.Generator().manual_seed(n)
+    kv, ape, state0 = torch.randn(n, 2 * d, generator=gen), ape_for(d), random_state(b, d, gen)
+    idx = torch.randperm(b, generator=gen).to(torch.int32)
+    results = {}
+    for dev in ("cpu", "cuda"):
+        state = state0.clone().to(dev)
+        out = torch.full((n, d), POISON, device=dev)
+        args = (state, kv.to(dev), out, ape.to(dev), idx.to(dev), plan)
+        if dev == "cuda":
+            names = _prefill_kernels(lambda: pydsa.c128_prefill(*args))
+            assert [next(p for p in ("<1,", "<2,", "<3,") if p in name) for name in names] == passes, names
+        else:
+            pydsa.c128_prefill(*args)
+        results[dev] = (state.cpu(), out.cpu())
+    _close_state(results["cpu"][0], results["cuda"][0], torch.float32)
+    a, g = results["cpu"][1], results["cuda"][1]
+    assert torch.equal(torch.isnan(a), torch.isnan(g))
+    torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 

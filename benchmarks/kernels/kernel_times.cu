@@ -138,44 +138,37 @@ int main(int argc, char** argv) {
     std::vector<int32_t> a = down(q.src.page_indices, bs * W), b = down(dd[K - 1].page_table, bs * W);
     printf("%s decode %s %.3f err %d\n", tag, mc.name, graph_us([&](cudaStream_t st_) { dsa_metadata_copy(&q, st_); }, s), (int)(a != b));
   }
-  for (int64_t B : {1, 32, 256, 8192}) {
-    std::vector<float> st_h = randv((B + 3) * 3 * D, -2, 2), kv_h = randv(B * 2 * D, -2, 2), out_h(B * D, NAN);
-    for (int64_t b = 0; b < B + 3; ++b) for (int d = 0; d < D; ++d) st_h[b * 3 * D + D + d] = 1 + std::fabs(st_h[b * 3 * D + D + d]) * 10;
-    std::vector<int32_t> idx_h(B), len_h(B); std::uniform_int_distribution<int> u(1, 1000);
-    for (int64_t b = 0; b < B; ++b) idx_h[b] = (int32_t)b, len_h[b] = u(rng);
-    float *st = up(st_h), *kv = up(kv_h), *out = up(out_h); int32_t *idx = up(idx_h), *len = up(len_h);
-    dsa_c128_decode_params q{}; q.struct_size = sizeof q; q.device = 0; q.head_dim = D; q.num_slots = B + 3; q.batch_size = B;
-    q.state = st; q.kv_score = kv; q.out = out; q.ape = ape; q.indices = idx; q.seq_lens = len;
-    dsa_c128_decode(&q, s); CK(cudaStreamSynchronize(s));
-    std::vector<float> st_g = down(st, st_h.size()), out_g = down(out, out_h.size());
-    dsa_c128_decode_params h = q; h.device = DSA_DEVICE_HOST; std::vector<float> st_c = st_h, out_c = out_h;
-    h.state = st_c.data(); h.kv_score = kv_h.data(); h.out = out_c.data(); h.ape = ape_h.data(); h.indices = idx_h.data(); h.seq_lens = len_h.data();
-    dsa_c128_decode(&h, nullptr);
-    double err = 0; for (size_t i = 0; i < st_c.size(); ++i) err = std::max(err, (double)std::fabs(st_g[i] - st_c[i]) / (1.0 + std::fabs(st_c[i])));
-    for (size_t i = 0; i < out_c.size(); ++i) if (!std::isnan(out_c[i])) err = std::max(err, (double)std::fabs(out_g[i] - out_c[i]) / (1.0 + std::fabs(out_c[i])));
-    printf("%s decode B=%lld %.3f err %.2e\n", tag, (long long)B, graph_us([&](cudaStream_t st_) { dsa_c128_decode(&q, st_); }, s), err);
-    cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx); cudaFree(len);
-  }
-  {  // B = 8192 with bf16 state (P14); checked against the host backend to one bf16 step
-    const int64_t B = 8192;
-    auto bf16 = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return (uint16_t)(u >> 16); };
-    auto widen = [](uint16_t b) { uint32_t u = (uint32_t)b << 16; float x; std::memcpy(&x, &u, 4); return x; };
+  // Decode, fp32 state at B = 1 / 32 / 256 / 8192 and bf16 state at B = 8192 (P14); checked against
+  // the host backend (bf16: state to one bf16 step).
+  auto bf16 = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return (uint16_t)(u >> 16); };
+  auto widen = [](uint16_t b) { uint32_t u = (uint32_t)b << 16; float x; std::memcpy(&x, &u, 4); return x; };
+  auto decode_case = [&](int64_t B, auto zero) {
+    using S = decltype(zero);
+    constexpr bool half = sizeof(S) == 2;
     std::vector<float> st_f = randv((B + 3) * 3 * D, -2, 2), kv_h = randv(B * 2 * D, -2, 2), out_h(B * D, NAN);
     for (int64_t b = 0; b < B + 3; ++b) for (int d = 0; d < D; ++d) st_f[b * 3 * D + D + d] = 1 + std::fabs(st_f[b * 3 * D + D + d]) * 10;
-    std::vector<uint16_t> st_h(st_f.size()); for (size_t i = 0; i < st_f.size(); ++i) st_h[i] = bf16(st_f[i]);
+    std::vector<S> st_h(st_f.size());
+    for (size_t i = 0; i < st_f.size(); ++i) { if constexpr (half) st_h[i] = bf16(st_f[i]); else st_h[i] = st_f[i]; }
     std::vector<int32_t> idx_h(B), len_h(B); std::uniform_int_distribution<int> u(1, 1000);
     for (int64_t b = 0; b < B; ++b) idx_h[b] = (int32_t)b, len_h[b] = u(rng);
-    uint16_t* st = up(st_h); float *kv = up(kv_h), *out = up(out_h); int32_t *idx = up(idx_h), *len = up(len_h);
+    S* st = up(st_h); float *kv = up(kv_h), *out = up(out_h); int32_t *idx = up(idx_h), *len = up(len_h);
     dsa_c128_decode_params q{}; q.struct_size = sizeof q; q.device = 0; q.head_dim = D; q.num_slots = B + 3; q.batch_size = B;
-    q.state = st; q.kv_score = kv; q.out = out; q.ape = ape; q.indices = idx; q.seq_lens = len; q.state_dtype = DSA_STATE_BFLOAT16;
+    q.state = st; q.kv_score = kv; q.out = out; q.ape = ape; q.indices = idx; q.seq_lens = len;
+    q.state_dtype = half ? DSA_STATE_BFLOAT16 : DSA_STATE_FLOAT32;
     dsa_c128_decode(&q, s); CK(cudaStreamSynchronize(s));
-    std::vector<uint16_t> st_g = down(st, st_h.size());
-    dsa_c128_decode_params h = q; h.device = DSA_DEVICE_HOST; std::vector<uint16_t> st_c = st_h; std::vector<float> out_c = out_h;
+    std::vector<S> st_g = down(st, st_h.size()); std::vector<float> out_g = down(out, out_h.size());
+    dsa_c128_decode_params h = q; h.device = DSA_DEVICE_HOST; std::vector<S> st_c = st_h; std::vector<float> out_c = out_h;
     h.state = st_c.data(); h.kv_score = kv_h.data(); h.out = out_c.data(); h.ape = ape_h.data(); h.indices = idx_h.data(); h.seq_lens = len_h.data();
     dsa_c128_decode(&h, nullptr);
-    double err = 0; for (size_t i = 0; i < st_c.size(); ++i) err = std::max(err, (double)std::fabs(widen(st_g[i]) - widen(st_c[i])) / (1.0 + std::fabs(widen(st_c[i]))));
-    printf("%s decode B=8192bf16 %.3f bf16err %.2e\n", tag, graph_us([&](cudaStream_t st_) { dsa_c128_decode(&q, st_); }, s), err);
+    auto value = [&](S x) { if constexpr (half) return widen(x); else return x; };
+    double err = 0;
+    for (size_t i = 0; i < st_c.size(); ++i) err = std::max(err, (double)std::fabs(value(st_g[i]) - value(st_c[i])) / (1.0 + std::fabs(value(st_c[i]))));
+    for (size_t i = 0; i < out_c.size(); ++i) if (!half && !std::isnan(out_c[i])) err = std::max(err, (double)std::fabs(out_g[i] - out_c[i]) / (1.0 + std::fabs(out_c[i])));
+    printf("%s decode B=%lld%s %.3f %s %.2e\n", tag, (long long)B, half ? "bf16" : "", graph_us([&](cudaStream_t st_) { dsa_c128_decode(&q, st_); }, s),
+           half ? "bf16err" : "err", err);
     cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx); cudaFree(len);
-  }
+  };
+  for (int64_t B : {1, 32, 256, 8192}) decode_case(B, 0.0f);
+  decode_case(8192, uint16_t{0});
   return 0;
 }

@@ -738,7 +738,9 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
 
 // ---- plan upload -----------------------------------------------------------------------------
 // A host plan into a device plan buffer, the records carried in the launch parameters: stream
-// order is the only synchronization, and nothing on the host has to outlive the call.
+// order is the only synchronization, and nothing on the host has to outlive the call. Parameter
+// blocks of 256 B, 4 KB or 16 KB by the records of a launch: on an H200 host a launch costs the
+// same up to 4.6 KB of parameters and 0.7-1.0 us more at 16 KB (2 us more at 32 KB).
 
 template <int kRecords>
 struct UploadRecords {
@@ -819,9 +821,10 @@ extern "C" dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params,
   UploadLaunch a = {p.device_compress, p.device_write, p.device_counts, p.num_compress, p.num_write, 0, 0};
   do {  // at least one launch: the counts are written even for an empty plan
     a.count = (int32_t)std::min<int64_t>(DSA_UPLOAD_RECORDS, total - a.first);
-    const cudaError_t err = a.count <= kSmallInline
-                                ? launch_upload<kSmallInline>(a, p.compress, p.write, (cudaStream_t)stream)
-                                : launch_upload<DSA_UPLOAD_RECORDS>(a, p.compress, p.write, (cudaStream_t)stream);
+    const cudaStream_t s = (cudaStream_t)stream;
+    const cudaError_t err = a.count <= kSmallInline         ? launch_upload<kSmallInline>(a, p.compress, p.write, s)
+                            : a.count <= DSA_INLINE_RECORDS ? launch_upload<DSA_INLINE_RECORDS>(a, p.compress, p.write, s)
+                                                            : launch_upload<DSA_UPLOAD_RECORDS>(a, p.compress, p.write, s);
     DSA_TRY(launch_status(err, op));
     a.counts = nullptr;
     a.first += a.count;
