@@ -23,6 +23,8 @@ constexpr int kPrefillBlocksPerSm = 4;
 constexpr int kVec = 4;          // prefill channels per thread: one 16-byte access
 constexpr int kBatch = 4;        // prefill tokens per thread whose loads are in flight together
 constexpr int kSmallInline = 16; // records carried by the launch of a small host plan
+// Prefill tile layouts: log2 of the threads across a tile (4 channels each); see prefill_lanes_log2.
+constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
 
 // VEC consecutive channels per thread as floats.
 template <int VEC>
@@ -275,6 +277,13 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       if (write && barrier == 0) arrive();
     }
     const dsa_segment seg = kInline > 0 ? inline_records.r[r] : write ? a.write[r - num_compress] : a.compress[r];
+    // A host-plan record's list position (its compact output row), read here with the record in
+    // the 64- and 128-channel layouts and after the token loop in the smaller ones (H200, graph us,
+    // here / after: 64 x (1-600) 25.3 / 27.0, 8 x 1K 10.5 / 11.1, 1 x 8K 8.4 / 8.6, but 1 x 128
+    // 2.76 / 2.53 and 2 x 100 3.96 / 3.71; the register allocation differs, not the work).
+    constexpr bool kEarlyRow = kInline > 0 && kLanesLog2 >= kMid;
+    [[maybe_unused]] uint32_t inline_row = 0;
+    if constexpr (kEarlyRow) inline_row = inline_records.index[r];
     if (is_sentinel(seg)) continue;
     const bool report = tile == 0 && threadIdx.x == 0;
     if (!segment_ok(seg, !write, p.num_tokens, p.batch_size)) {
@@ -394,7 +403,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
         narrow(total.sum, to + D);
         narrow(mean_of(total), to + 2 * D);
       } else {
-        const int64_t row = kInline > 0 ? (int64_t)inline_records.index[r] : r;
+        const int64_t row = kEarlyRow ? (int64_t)inline_row : kInline > 0 ? (int64_t)inline_records.index[r] : r;
         const int64_t out_row = p.out_layout == DSA_OUT_COMPACT ? a.first_record + row : (int64_t)seg.ragged_id;
         p.out[out_row * D + c] = mean_of(total);
       }
@@ -544,8 +553,6 @@ dsa_status check_common(const P& p, const char* op) {
 // 1 x 128 tokens 2.51 / - / - / -; 4 x 128 with prefixes - / 4.33 / 5.14 / -; 16 x (50-128)
 // - / 5.99 / 5.60 / -; 1 x 2K - / 5.09 / 4.67 / -; 1 x 8K - / 14.9 / 8.20 / 8.64; 64 x (1-600) with
 // prefixes - / 44.2 / 26.2 / 28.1; 1 x 32K - / 59.1 / 39.1 / 36.6; 128 x 1K - / 240 / 142.4 / 139.5.
-constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
-
 int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
   auto items = [&](int lanes_log2) { return records * (head_dim / (kVec << lanes_log2)); };
   if (items(kNarrow) < sms / 2) return kTiny;
