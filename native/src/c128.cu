@@ -247,30 +247,34 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   const int tiles = D / tile_width;
   const int lane = threadIdx.x % lanes, row = threadIdx.x / lanes;
   const int warp = threadIdx.x / 32, warp_lane = threadIdx.x % 32;
-  int64_t num_compress = a.num_compress, num_write = a.num_write;
-  if (kInline == 0 && p.counts != nullptr) {
-    num_compress = max((int64_t)0, min(num_compress, p.counts[0]));
-    num_write = max((int64_t)0, min(num_write, p.counts[1]));
+  // A host plan's launch holds at most DSA_INLINE_RECORDS records: its item indices fit 32 bits.
+  using Index = std::conditional_t<(kInline > 0), int32_t, int64_t>;
+  Index num_compress = (Index)a.num_compress, num_write = (Index)a.num_write;
+  if constexpr (kInline == 0) {
+    if (p.counts != nullptr) {
+      num_compress = max((int64_t)0, min(num_compress, p.counts[0]));
+      num_write = max((int64_t)0, min(num_write, p.counts[1]));
+    }
   }
   const int32_t* load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
   S* const state = static_cast<S*>(p.state);
-  const int64_t items = (num_compress + num_write) * tiles;
+  const Index items = (num_compress + num_write) * tiles;
   // Combined launch: 0 before this block arrives at the grid barrier, 1 arrived, 2 released. A
   // block arrives once it will read no more state for a compress item: at its first write item,
   // at its last compress item (at the start if that one reads no state, else as soon as the read
   // has landed, before the reductions) or at exit. The token matters to thread 0 only.
   [[maybe_unused]] int barrier = 0;
   __shared__ cg::grid_group::arrival_token barrier_token;
-  [[maybe_unused]] const int64_t compress_items = num_compress * tiles;
+  [[maybe_unused]] const Index compress_items = num_compress * tiles;
   [[maybe_unused]] auto arrive = [&] {
     const cg::grid_group::arrival_token token = cg::this_grid().barrier_arrive();
     if (threadIdx.x == 0) barrier_token = token;
     barrier = 1;
   };
 
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+  for (Index item = blockIdx.x; item < items; item += gridDim.x) {
     // Record r of the launch: compress records first, then write records.
-    const int64_t r = items <= INT32_MAX ? (int64_t)((uint32_t)item / (uint32_t)tiles) : item / tiles;  // 32-bit when it can
+    const Index r = items <= INT32_MAX ? (Index)((uint32_t)item / (uint32_t)tiles) : item / tiles;  // 32-bit when it can
     const int tile = (int)(item - r * tiles);
     const bool write = kPasses == kBothPasses ? r >= num_compress : kPasses == kWritePass;
     if constexpr (kPasses == kBothPasses) {
@@ -281,7 +285,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     // the 64- and 128-channel layouts and after the token loop in the smaller ones (H200, graph us,
     // here / after: 64 x (1-600) 25.3 / 27.0, 8 x 1K 10.5 / 11.1, 1 x 8K 8.4 / 8.6, but 1 x 128
     // 2.76 / 2.53 and 2 x 100 3.96 / 3.71; the register allocation differs, not the work).
-    constexpr bool kEarlyRow = kInline > 0 && kLanesLog2 >= kMid;
+    constexpr bool kEarlyRow = kInline > 0;
     [[maybe_unused]] uint32_t inline_row = 0;
     if constexpr (kEarlyRow) inline_row = inline_records.index[r];
     if (is_sentinel(seg)) continue;
