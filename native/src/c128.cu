@@ -281,13 +281,15 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       if (write && barrier == 0) arrive();
     }
     const dsa_segment seg = kInline > 0 ? inline_records.r[r] : write ? a.write[r - num_compress] : a.compress[r];
-    // A host-plan record's list position (its compact output row), read here with the record in
-    // the 64- and 128-channel layouts and after the token loop in the smaller ones (H200, graph us,
-    // here / after: 64 x (1-600) 25.3 / 27.0, 8 x 1K 10.5 / 11.1, 1 x 8K 8.4 / 8.6, but 1 x 128
-    // 2.76 / 2.53 and 2 x 100 3.96 / 3.71; the register allocation differs, not the work).
-    constexpr bool kEarlyRow = kInline > 0;
+    // A host-plan record's list position (its compact output row), read here with the record: read
+    // after the token loop, the parameter address stayed live across it and the kernels spilled.
+    // With it and the 32-bit indices above, no single-list host-plan kernel spills and the two-list
+    // ones spill 22-30 bytes instead of 54-166 (ptxas, sm_90). H200, C harness, graph us, against
+    // reading it late with 64-bit indices: 64 x (1-600) with prefixes 24.62 / 25.32, 1 x 8K
+    // 8.16 / 8.46, 8 x 1K 10.23 / 10.48, 3 x 700 5.68 / 5.94, 1 x 128 2.60 / 2.57, 2 x 100
+    // 3.77 / 3.72, large plans unchanged.
     [[maybe_unused]] uint32_t inline_row = 0;
-    if constexpr (kEarlyRow) inline_row = inline_records.index[r];
+    if constexpr (kInline > 0) inline_row = inline_records.index[r];
     if (is_sentinel(seg)) continue;
     const bool report = tile == 0 && threadIdx.x == 0;
     if (!segment_ok(seg, !write, p.num_tokens, p.batch_size)) {
@@ -407,7 +409,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
         narrow(total.sum, to + D);
         narrow(mean_of(total), to + 2 * D);
       } else {
-        const int64_t row = kEarlyRow ? (int64_t)inline_row : kInline > 0 ? (int64_t)inline_records.index[r] : r;
+        const int64_t row = kInline > 0 ? (int64_t)inline_row : r;
         const int64_t out_row = p.out_layout == DSA_OUT_COMPACT ? a.first_record + row : (int64_t)seg.ragged_id;
         p.out[out_row * D + c] = mean_of(total);
       }
