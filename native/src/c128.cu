@@ -284,10 +284,11 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     // A host-plan record's list position (its compact output row), read here with the record: read
     // after the token loop, the parameter address stayed live across it and the kernels spilled.
     // With it and the 32-bit indices above, no single-list host-plan kernel spills and the two-list
-    // ones spill 22-30 bytes instead of 54-166 (ptxas, sm_90). H200, C harness, graph us, against
-    // reading it late with 64-bit indices: 64 x (1-600) with prefixes 24.62 / 25.32, 1 x 8K
-    // 8.16 / 8.46, 8 x 1K 10.23 / 10.48, 3 x 700 5.68 / 5.94, 1 x 128 2.60 / 2.57, 2 x 100
-    // 3.77 / 3.72, large plans unchanged.
+    // ones spill 22-30 bytes instead of 54-166 (ptxas, sm_90). H200, C harness, graph us: read late
+    // everywhere -> early in the 64- and 128-channel layouts -> early everywhere with 32-bit
+    // indices: 64 x (1-600) with prefixes 26.91 -> 25.33 / 25.32 -> 24.62, 8 x 1K 11.01 -> 10.48 /
+    // 10.48 -> 10.23, 1 x 8K 8.52 -> 8.34 / 8.46 -> 8.16, 1 x 128 2.53 -> 2.53 / 2.57 -> 2.60,
+    // 2 x 100 3.73 -> 3.71 / 3.72 -> 3.77 (two leases), large plans unchanged.
     [[maybe_unused]] uint32_t inline_row = 0;
     if constexpr (kInline > 0) inline_row = inline_records.index[r];
     if (is_sentinel(seg)) continue;
