@@ -257,6 +257,15 @@ def _close_state(a, b, dtype):
     torch.testing.assert_close(a.float().nan_to_num(), b.float().nan_to_num(), rtol=tol, atol=tol)
 
 
+def _same_as_host(results):
+    """results["cpu"] and results["cuda"] are (state, out) after the same call: the states agree
+    to fp32 rounding, the outputs in which rows were written and in their values."""
+    _close_state(results["cpu"][0], results["cuda"][0], torch.float32)
+    a, g = results["cpu"][1], results["cuda"][1]
+    assert torch.equal(torch.isnan(a), torch.isnan(g))
+    torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+
+
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
@@ -343,10 +352,7 @@ def test_state_stores_land_after_every_state_read(b, d, plan_kind):
         else:
             pydsa.c128_prefill(*args, load_indices=load_dev)
         results[dev] = (state.cpu(), out.cpu())
-    _close_state(results["cpu"][0], results["cuda"][0], torch.float32)
-    a, g = results["cpu"][1], results["cuda"][1]
-    assert torch.equal(torch.isnan(a), torch.isnan(g))
-    torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+    _same_as_host(results)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,12 +371,18 @@ def replan_and_check(plan, kv, out, stream, ape, schedule, run):
         kv[:len(rows)].copy_(torch.from_numpy(rows))
         out.fill_(POISON)
         run()
-        compress, _ = pyplan.plan_prefill(seq, np.array(extends, np.int64))
-        got = out.cpu()
-        for rid, b, pos, _ in compress.tolist():
-            assert rel_err(got[rid].numpy(), stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
-        assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
+        check_chunk_vectors(out, seq, np.array(extends, np.int64), stream, ape)
         done = list(seq)
+
+
+def check_chunk_vectors(out, seq, ext, stream, ape):
+    """Every chunk the plan of (seq, ext) closes has its offline vector at its ragged row of
+    `out` (poisoned before the run), and no other row was written."""
+    compress, _ = pyplan.plan_prefill(seq, ext)
+    got = out.cpu()
+    for rid, b, pos, _ in compress.tolist():
+        assert rel_err(got[rid].numpy(), stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
+    assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
 
 
 def test_device_plan_reused_across_replans(device):
@@ -529,11 +541,7 @@ def test_replans_queued_behind_gpu_work_each_reach_their_own_launch():
     assert torch.cuda.current_stream().query() is False  # the sleep was still running: nothing waited
     torch.cuda.synchronize()
     for seq, ext, _, out in steps:
-        compress, _ = pyplan.plan_prefill(seq, ext)
-        got = out.cpu()
-        for rid, b, pos, _ in compress.tolist():
-            assert rel_err(got[rid].numpy(), token_stream.chunk_vector(b, pos // CHUNK, ape)) < 1e-5
-        assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
+        check_chunk_vectors(out, seq, ext, token_stream, ape)
 
 
 def _prefill_kernels(fn) -> list:
@@ -580,10 +588,7 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
         else:
             pydsa.c128_prefill(*args)
         results[dev] = (state.cpu(), out.cpu())
-    _close_state(results["cpu"][0], results["cuda"][0], torch.float32)
-    a, g = results["cpu"][1], results["cuda"][1]
-    assert torch.equal(torch.isnan(a), torch.isnan(g))
-    torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+    _same_as_host(results)
 
 
 # ---------------------------------------------------------------------------------------------
