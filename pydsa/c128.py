@@ -90,7 +90,8 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pd
                 error_count=None) -> None:
     """One new token per request (SPEC 1.2). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
     out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
-    int32, seq_lens [B] int32 (<= 0: padding)."""
+    int32 (one slot per live row: two rows updating one slot race on the GPU), seq_lens [B] int32
+    (<= 0: padding)."""
     status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, FLAG_PDL if pdl else 0, error_count)
     if status:
         if status != DECLINED:
@@ -246,7 +247,8 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
 def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, stream=None,
                  pdl=False, error_count=None) -> None:
     """Many new tokens per request (SPEC 1.3). kv_score [N,2D] ragged; indices / load_indices [B]
-    int32; plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
+    int32 (requests that store a trailing partial need distinct `indices`: stores into one slot
+    race on the GPU); plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
     out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
     row i for compress record i (C = the plan's compress capacity; SPEC 1.5)."""
     status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, FLAG_PDL if pdl else 0,

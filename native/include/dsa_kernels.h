@@ -179,7 +179,8 @@ typedef struct dsa_c128_decode_params {
   const float* kv_score;    /* [B, 2D] */
   float* out;               /* [B, D], written only for requests that close a chunk */
   const float* ape;         /* [128, D] */
-  const int32_t* indices;   /* [B] slot of each request */
+  const int32_t* indices;   /* [B] slot of each request (distinct among live rows: two rows updating
+                               one slot race) */
   const int32_t* seq_lens;  /* [B] length including the new token; <= 0 is padding */
   uint32_t* error_count;    /* [1] incremented per skipped out-of-range slot; may be null */
   int32_t state_dtype;      /* dsa_state_dtype (ABI 2) */
@@ -199,7 +200,8 @@ typedef struct dsa_c128_prefill_params {
   float* out;                   /* ragged: [N, D], written at chunk-closing rows only;
                                    compact: [compress_capacity, D], row i for compress record i */
   const float* ape;             /* [128, D] */
-  const int32_t* indices;       /* [B] slot receiving each request's trailing partial state */
+  const int32_t* indices;       /* [B] slot receiving each request's trailing partial state (distinct
+                                   among requests with a write segment: stores into one slot race) */
   const int32_t* load_indices;  /* [B] slot holding the partial state to continue; null: indices */
   const dsa_segment* compress;  /* [compress_capacity] segments closing a chunk (device memory, or
                                    host memory with DSA_FLAG_HOST_PLAN) */
