@@ -319,9 +319,9 @@ def test_state_stores_land_after_every_state_read(b, d, plan_kind):
     """SPEC 1.3's order across requests: request i continues from slot L[i] and stores its
     trailing partial into L[i + 1], the slot request i + 1 continues from. Every compress read
     must see the slot before any write-segment store, however the launch is cut (an eager call of
-    a small host plan: one launch with a grid barrier; a large plan, a captured call or a device
-    plan: a compress pass, then a write pass): GPU equals the host backend, which runs the lists
-    one after the other. The two smaller cases fit one launch when called eagerly."""
+    a host plan whose items fit one wave: one launch with a grid barrier; a larger plan, a captured
+    call or a device plan: a compress pass, then a write pass): GPU equals the host backend, which
+    runs the lists one after the other. The two smaller cases fit one launch when called eagerly."""
     rng = np.random.default_rng(b)
     prefix = 128 * rng.integers(0, 40, b) + rng.integers(1, 127, b)  # every request starts mid-chunk
     ext = 128 - prefix % 128 + 128 * rng.integers(0, 2, b) + rng.integers(1, 127, b)  # and ends mid-chunk
@@ -559,13 +559,15 @@ def _prefill_kernels(fn) -> list:
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("extends,prefixes,passes", [
-    ([300, 70, 77], [0, 130, 5000], ["<3,"]),                 # both lists, 447 x 512 elements: one launch
-    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<1,", "<2,"]),  # 8K x 512: two passes
+    ([300, 70, 77], [0, 130, 5000], ["<3,"]),                 # both lists, 7 records: one launch
+    ([1024] * 4, [1692, 3423, 4089, 1154], ["<3,"]),           # 4K tokens, 36 records x 8 tiles: one launch
+    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<1,", "<2,"]),  # 640 items: two passes
     ([128, 256], [0, 128], ["<1,"]),                         # compress records only
     ([5, 60], [3, 0], ["<2,"]),                              # write records only
 ])
 def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, passes):
-    """An eager host-plan prefill with both lists and at most 2^19 kv_score elements is one
+    """An eager host-plan prefill with both lists whose work items fit the blocks the GPU holds at
+    once (an H200: 132 SMs x 4 = 528; D = 512 takes 64-channel tiles here, 8 per record) is one
     cooperative launch of the two-list kernel; a larger one is the compress pass, then the write
     pass; a plan with one list is one launch of that list's kernel. Each result equals the host
     backend's."""

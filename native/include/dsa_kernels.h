@@ -74,9 +74,10 @@ typedef enum dsa_struct_id {
                                  DSA_INLINE_RECORDS per launch, more launches for longer lists), so
                                  no staging copy, allocation or synchronization is needed. A CUDA
                                  graph that captures such a call keeps the records of capture time.
-                                 An uncaptured call of a small plan (num_tokens x head_dim <= 2^19)
-                                 with both lists takes one cooperative launch; otherwise the compress
-                                 list, then the write list, each in its own launches. */
+                                 An uncaptured call of a plan with both lists whose records fit one
+                                 launch and whose work items fit the blocks the GPU holds at once
+                                 takes one cooperative launch; otherwise the compress list, then the
+                                 write list, each in its own launches. */
 
 /* Element type of the c128 state buffer (SPEC 1.5). Arithmetic is fp32 either way; a bf16 state
  * is widened on read and rounded to nearest even on store. */

@@ -692,26 +692,22 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
   return DSA_STATUS_OK;
 }
 
-// Both lists in one cooperative launch, for eager calls of small host plans: the call is not
-// being captured, the records fit one launch, their items fit the blocks resident at once and the
-// tokens are few (num_tokens x head_dim <= kOneLaunchMaxElements). The trade, measured on an H200
-// (C harness, host time / device time per eager call, one launch against two):
-//   2 x 100 tokens   3.8 / 5.6 us against 7.7 / 5.1       4 x 128       3.7 / 6.0 against 6.3 / 5.5
-//   16 x (50-128)    4.1 / 7.4 us against 6.1 / 6.8       3 x 700       4.1 / 7.4 against 6.8 / 7.0
-//   8 x 1K           4.3 / 12.8 us against 7.1 / 11.3 (with 128-channel tiles so that it fits)
-// A grid barrier costs 0.7-1.0 us of device time on an H200 however few blocks take part
-// (benchmarks/kernels/grid_barrier.cu), more than the stream order between two kernels. Calls
-// of up to ~1K tokens at D = 512 are host-bound (one launch is faster back to back); larger ones
-// are device-bound and take two passes, as do captured calls (a graph pays the launch cost once)
-// and device plans. Returns false (nothing launched) when it does not apply.
-constexpr int64_t kOneLaunchMaxElements = 1024 * 512;
-
+// Both lists in one cooperative launch, for eager calls of host plans whose records fit one
+// launch and whose items fit the blocks resident at once (one block per item, no grid stride).
+// Captured calls (a graph pays the launch cost once), device plans and larger plans take two
+// passes. Measured on an H200 (C harness, host us per eager call / device us per call back to
+// back, one launch against two; variant-sweeps-nvidia-h200-2026-11-30-grouped.txt):
+//   3 x 700 tokens  4.1 / 6.92 against 6.3 / 6.92     16 x (50-128)  4.0 / 6.83 against 6.3 / 6.88
+//   4 x 1K          4.5 / 8.20 against 7.1 / 8.07     6 x 1K         4.4 / 9.76 against 7.1 / 9.96
+//   2 x 4K          4.4 / 10.45 against 7.3 / 11.27   32 x (50-200)  4.3 / 8.70 against 7.1 / 8.29
+// (all with prefixes). With more items than resident blocks, one launch would stride and its grid
+// barrier would cost more than the second launch: 8 x 1K 13.59 against 11.58 us of device time,
+// 64 x (1-600) 33.69 against 26.39. Returns false (nothing launched) when it does not apply.
 template <typename S>
 bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
                      cudaStream_t stream, dsa_status* status, const char* op) {
   const int64_t records = num_compress + num_write;
-  if (!(p.flags & DSA_FLAG_HOST_PLAN) || records > DSA_INLINE_RECORDS || p.num_tokens * p.head_dim > kOneLaunchMaxElements)
-    return false;
+  if (!(p.flags & DSA_FLAG_HOST_PLAN) || records > DSA_INLINE_RECORDS) return false;
   PrefillLaunch a = {};
   a.p = p;
   a.lanes_log2 = prefill_lanes_log2(records, p.head_dim, sms);
