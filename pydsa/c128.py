@@ -193,8 +193,7 @@ class DevicePlan:
                                            return_counts=True)
         status = _upload(self._upload_address, nc, nw, self._dev, stream)
         if status:
-            if status == DECLINED:
-                self._upload.num_compress, self._upload.num_write = nc, nw
+            if status == DECLINED:  # the counts are set: only the stream could not be read
                 status = _upload_fn(self._upload_address, launch_stream(stream, self._dev))
             _check_status(status)
         self.num_tokens, self.num_compress, self.num_write = tokens, nc, nw

@@ -257,13 +257,18 @@ def _close_state(a, b, dtype):
     torch.testing.assert_close(a.float().nan_to_num(), b.float().nan_to_num(), rtol=tol, atol=tol)
 
 
-def _same_as_host(results):
-    """results["cpu"] and results["cuda"] are (state, out) after the same call: the states agree
-    to fp32 rounding, the outputs in which rows were written and in their values."""
-    _close_state(results["cpu"][0], results["cuda"][0], torch.float32)
-    a, g = results["cpu"][1], results["cuda"][1]
+def _same_out(a, g):
+    """Two outputs of the same call (poisoned with NaN before it) agree in which rows were written
+    and, to fp32 rounding, in their values."""
     assert torch.equal(torch.isnan(a), torch.isnan(g))
     torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+
+
+def _same_as_host(results, state_dtype=torch.float32):
+    """results["cpu"] and results["cuda"] are (state, out) after the same call: the states agree
+    to fp32 rounding (or bf16 rounding), the outputs as in _same_out."""
+    _close_state(results["cpu"][0], results["cuda"][0], state_dtype)
+    _same_out(results["cpu"][1], results["cuda"][1])
 
 
 @gpu
@@ -294,9 +299,8 @@ def test_gpu_equals_host_backend(d, case, state_dtype):
         results[dev] = (state.cpu(), out.cpu(), compact.cpu())
     (s_host, o_host, c_host), (s_gpu, o_gpu, c_gpu) = results["cpu"], results["cuda"]
     _close_state(s_host, s_gpu, state_dtype)
-    for a, g in ((o_host, o_gpu), (c_host, c_gpu)):
-        assert torch.equal(torch.isnan(a), torch.isnan(g))
-        torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+    _same_out(o_host, o_gpu)
+    _same_out(c_host, c_gpu)
     assert torch.equal(c_host, o_host[torch.from_numpy(compress["ragged_id"].astype(np.int64))])
     decoded = {}
     for dev in ("cpu", "cuda"):
@@ -305,10 +309,7 @@ def test_gpu_equals_host_backend(d, case, state_dtype):
         pydsa.c128_decode(state, kv[:b].to(dev), out2, ape.to(dev), idx.to(dev),
                           torch.tensor(seq + 1, dtype=torch.int32).to(dev))
         decoded[dev] = (state.cpu(), out2.cpu())
-    _close_state(decoded["cpu"][0], decoded["cuda"][0], state_dtype)
-    a, g = decoded["cpu"][1], decoded["cuda"][1]
-    assert torch.equal(torch.isnan(a), torch.isnan(g))
-    torch.testing.assert_close(a.nan_to_num(), g.nan_to_num(), rtol=2e-6, atol=2e-6)
+    _same_as_host(decoded, state_dtype)
 
 
 @gpu
@@ -472,6 +473,27 @@ def test_device_plan_replan_to_fewer_records_updates_the_counts(device):
     raw = plan.buffer.cpu().numpy()
     assert raw[:16].view(np.int64).tolist() == [0, 1]
     assert raw[16 * (1 + plan.compress_capacity):][:16].view(pyplan.SEGMENT_DTYPE).tolist() == [(4, 0, 4, 5)]
+
+
+def test_device_plan_upload_falls_back_to_the_ctypes_call(device, monkeypatch):
+    """Where the compiled upload declines after setting the counts (it could not read the current
+    stream), plan() launches the same params through the ctypes entry point: the buffer holds the
+    plan's counts and records."""
+    import pydsa.c128 as c128_module
+
+    def declining(address, num_compress, num_write, dev, stream):  # _calls.upload's contract, minus the launch
+        params = _abi.PlanUploadParams.from_address(address)
+        params.num_compress, params.num_write = num_compress, num_write
+        return c128_module.DECLINED
+
+    monkeypatch.setattr(c128_module, "_upload", declining)
+    seq, ext = np.array([1000, 300], np.int64), np.array([900, 300], np.int64)
+    compress, write = pyplan.plan_prefill(seq, ext)
+    plan, raw = _planned(seq, ext, 2048, 3, device)
+    assert raw[:16].view(np.int64).tolist() == [len(compress), len(write)]
+    got_c = raw[16:16 * (1 + len(compress))].view(pyplan.SEGMENT_DTYPE)
+    got_w = raw[16 * (1 + plan.compress_capacity):][:16 * len(write)].view(pyplan.SEGMENT_DTYPE)
+    assert np.array_equal(got_c, compress) and np.array_equal(got_w, write)
 
 
 def _upload_params(device, num_compress, num_write, cap_c, cap_w):

@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
 //   one launch      both lists in a cooperative grid (all blocks resident together): a block
 //                   arrives at a grid barrier once it has no compress-item state read left (at
 //                   once if it has none) and waits on it only before its first state store.
-//                   Compress blocks never wait, so nothing can deadlock. Eager calls of small
-//                   host plans (prefill_at_once).
+//                   Compress blocks never wait, so nothing can deadlock. Eager calls of host
+//                   plans whose items fit one wave (prefill_at_once).
 //   two passes      otherwise: the compress pass, then the write pass in stream order (below).
 // Ordering between launches (all in one stream):
 //   kSyncAtStart     the op's first launch with nothing of this op before it: wait for the
