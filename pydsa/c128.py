@@ -20,7 +20,7 @@ import torch
 import pyplan
 
 from . import _abi, _calls
-from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_PDL, OUT_COMPACT, OUT_RAGGED, PREFILL_FORMAT,
+from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_NO_COOPERATIVE, FLAG_PDL, OUT_COMPACT, OUT_RAGGED, PREFILL_FORMAT,
                    check as _check_status, lib, new)
 from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, launch_stream, ptr, resolve_device,
                        rows_ptr, shaped_ptr)
@@ -200,7 +200,11 @@ class DevicePlan:
         return self
 
 
-def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count, compact) -> tuple:
+def _prefill_flags(pdl, cooperative) -> int:
+    return (FLAG_PDL if pdl else 0) | (0 if cooperative else FLAG_NO_COOPERATIVE)
+
+
+def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact) -> tuple:
     sp, dev, slots, d, sdt = _state(state)
     kp, n = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
     try:
@@ -209,7 +213,6 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
         b = None
     ip = ptr(indices, "indices", _int32, dev, (b,))
     lp = 0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,))
-    flags = FLAG_PDL if pdl else 0
     if type(plan) is tuple and len(plan) == 2 and type(plan[0]) is np.ndarray:
         cp, nc, wp, nw = pyplan.record_lists(plan[0], plan[1])
         counts = 0
@@ -234,7 +237,7 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
                                   plan.write_capacity, plan.counts_ptr)
     else:
         if type(plan) is list and len(plan) == 2:
-            return _prefill_fields(state, kv_score, out, ape, indices, tuple(plan), load_indices, pdl,
+            return _prefill_fields(state, kv_score, out, ape, indices, tuple(plan), load_indices, flags,
                                    error_count, compact)
         raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
                         "record tensors) or a DevicePlan")
@@ -244,19 +247,23 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
 
 
 def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, stream=None,
-                 pdl=False, error_count=None) -> None:
+                 pdl=False, error_count=None, cooperative=True) -> None:
     """Many new tokens per request (SPEC 1.3). kv_score [N,2D] ragged; indices / load_indices [B]
     int32 (requests that store a trailing partial need distinct `indices`: stores into one slot
     race on the GPU); plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
     out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
-    row i for compress record i (C = the plan's compress capacity; SPEC 1.5)."""
-    status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, FLAG_PDL if pdl else 0,
-                           error_count, compact)
+    row i for compress record i (C = the plan's compress capacity; SPEC 1.5).
+    cooperative=False: never the one cooperative launch a small eager pyplan plan takes, always
+    ordinary launches (for engines that run kernels on other streams alongside: a cooperative grid
+    waits until all its blocks fit)."""
+    flags = _prefill_flags(pdl, cooperative)
+    status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count,
+                           compact)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
         _launch_once("prefill", PREFILL_FORMAT, _prefill_fn,
-                     _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl, error_count,
+                     _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flags, error_count,
                                      compact), stream)
 
 
@@ -286,9 +293,9 @@ class C128Prefill(_Prepared):
     _op = _calls.OP_PREFILL
 
     def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, pdl=False,
-                 error_count=None):
-        self._bind_fields(_prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, pdl,
-                                          error_count, compact))
+                 error_count=None, cooperative=True):
+        self._bind_fields(_prefill_fields(state, kv_score, out, ape, indices, plan, load_indices,
+                                          _prefill_flags(pdl, cooperative), error_count, compact))
         self._keep = (state, kv_score, out, ape, indices, plan, load_indices, error_count)
 
 

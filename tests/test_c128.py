@@ -615,6 +615,38 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
     _same_as_host(results)
 
 
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("prepared", [False, True])
+def test_prefill_without_cooperative_launch_takes_two_passes(prepared):
+    """cooperative=False: a plan that would take the one cooperative launch (both lists, items
+    within one wave) takes the compress pass, then the write pass, with the host backend's
+    results; the default on the same call takes one launch."""
+    d, ext, prefixes = 512, np.array([300, 70, 77], np.int64), [0, 130, 5000]
+    plan = pyplan.plan_prefill(ext + np.array(prefixes, np.int64), ext)
+    n, b = int(ext.sum()), len(ext)
+    gen = torch.Generator().manual_seed(5)
+    kv, ape, state0 = torch.randn(n, 2 * d, generator=gen), ape_for(d), random_state(b, d, gen)
+    idx = torch.randperm(b, generator=gen).to(torch.int32)
+    results = {}
+    for dev, cooperative in (("cpu", False), ("cuda", True), ("cuda", False)):
+        state = state0.clone().to(dev)
+        out = torch.full((n, d), POISON, device=dev)
+        args = (state, kv.to(dev), out, ape.to(dev), idx.to(dev), plan)
+        call = (pydsa.C128Prefill(*args, cooperative=cooperative).launch if prepared
+                else lambda: pydsa.c128_prefill(*args, cooperative=cooperative))
+        if dev == "cuda":
+            names = _prefill_kernels(call)
+            want = ["<3,"] if cooperative else ["<1,", "<2,"]
+            assert [next(p for p in ("<1,", "<2,", "<3,") if p in name) for name in names] == want, names
+            if cooperative:
+                continue
+        else:
+            call()
+        results[dev] = (state.cpu(), out.cpu())
+    _same_as_host(results)
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad input
 

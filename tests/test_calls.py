@@ -79,7 +79,7 @@ def _python_prefill(args, flags, error_count, compact):
     a = dict(args)
     plan, load = a.pop("plan"), a.pop("load_indices")
     buf, _ = _buffer(PREFILL_FORMAT.size)
-    PREFILL_FORMAT.pack_into(buf, 0, *c128._prefill_fields(*a.values(), plan, load, bool(flags), error_count, compact))
+    PREFILL_FORMAT.pack_into(buf, 0, *c128._prefill_fields(*a.values(), plan, load, flags, error_count, compact))
     return buf.raw
 
 
@@ -112,14 +112,14 @@ def test_decode_fills_the_same_params_as_the_python_path(device, d, b, slots, bf
 @settings(max_examples=examples(40))
 @given(d=st.sampled_from([64, 128, 512]), extends=st.lists(st.integers(1, 400), min_size=1, max_size=6),
        bf16=st.booleans(), plan_kind=st.sampled_from(["arrays", "tensors", "host_tensors", "device_plan"]),
-       compact=st.booleans(), load=st.booleans(), pdl=st.booleans(), own_counter=st.booleans(),
-       seed=st.integers(0, 2**31 - 1))
+       compact=st.booleans(), load=st.booleans(), pdl=st.booleans(), cooperative=st.booleans(),
+       own_counter=st.booleans(), seed=st.integers(0, 2**31 - 1))
 def test_prefill_fills_the_same_params_as_the_python_path(device, d, extends, bf16, plan_kind, compact, load, pdl,
-                                                         own_counter, seed):
+                                                         cooperative, own_counter, seed):
     dev = torch.device(device)
     args = _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, torch.Generator().manual_seed(seed))
     counter = torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None
-    flags = 1 if pdl else 0
+    flags = c128._prefill_flags(pdl, cooperative)
     expected = _python_prefill(args, flags, counter, compact)
     ok, got = _compiled_prefill(args, flags, counter, compact)
     assert ok and got == expected

@@ -78,6 +78,12 @@ typedef enum dsa_struct_id {
                                  launch and whose work items fit the blocks the GPU holds at once
                                  takes one cooperative launch; otherwise the compress list, then the
                                  write list, each in its own launches. */
+#define DSA_FLAG_NO_COOPERATIVE 4u /* prefill: never the one cooperative launch of DSA_FLAG_HOST_PLAN;
+                                      the two passes as ordinary launches. A cooperative grid starts
+                                      only once all its blocks fit at once, so next to kernels of
+                                      other streams (communication kernels, say) it waits for them
+                                      to leave room; ordinary launches start in whatever room there
+                                      is. */
 
 /* Element type of the c128 state buffer (SPEC 1.5). Arithmetic is fp32 either way; a bf16 state
  * is widened on read and rounded to nearest even on store. */
