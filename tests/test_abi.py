@@ -38,6 +38,22 @@ def test_header_compiles_cleanly(tmp_path, compiler, flags):
     assert r.returncode == 0, r.stderr
 
 
+def test_python_mirrors_the_header_constants():
+    """Every numeric #define and enum value of the header that pydsa._abi mirrors has the header's
+    value (a flag added on one side only fails here)."""
+    import re
+    text = (HEADER_DIR / "dsa_kernels.h").read_text()
+    defines = {m[1]: int(m[2], 0) for m in re.finditer(r"^#define DSA_(\w+) \(?(-?(?:0x)?[0-9A-Fa-f]+)u?\)?", text, re.M)}
+    enums = {m[1]: int(m[2]) for m in re.finditer(r"^\s*DSA_(\w+) = (\d+)", text, re.M)}
+    flags = {k for k in defines if k.startswith("FLAG_")}
+    assert flags == {k for k in vars(_abi) if k.startswith("FLAG_")}
+    for name in sorted(flags) + ["ABI_VERSION", "DEVICE_HOST", "CHUNK", "MAX_DESTINATIONS", "INLINE_RECORDS",
+                                 "UPLOAD_RECORDS"]:
+        assert getattr(_abi, name) == defines[name], name
+    for name in ("STATE_FLOAT32", "STATE_BFLOAT16", "OUT_RAGGED", "OUT_COMPACT", "MODE_DECODE"):
+        assert getattr(_abi, name) == enums[name], name
+
+
 def test_header_documents_the_abi_version_rule():
     text = (HEADER_DIR / "dsa_kernels.h").read_text()
     assert "ABI version rule" in text and "#define DSA_ABI_VERSION" in text

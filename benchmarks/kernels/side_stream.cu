@@ -2,7 +2,10 @@
 // complete on the GPU, with the default launch choice (one cooperative launch for plans of one
 // wave) and with DSA_FLAG_NO_COOPERATIVE (two ordinary launches). The other stream's kernel holds
 // `blocks` blocks of 128 threads for 2 ms (a communication kernel, say: one block on each of
-// `blocks` SMs), started 200 us before the call. Median of 7 runs. Build and run (on a GPU
+// `blocks` SMs), started 200 us before the call. It prefers the largest shared-memory carveout:
+// an SM configured for a kernel without shared memory takes no prefill block (they use shared
+// memory) until it is idle, which would hide the effect measured here behind another one. Median
+// of 7 runs. Build and run (on a GPU
 // machine, from the repository root):
 //   nv="nvcc -arch=sm_90 -O3 -std=c++17 --expt-relaxed-constexpr -Inative/include"
 //   $nv benchmarks/kernels/side_stream.cu native/src/abi.cu native/src/plan.cpp native/src/c128.cu \
@@ -26,6 +29,7 @@ int main() {
   int clock_khz = 0;
   CK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   const long long hold_cycles = 2LL * clock_khz * 1000 / 1000;  // 2 ms at the SM clock
+  CK(cudaFuncSetAttribute(hold, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
   cudaStream_t a, b;
   CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
   CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
