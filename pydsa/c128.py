@@ -256,7 +256,7 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     cooperative=False: never the one cooperative launch a small eager pyplan plan takes, always
     ordinary launches (for engines that run kernels on other streams alongside: a cooperative grid
     waits until all its blocks fit)."""
-    flags = _prefill_flags(pdl, cooperative)
+    flags = (FLAG_PDL if pdl else 0) | (0 if cooperative else FLAG_NO_COOPERATIVE)  # _prefill_flags, inline
     status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count,
                            compact)
     if status:
