@@ -181,10 +181,12 @@ def c128_online_decode(kv_score_buffer, kv_score_input, out, ape, indices, seq_l
 
 
 def c128_online_prefill(kv_score_buffer, kv_score_input, out, ape, indices, compress_plan, write_plan,
-                        load_indices=None) -> None:
-    """sglang's online c128 prefill: plans are uint8 [M, 16] record tensors (device or host)."""
+                        load_indices=None, *, cooperative=True) -> None:
+    """sglang's online c128 prefill: plans are uint8 [M, 16] record tensors (device or host).
+    cooperative=False (not in sglang's signature): as in pydsa.c128_prefill, host plans never take
+    the one cooperative launch (for kernels of other streams running alongside)."""
     c128_prefill(kv_score_buffer, kv_score_input, out, ape, indices, (compress_plan, write_plan),
-                 load_indices=load_indices)
+                 load_indices=load_indices, cooperative=cooperative)
 
 
 def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_plan, use_cuda_graph) -> tuple:

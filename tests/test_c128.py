@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import pydsa
 import pyplan
-from pydsa import _abi
+from pydsa import _abi, sglang
 from conftest import DEVICES, examples, gpu
 from reference import BF16_BOUND, CHUNK, TokenStream, online_step_fp32, rel_err
 
@@ -617,11 +617,12 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("prepared", [False, True])
-def test_prefill_without_cooperative_launch_takes_two_passes(prepared):
+@pytest.mark.parametrize("how", ["one-shot", "prepared", "sglang"])
+def test_prefill_without_cooperative_launch_takes_two_passes(how):
     """cooperative=False: a plan that would take the one cooperative launch (both lists, items
     within one wave) takes the compress pass, then the write pass, with the host backend's
-    results; the default on the same call takes one launch."""
+    results; the default on the same call takes one launch. One-shot, prepared, and through the
+    sglang layer with host plan tensors."""
     d, ext, prefixes = 512, np.array([300, 70, 77], np.int64), [0, 130, 5000]
     plan = pyplan.plan_prefill(ext + np.array(prefixes, np.int64), ext)
     n, b = int(ext.sum()), len(ext)
@@ -633,8 +634,13 @@ def test_prefill_without_cooperative_launch_takes_two_passes(prepared):
         state = state0.clone().to(dev)
         out = torch.full((n, d), POISON, device=dev)
         args = (state, kv.to(dev), out, ape.to(dev), idx.to(dev), plan)
-        call = (pydsa.C128Prefill(*args, cooperative=cooperative).launch if prepared
-                else lambda: pydsa.c128_prefill(*args, cooperative=cooperative))
+        if how == "prepared":
+            call = pydsa.C128Prefill(*args, cooperative=cooperative).launch
+        elif how == "sglang":
+            tensors = [torch.from_numpy(r.view(np.uint8).reshape(-1, 16)) for r in plan]
+            call = lambda: sglang.c128_online_prefill(*args[:5], *tensors, cooperative=cooperative)  # noqa: E731
+        else:
+            call = lambda: pydsa.c128_prefill(*args, cooperative=cooperative)  # noqa: E731
         if dev == "cuda":
             names = _prefill_kernels(call)
             want = ["<3,"] if cooperative else ["<1,", "<2,"]

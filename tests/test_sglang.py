@@ -184,7 +184,8 @@ def test_c128_online_calls_equal_the_main_api_and_the_formula(device):
         state = torch.full((5, 1, 3 * d), float("nan"), device=device)
         out = torch.full((m, d), float("nan"), device=device)
         sglang.c128_online_prefill(state, rows.to(device), out, ape.to(device), idx,
-                                   compress_plan[:nc].to(device), write_plan[:nw].to(device), None)
+                                   compress_plan[:nc].to(device), write_plan[:nw].to(device), None,
+                                   cooperative=not graph)
         state2 = torch.full((5, 1, 3 * d), float("nan"), device=device)
         out2 = torch.full((m, d), float("nan"), device=device)
         pydsa.c128_prefill(state2, rows.to(device), out2, ape.to(device), idx, (want_c, want_w))
