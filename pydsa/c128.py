@@ -20,8 +20,8 @@ import torch
 import pyplan
 
 from . import _abi, _calls
-from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_NO_COOPERATIVE, FLAG_PDL, OUT_COMPACT, OUT_RAGGED, PREFILL_FORMAT,
-                   check as _check_status, lib, new)
+from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_NO_COOPERATIVE, FLAG_PDL, OUT_COMPACT, OUT_RAGGED,
+                   PREFILL_FORMAT, check as _check_status, lib, new)
 from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, launch_stream, ptr, resolve_device,
                        rows_ptr, shaped_ptr)
 

@@ -695,8 +695,9 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
 // Both lists in one cooperative launch, for eager calls of host plans whose records fit one
 // launch and whose items fit the blocks resident at once (one block per item, no grid stride).
 // Captured calls (a graph pays the launch cost once), device plans, larger plans and calls with
-// DSA_FLAG_NO_COOPERATIVE take two passes. Measured on an H200 (C harness, host us per eager call / device us per call back to
-// back, one launch against two; variant-sweeps-nvidia-h200-2026-11-30-grouped.txt):
+// DSA_FLAG_NO_COOPERATIVE take two passes. Measured on an H200 (C harness, host us per eager call /
+// device us per call back to back, one launch against two;
+// variant-sweeps-nvidia-h200-2026-11-30-grouped.txt):
 //   3 x 700 tokens  4.1 / 6.92 against 6.3 / 6.92     16 x (50-128)  4.0 / 6.83 against 6.3 / 6.88
 //   4 x 1K          4.5 / 8.20 against 7.1 / 8.07     6 x 1K         4.4 / 9.76 against 7.1 / 9.96
 //   2 x 4K          4.4 / 10.45 against 7.3 / 11.27   32 x (50-200)  4.3 / 8.70 against 7.1 / 8.29
