@@ -91,6 +91,50 @@ def test_no_call_waits_for_queued_gpu_work():
         assert elapsed < 0.1, f"{name}: 10 calls behind 1 s of GPU work took {elapsed * 1e3:.0f} ms"
 
 
+def _completes_beside_other_stream(cooperative: bool) -> bool:
+    """Whether an eager prefill whose plan has both lists and fills the GPU (2 x 4K tokens with
+    prefixes at D = 512: 66 records of 8 tiles, 528 blocks, all an H200 holds at once) completes
+    while a kernel of another stream still runs (a sleep of about 300 ms on one SM)."""
+    d = 512
+    ext = np.array([4096, 4096], np.int64)
+    plan = pyplan.plan_prefill(ext + np.array([1692, 3423], np.int64), ext)
+    gen = torch.Generator().manual_seed(9)
+    n = int(ext.sum())
+    state = (torch.rand(2, 1, 3 * d, generator=gen) + 1).cuda()
+    kv, ape = torch.randn(n, 2 * d, generator=gen).cuda(), torch.randn(128, d, generator=gen).cuda()
+    out, idx = torch.empty(n, d, device="cuda"), torch.arange(2, dtype=torch.int32, device="cuda")
+    pydsa.c128_prefill(state, kv, out, ape, idx, plan, cooperative=cooperative)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    cycles_per_ms = 1_000_000 / start.elapsed_time(end)
+    other, other_done, done = torch.cuda.Stream(), torch.cuda.Event(), torch.cuda.Event()
+    with torch.cuda.stream(other):
+        torch.cuda._sleep(int(cycles_per_ms * 300))
+        other_done.record()
+    time.sleep(0.01)  # the other kernel is running
+    pydsa.c128_prefill(state, kv, out, ape, idx, plan, cooperative=cooperative)
+    done.record()
+    t0 = time.perf_counter()
+    while not done.query() and time.perf_counter() - t0 < 0.1:
+        time.sleep(0.0005)
+    beside = done.query() and not other_done.query()
+    torch.cuda.synchronize()
+    return beside
+
+
+@gpu
+@pytest.mark.gpu
+def test_prefill_without_cooperative_launch_runs_beside_other_streams():
+    """cooperative=False: an eager prefill that would take a whole-GPU cooperative launch makes
+    ordinary launches instead, which run beside a kernel of another stream and complete while it
+    still runs (a cooperative grid waits for it: README, Limitations)."""
+    assert _completes_beside_other_stream(cooperative=False)
+
+
 @gpu
 @pytest.mark.gpu
 def test_no_call_allocates_device_memory():
