@@ -580,19 +580,25 @@ def _prefill_kernels(fn) -> list:
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("extends,prefixes,passes", [
-    ([300, 70, 77], [0, 130, 5000], ["<3,"]),                 # both lists, 7 records: one launch
-    ([1024] * 4, [1692, 3423, 4089, 1154], ["<3,"]),           # 4K tokens, 36 records x 8 tiles: one launch
-    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<1,", "<2,"]),  # 640 items: two passes
-    ([128, 256], [0, 128], ["<1,"]),                         # compress records only
-    ([5, 60], [3, 0], ["<2,"]),                              # write records only
+@pytest.mark.parametrize("extends,prefixes,passes,how,cooperative", [
+    ([300, 70, 77], [0, 130, 5000], ["<3,"], "one-shot", True),     # both lists, 7 records: one launch
+    ([300, 70, 77], [0, 130, 5000], ["<3,"], "prepared", True),
+    ([300, 70, 77], [0, 130, 5000], ["<3,"], "sglang", True),       # host plan tensors
+    ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "one-shot", False),  # cooperative=False: two passes
+    ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "prepared", False),
+    ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "sglang", False),
+    ([1024] * 4, [1692, 3423, 4089, 1154], ["<3,"], "one-shot", True),  # 4K tokens, 36 records x 8 tiles: one launch
+    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<1,", "<2,"], "one-shot", True),  # 640 items
+    ([128, 256], [0, 128], ["<1,"], "one-shot", True),                 # compress records only
+    ([5, 60], [3, 0], ["<2,"], "one-shot", True),                      # write records only
 ])
-def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, passes):
+def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, passes, how, cooperative):
     """An eager host-plan prefill with both lists whose work items fit the blocks the GPU holds at
     once (an H200: 132 SMs x 4 = 528; D = 512 takes 64-channel tiles here, 8 per record) is one
-    cooperative launch of the two-list kernel; a larger one is the compress pass, then the write
-    pass; a plan with one list is one launch of that list's kernel. Each result equals the host
-    backend's."""
+    cooperative launch of the two-list kernel, unless called with cooperative=False; a larger one
+    is the compress pass, then the write pass; a plan with one list is one launch of that list's
+    kernel. One-shot, prepared, and through the sglang layer with host plan tensors. Each result
+    equals the host backend's."""
     d = 512
     ext = np.array(extends, np.int64)
     seq = ext + np.array(prefixes, np.int64)
@@ -606,34 +612,6 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
         state = state0.clone().to(dev)
         out = torch.full((n, d), POISON, device=dev)
         args = (state, kv.to(dev), out, ape.to(dev), idx.to(dev), plan)
-        if dev == "cuda":
-            names = _prefill_kernels(lambda: pydsa.c128_prefill(*args))
-            assert [next(p for p in ("<1,", "<2,", "<3,") if p in name) for name in names] == passes, names
-        else:
-            pydsa.c128_prefill(*args)
-        results[dev] = (state.cpu(), out.cpu())
-    _same_as_host(results)
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("how", ["one-shot", "prepared", "sglang"])
-def test_prefill_without_cooperative_launch_takes_two_passes(how):
-    """cooperative=False: a plan that would take the one cooperative launch (both lists, items
-    within one wave) takes the compress pass, then the write pass, with the host backend's
-    results; the default on the same call takes one launch. One-shot, prepared, and through the
-    sglang layer with host plan tensors."""
-    d, ext, prefixes = 512, np.array([300, 70, 77], np.int64), [0, 130, 5000]
-    plan = pyplan.plan_prefill(ext + np.array(prefixes, np.int64), ext)
-    n, b = int(ext.sum()), len(ext)
-    gen = torch.Generator().manual_seed(5)
-    kv, ape, state0 = torch.randn(n, 2 * d, generator=gen), ape_for(d), random_state(b, d, gen)
-    idx = torch.randperm(b, generator=gen).to(torch.int32)
-    results = {}
-    for dev, cooperative in (("cpu", False), ("cuda", True), ("cuda", False)):
-        state = state0.clone().to(dev)
-        out = torch.full((n, d), POISON, device=dev)
-        args = (state, kv.to(dev), out, ape.to(dev), idx.to(dev), plan)
         if how == "prepared":
             call = pydsa.C128Prefill(*args, cooperative=cooperative).launch
         elif how == "sglang":
@@ -643,10 +621,7 @@ def test_prefill_without_cooperative_launch_takes_two_passes(how):
             call = lambda: pydsa.c128_prefill(*args, cooperative=cooperative)  # noqa: E731
         if dev == "cuda":
             names = _prefill_kernels(call)
-            want = ["<3,"] if cooperative else ["<1,", "<2,"]
-            assert [next(p for p in ("<1,", "<2,", "<3,") if p in name) for name in names] == want, names
-            if cooperative:
-                continue
+            assert [next(p for p in ("<1,", "<2,", "<3,") if p in name) for name in names] == passes, names
         else:
             call()
         results[dev] = (state.cpu(), out.cpu())

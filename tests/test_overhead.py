@@ -66,6 +66,16 @@ def _ops(device):
     }
 
 
+def _sleep_cycles_per_ms() -> float:
+    """GPU clock cycles of torch.cuda._sleep per millisecond, measured."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    return 1_000_000 / start.elapsed_time(end)
+
+
 @gpu
 @pytest.mark.gpu
 def test_no_call_waits_for_queued_gpu_work():
@@ -75,12 +85,7 @@ def test_no_call_waits_for_queued_gpu_work():
     for fn in ops.values():
         fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_ms = 1_000_000 / start.elapsed_time(end)
+    cycles_per_ms = _sleep_cycles_per_ms()
     for name, fn in ops.items():
         torch.cuda._sleep(int(cycles_per_ms * 1000))  # ~1 s
         t0 = time.perf_counter()
@@ -105,12 +110,7 @@ def _completes_beside_other_stream(cooperative: bool) -> bool:
     out, idx = torch.empty(n, d, device="cuda"), torch.arange(2, dtype=torch.int32, device="cuda")
     pydsa.c128_prefill(state, kv, out, ape, idx, plan, cooperative=cooperative)
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    torch.cuda._sleep(1_000_000)
-    end.record()
-    end.synchronize()
-    cycles_per_ms = 1_000_000 / start.elapsed_time(end)
+    cycles_per_ms = _sleep_cycles_per_ms()
     other, other_done, done = torch.cuda.Stream(), torch.cuda.Event(), torch.cuda.Event()
     with torch.cuda.stream(other):
         torch.cuda._sleep(int(cycles_per_ms * 300))
