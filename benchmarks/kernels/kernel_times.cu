@@ -115,8 +115,9 @@ int main(int argc, char** argv) {
   }
   struct MdCase { const char* name; int64_t bs, width, real_cols, meta; };
   for (MdCase mc : {MdCase{"md32x2048K3", 32, 2048, 0, 0}, MdCase{"md128x4096K3", 128, 4096, 0, 0}, MdCase{"md64x8192+gK3", 64, 8192, 128, 1024},
-                    MdCase{"md1x128K3", 1, 128, 0, 0}, MdCase{"md32x2048K1", 32, 2048, 0, 0}, MdCase{"md256x32768K1", 256, 32768, 0, 0}}) {
-    const int K = strstr(mc.name, "K1") ? 1 : 3;
+                    MdCase{"md1x128K3", 1, 128, 0, 0}, MdCase{"md32x2048K1", 32, 2048, 0, 0}, MdCase{"md256x32768K1", 256, 32768, 0, 0},
+                    MdCase{"md32x2048K8", 32, 2048, 0, 0}, MdCase{"md128x4096K8", 128, 4096, 0, 0}}) {
+    const int K = atoi(strrchr(mc.name, 'K') + 1);
     const int64_t bs = mc.bs, W = mc.width, R = mc.real_cols, M = mc.meta;
     auto ri = [&](size_t n) { std::vector<int32_t> v(n); for (auto& x : v) x = (int32_t)(rng() % 100000); return up(v); };
     dsa_metadata_copy_params q{}; q.struct_size = sizeof q; q.device = 0; q.mode = DSA_MODE_DECODE; q.bs = bs; q.page_rows = bs; q.page_width = W;
@@ -124,7 +125,7 @@ int main(int argc, char** argv) {
     q.src.cache_seqlens = ri(bs); q.src.cu_seqlens_k = ri(bs + 1); q.src.page_indices = ri(bs * W); q.src.dsa_cache_seqlens = ri(bs); q.src.dsa_cu_seqlens_k = ri(bs + 1);
     if (R) q.src.real_page_table = ri(bs * R);
     if (M) q.src.num_splits = ri(bs + 1), q.src.flashmla_metadata = ri(M);
-    std::vector<dsa_metadata_destination> dd(3);
+    std::vector<dsa_metadata_destination> dd(K);
     for (auto& d : dd) {
       d.cache_seqlens = ri(bs); d.cache_seqlens_len = bs; d.cu_seqlens_k = ri(bs + 1); d.cu_seqlens_k_len = bs + 1;
       d.page_table = ri(bs * W); d.page_table_rows = bs; d.page_table_cols = W; d.page_table_stride = W;

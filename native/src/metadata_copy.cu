@@ -24,34 +24,66 @@ __host__ __device__ constexpr int64_t tile_elements(int unroll) { return kThread
 constexpr int kMaxJobs = 9;
 constexpr int kBlocksPerSm = 8;
 
+// A job's kernel fields, for plans whose jobs carry kDst destinations: 1, 2 or 3 (the count known
+// at compile time, the parameters only as large as they need to be) or 0 (up to
+// DSA_MAX_DESTINATIONS, the count read at run time). Measured on an H200 (C harness, graph us, one
+// layout for every K / these): K = 3, 1 x 128 1.78 / 1.67, 32 x 2048 2.35 / 2.12, 128 x 4096 3.30 /
+// 3.22, 64 x 8192 + groups 3.46 / 3.48; K = 1, 32 x 2048 2.03 / 2.02, 256 x 32768 18.52 / 18.35;
+// K = 8, 32 x 2048 2.83 / 2.79 (sweep 4 in variant-sweeps-nvidia-h200-2026-11-30-prefetch.txt).
+template <int kDst>
 struct CopyJob {
+  static constexpr int kSlots = kDst > 0 ? kDst : DSA_MAX_DESTINATIONS;
   const int32_t* src;
-  int64_t src_stride;  // elements between source rows
-  int64_t rows;
-  int64_t width;           // elements copied per row
+  int64_t src_stride;     // elements between source rows
+  int64_t width;          // elements copied per row
   int64_t tiles_per_row;  // ceil(width / tile elements)
-  int32_t* dst[DSA_MAX_DESTINATIONS];
-  int64_t dst_stride[DSA_MAX_DESTINATIONS];
+  int32_t* dst[kSlots];
+  int64_t dst_stride[kSlots];
 };
 
 // Kernel parameters live in constant memory, fetched on first use: the fields every block reads
 // first (the tile ranges) share one line so that finding a block's job costs a single fetch.
+template <int kDst>
 struct CopyPlan {
   int64_t first_tile[kMaxJobs + 1];  // job j covers tiles [first_tile[j], first_tile[j + 1])
   int32_t num_jobs;
   int32_t num_dst;
-  CopyJob job[kMaxJobs];
+  CopyJob<kDst> job[kMaxJobs];
+  __host__ __device__ int destinations() const { return kDst > 0 ? kDst : num_dst; }
 };
+
+// The host's view: the plan with every destination slot, and each job's row count.
+struct Jobs {
+  CopyPlan<0> plan;
+  int64_t rows[kMaxJobs];
+};
+
+// The plan for a launch whose K destinations are kDst.
+template <int kDst>
+CopyPlan<kDst> plan_for(const CopyPlan<0>& all) {
+  CopyPlan<kDst> p;
+  std::memset(&p, 0, sizeof p);
+  p.num_jobs = all.num_jobs, p.num_dst = all.num_dst;
+  std::memcpy(p.first_tile, all.first_tile, sizeof p.first_tile);
+  for (int j = 0; j < all.num_jobs; ++j) {
+    const CopyJob<0>& from = all.job[j];
+    CopyJob<kDst>& to = p.job[j];
+    to.src = from.src, to.src_stride = from.src_stride, to.width = from.width, to.tiles_per_row = from.tiles_per_row;
+    for (int k = 0; k < p.destinations(); ++k) to.dst[k] = from.dst[k], to.dst_stride[k] = from.dst_stride[k];
+  }
+  return p;
+}
 
 // Copies elements [0, n) of one row slice to every destination, with 16-byte accesses when the
 // source and all destinations share one alignment, else with 4-byte accesses.
-template <int kUnroll>
-__device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& job, int64_t row,
+template <int kUnroll, int kDst>
+__device__ __forceinline__ void copy_span(const CopyPlan<kDst>& plan, const CopyJob<kDst>& job, int64_t row,
                                           int64_t col, int64_t n) {
+  const int destinations = plan.destinations();
   const int32_t* src = job.src + row * job.src_stride + col;
   const uintptr_t misalignment = (uintptr_t)src & 15;
   bool vectorizable = (misalignment & 3) == 0;
-  for (int k = 0; k < plan.num_dst; ++k)
+  for (int k = 0; k < destinations; ++k)
     vectorizable &= ((uintptr_t)(job.dst[k] + row * job.dst_stride[k] + col) & 15) == misalignment;
   int64_t head = vectorizable ? std::min<int64_t>(n, ((16 - misalignment) & 15) / 4) : n;
   const int64_t vectors = vectorizable ? (n - head) / 4 : 0;
@@ -63,7 +95,7 @@ __device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& j
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (i0 + u * kThreads < head) v[u] = __ldg(src + i0 + u * kThreads);
-    for (int k = 0; k < plan.num_dst; ++k) {
+    for (int k = 0; k < destinations; ++k) {
       int32_t* dst = job.dst[k] + row * job.dst_stride[k] + col;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
@@ -77,7 +109,7 @@ __device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& j
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (i0 + u * kThreads < vectors) v[u] = __ldg(src4 + i0 + u * kThreads);
-    for (int k = 0; k < plan.num_dst; ++k) {
+    for (int k = 0; k < destinations; ++k) {
       int4* dst4 = reinterpret_cast<int4*>(job.dst[k] + row * job.dst_stride[k] + col + head);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
@@ -87,12 +119,12 @@ __device__ __forceinline__ void copy_span(const CopyPlan& plan, const CopyJob& j
   const int64_t i = tail_begin + threadIdx.x;
   if (i < n) {
     const int32_t v = __ldg(src + i);
-    for (int k = 0; k < plan.num_dst; ++k) job.dst[k][row * job.dst_stride[k] + col + i] = v;
+    for (int k = 0; k < destinations; ++k) job.dst[k][row * job.dst_stride[k] + col + i] = v;
   }
 }
 
-template <int kUnroll>
-__global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan plan) {
+template <int kUnroll, int kDst>
+__global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan<kDst> plan) {
   constexpr int64_t kTileElements = tile_elements(kUnroll);
   wait_for_producers();
   allow_dependents();
@@ -100,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_co
   for (int64_t tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
     int j = 0;
     while (j + 1 < plan.num_jobs && plan.first_tile[j + 1] <= tile) ++j;
-    const CopyJob& job = plan.job[j];
+    const CopyJob<kDst>& job = plan.job[j];
     const int64_t local = tile - plan.first_tile[j];
     const int64_t row = local / job.tiles_per_row;
     const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
@@ -109,10 +141,11 @@ __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_co
   }
 }
 
-void host_copy(const CopyPlan& plan) {
+void host_copy(const Jobs& jobs) {
+  const CopyPlan<0>& plan = jobs.plan;
   for (int j = 0; j < plan.num_jobs; ++j) {
-    const CopyJob& job = plan.job[j];
-    for (int64_t r = 0; r < job.rows; ++r)
+    const CopyJob<0>& job = plan.job[j];
+    for (int64_t r = 0; r < jobs.rows[j]; ++r)
       for (int k = 0; k < plan.num_dst; ++k)
         std::memcpy(job.dst[k] + r * job.dst_stride[k], job.src + r * job.src_stride,
                     (size_t)job.width * sizeof(int32_t));
@@ -145,26 +178,28 @@ dsa_status check_capacity(int k, const char* name, int64_t have, int64_t need) {
 
 // Cuts job j's rows into tiles of `elements`, after the tiles of jobs 0..j-1; false when the
 // launch would exceed 2^62 tiles (only for corrupt sizes).
-bool tile_job(CopyPlan& plan, int j, int64_t elements) {
-  CopyJob& job = plan.job[j];
+bool tile_job(Jobs& jobs, int j, int64_t elements) {
+  CopyPlan<0>& plan = jobs.plan;
+  CopyJob<0>& job = plan.job[j];
   job.tiles_per_row = (job.width + elements - 1) / elements;
-  if (job.rows > (INT64_C(1) << 62) / job.tiles_per_row) return false;
-  plan.first_tile[j + 1] = plan.first_tile[j] + job.rows * job.tiles_per_row;
+  if (jobs.rows[j] > (INT64_C(1) << 62) / job.tiles_per_row) return false;
+  plan.first_tile[j + 1] = plan.first_tile[j] + jobs.rows[j] * job.tiles_per_row;
   return plan.first_tile[j + 1] <= (INT64_C(1) << 62);
 }
 
 // Appends a job in small tiles; false when the launch would exceed 2^62 tiles.
-bool add_job(CopyPlan& plan, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
-  const int j = plan.num_jobs++;
-  CopyJob& job = plan.job[j];
+bool add_job(Jobs& jobs, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
+  const int j = jobs.plan.num_jobs++;
+  CopyJob<0>& job = jobs.plan.job[j];
   job.src = src;
   job.src_stride = src_stride;
-  job.rows = rows;
   job.width = width;
-  return tile_job(plan, j, tile_elements(kSmallUnroll));
+  jobs.rows[j] = rows;
+  return tile_job(jobs, j, tile_elements(kSmallUnroll));
 }
 
-dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
+dsa_status build_plan(const dsa_metadata_copy_params& p, Jobs& jobs) {
+  CopyPlan<0>& plan = jobs.plan;
   if (p.mode < DSA_MODE_DECODE || p.mode > DSA_MODE_DRAFT_EXTEND)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: mode is %d; expected 0 (DECODE), 1 (TARGET_VERIFY) or 2 (DRAFT_EXTEND)", kOp, p.mode);
   if (p.num_destinations < 1 || p.num_destinations > DSA_MAX_DESTINATIONS || p.destinations == nullptr)
@@ -195,7 +230,7 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
       {"num_splits", s.num_splits, &dsa_metadata_destination::num_splits, 0, flashmla ? 1 : 0, n + 1, 0},
       {"flashmla_metadata", s.flashmla_metadata, &dsa_metadata_destination::flashmla_metadata, 0, flashmla ? 1 : 0, p.metadata_size, 0},
   };
-  std::memset(&plan, 0, sizeof(plan));
+  std::memset(&jobs, 0, sizeof(jobs));
   plan.num_dst = p.num_destinations;
   for (const Field& f : fields) {
     if (f.rows == 0 || f.width == 0) continue;
@@ -203,7 +238,7 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: src.%s is null but %lld x %lld elements are to be copied", kOp,
                   f.name, (long long)f.rows, (long long)f.width);
     const int job = plan.num_jobs;
-    if (!add_job(plan, f.src + f.offset, f.src_stride, f.rows, f.width))
+    if (!add_job(jobs, f.src + f.offset, f.src_stride, f.rows, f.width))
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s is too large to copy in one launch", kOp, f.name);
     for (int k = 0; k < p.num_destinations; ++k) {
       const dsa_metadata_destination& d = p.destinations[k];
@@ -242,6 +277,19 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, CopyPlan& plan) {
   return DSA_STATUS_OK;
 }
 
+// One launch of `plan` in the layout for its destination count (kDst 0: any count).
+template <int kDst>
+cudaError_t launch_copy(const CopyPlan<0>& plan, bool large, unsigned grid, cudaStream_t stream, unsigned mode) {
+  if constexpr (kDst == 0) {
+    return large ? launch(metadata_copy_kernel<kLargeUnroll, 0>, grid, kThreads, stream, mode, plan)
+                 : launch(metadata_copy_kernel<kSmallUnroll, 0>, grid, kThreads, stream, mode, plan);
+  } else {
+    const CopyPlan<kDst> narrow = plan_for<kDst>(plan);
+    return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst>, grid, kThreads, stream, mode, narrow)
+                 : launch(metadata_copy_kernel<kSmallUnroll, kDst>, grid, kThreads, stream, mode, narrow);
+  }
+}
+
 }  // namespace
 }  // namespace dsa
 
@@ -250,11 +298,12 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   DSA_TRY(check_struct(params, kOp));
   const dsa_metadata_copy_params& p = *params;
   if (p.bs == 0) return ok();
-  CopyPlan plan;
-  DSA_TRY(build_plan(p, plan));
+  Jobs jobs;
+  DSA_TRY(build_plan(p, jobs));
+  const CopyPlan<0>& plan = jobs.plan;
   if (plan.num_jobs == 0) return ok();
   if (p.device == DSA_DEVICE_HOST) {
-    host_copy(plan);
+    host_copy(jobs);
     return ok();
   }
   int sms = 0;
@@ -263,11 +312,14 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   // Large tiles once the small ones would number over 2 per resident block.
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
   if (large)  // fewer tiles than the small ones: cannot fail
-    for (int j = 0; j < plan.num_jobs; ++j) tile_job(plan, j, tile_elements(kLargeUnroll));
+    for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kLargeUnroll));
   const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], (int64_t)sms * kBlocksPerSm);
   const cudaStream_t s = (cudaStream_t)stream;
-  const bool pdl = p.flags & DSA_FLAG_PDL;
-  DSA_TRY(launch_status(large ? launch(metadata_copy_kernel<kLargeUnroll>, grid, kThreads, s, pdl ? kLaunchPdl : 0u, plan)
-                              : launch(metadata_copy_kernel<kSmallUnroll>, grid, kThreads, s, pdl ? kLaunchPdl : 0u, plan), kOp));
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const cudaError_t err = plan.num_dst == 1   ? launch_copy<1>(plan, large, grid, s, mode)
+                          : plan.num_dst == 2 ? launch_copy<2>(plan, large, grid, s, mode)
+                          : plan.num_dst == 3 ? launch_copy<3>(plan, large, grid, s, mode)
+                                              : launch_copy<0>(plan, large, grid, s, mode);
+  DSA_TRY(launch_status(err, kOp));
   return ok();
 }
