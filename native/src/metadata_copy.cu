@@ -277,17 +277,11 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, Jobs& jobs) {
   return DSA_STATUS_OK;
 }
 
-// One launch of `plan` in the layout for its destination count (kDst 0: any count).
+// One launch of `plan`, in large or small tiles.
 template <int kDst>
-cudaError_t launch_copy(const CopyPlan<0>& plan, bool large, unsigned grid, cudaStream_t stream, unsigned mode) {
-  if constexpr (kDst == 0) {
-    return large ? launch(metadata_copy_kernel<kLargeUnroll, 0>, grid, kThreads, stream, mode, plan)
-                 : launch(metadata_copy_kernel<kSmallUnroll, 0>, grid, kThreads, stream, mode, plan);
-  } else {
-    const CopyPlan<kDst> narrow = plan_for<kDst>(plan);
-    return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst>, grid, kThreads, stream, mode, narrow)
-                 : launch(metadata_copy_kernel<kSmallUnroll, kDst>, grid, kThreads, stream, mode, narrow);
-  }
+cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, unsigned grid, cudaStream_t stream, unsigned mode) {
+  return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst>, grid, kThreads, stream, mode, plan)
+               : launch(metadata_copy_kernel<kSmallUnroll, kDst>, grid, kThreads, stream, mode, plan);
 }
 
 }  // namespace
@@ -316,10 +310,11 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], (int64_t)sms * kBlocksPerSm);
   const cudaStream_t s = (cudaStream_t)stream;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const cudaError_t err = plan.num_dst == 1   ? launch_copy<1>(plan, large, grid, s, mode)
-                          : plan.num_dst == 2 ? launch_copy<2>(plan, large, grid, s, mode)
-                          : plan.num_dst == 3 ? launch_copy<3>(plan, large, grid, s, mode)
-                                              : launch_copy<0>(plan, large, grid, s, mode);
+  // In the layout for its destination count (plan_for: K = 1, 2, 3; any count: the plan as built).
+  const cudaError_t err = plan.num_dst == 1   ? launch_copy(plan_for<1>(plan), large, grid, s, mode)
+                          : plan.num_dst == 2 ? launch_copy(plan_for<2>(plan), large, grid, s, mode)
+                          : plan.num_dst == 3 ? launch_copy(plan_for<3>(plan), large, grid, s, mode)
+                                              : launch_copy(plan, large, grid, s, mode);
   DSA_TRY(launch_status(err, kOp));
   return ok();
 }
