@@ -1,4 +1,6 @@
 """Online c128 compression (SPEC 1): the same properties on the host backend and on the GPU."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -588,17 +590,20 @@ def _prefill_kernels(fn) -> list:
     ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "prepared", False),
     ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "sglang", False),
     ([1024] * 4, [1692, 3423, 4089, 1154], ["<3,"], "one-shot", True),  # 4K tokens, 36 records x 8 tiles: one launch
-    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<1,", "<2,"], "one-shot", True),  # 640 items
+    # 72 records: 576 64-channel items, 288 128-channel ones: one launch in the wide layout
+    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<3,"], "one-shot", True),
+    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<3,"], "prepared", True),
+    ([1024] * 16, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619] * 2, ["<1,", "<2,"], "one-shot", True),  # 576 wide items
     ([128, 256], [0, 128], ["<1,"], "one-shot", True),                 # compress records only
     ([5, 60], [3, 0], ["<2,"], "one-shot", True),                      # write records only
 ])
 def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, passes, how, cooperative):
     """An eager host-plan prefill with both lists whose work items fit the blocks the GPU holds at
-    once (an H200: 132 SMs x 4 = 528; D = 512 takes 64-channel tiles here, 8 per record) is one
-    cooperative launch of the two-list kernel, unless called with cooperative=False; a larger one
-    is the compress pass, then the write pass; a plan with one list is one launch of that list's
-    kernel. One-shot, prepared, and through the sglang layer with host plan tensors. Each result
-    equals the host backend's."""
+    once (an H200: 132 SMs x 4 = 528; D = 512 takes 64-channel tiles here, 8 per record, or
+    128-channel ones, 4 per record, when only those fit) is one cooperative launch of the two-list
+    kernel, unless called with cooperative=False; a larger one is the compress pass, then the
+    write pass; a plan with one list is one launch of that list's kernel. One-shot, prepared, and
+    through the sglang layer with host plan tensors. Each result equals the host backend's."""
     d = 512
     ext = np.array(extends, np.int64)
     seq = ext + np.array(prefixes, np.int64)
@@ -622,6 +627,9 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
         if dev == "cuda":
             names = _prefill_kernels(call)
             assert [next(p for p in ("<1,", "<2,", "<3,") if p in name) for name in names] == passes, names
+            if passes == ["<3,"]:  # 128-channel tiles (log2 of the threads across a tile: 5) iff 64-channel ones overflow
+                lanes_log2 = int(re.search(r"c128_prefill_kernel<3, \d+, float, (\d)>", names[0]).group(1))
+                assert (lanes_log2 == 5) == ((len(plan[0]) + len(plan[1])) * 8 > 528), names
         else:
             call()
         results[dev] = (state.cpu(), out.cpu())

@@ -703,7 +703,11 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
 //   2 x 4K          4.4 / 10.45 against 7.3 / 11.27   32 x (50-200)  4.3 / 8.70 against 7.1 / 8.29
 // (all with prefixes). With more items than resident blocks, one launch would stride and its grid
 // barrier would cost more than the second launch: 8 x 1K 13.59 against 11.58 us of device time,
-// 64 x (1-600) 33.69 against 26.39. Returns false (nothing launched) when it does not apply.
+// 64 x (1-600) 33.69 against 26.39. Plans whose items fit one wave only in the wide layout take it
+// (one launch, wide / two passes, their own layouts; variant-sweeps-nvidia-h200-2026-11-30-fit.txt):
+//   8 x 1K          4.7 / 11.25 against 8.2 / 11.54     12 x 1K        4.8 / 19.74 against 7.9 / 20.17
+//   8 x (1-2K)      4.9 / 20.27 against 8.0 / 21.11     4 x 2K         4.7 / 11.33 against 8.0 / 11.15
+// Returns false (nothing launched) when it does not apply.
 template <typename S>
 bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
                      cudaStream_t stream, dsa_status* status, const char* op) {
@@ -711,8 +715,13 @@ bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int
   if (!(p.flags & DSA_FLAG_HOST_PLAN) || (p.flags & DSA_FLAG_NO_COOPERATIVE) || records > DSA_INLINE_RECORDS) return false;
   PrefillLaunch a = {};
   a.p = p;
+  const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
+  auto items = [&](int lanes_log2) { return records * (p.head_dim / (kVec << lanes_log2)); };
   a.lanes_log2 = prefill_lanes_log2(records, p.head_dim, sms);
-  if (records * (p.head_dim / (kVec << a.lanes_log2)) > (int64_t)sms * kPrefillBlocksPerSm) return false;
+  // Too many items for one wave in the layout two passes would take: the wide layout, if its
+  // items fit (a layout wider than the one chosen has fewer, larger items).
+  if (items(a.lanes_log2) > resident && p.head_dim % (kVec << kWide) == 0) a.lanes_log2 = kWide;
+  if (items(a.lanes_log2) > resident) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
     cudaGetLastError();
