@@ -13,13 +13,21 @@
 namespace dsa {
 namespace {
 
-constexpr int kThreads = 256;
-// int32 per tile: kUnroll int4 per thread. Small tiles spread a small copy over more SMs; large
-// ones cut the per-tile work of a large copy. Measured on the H200 (graph us, unroll 8 / 4 / 2 / 1):
-// K = 3, 32 x 2048 page table 2.64 / 2.39 / 2.37 / 2.29; 128 x 4096 3.35 / 3.34 / 3.30 / 3.73;
-// 64 x 8192 + real table + FlashMLA 4.28 / 3.57 / 3.51 / 3.87; K = 1, 256 x 32768 18.47 / 18.41 /
-// 18.62 / 22.36 (sweep 4 in benchmarks/results/variant-sweeps-nvidia-h200-2026-11-29.txt).
-constexpr int kSmallUnroll = 2, kLargeUnroll = 8;
+// 128 threads per block, tiles of kUnroll int4 per thread. Small tiles spread a small copy over
+// more SMs; large ones cut the per-tile work of a large copy. Measured on H200s (graph us):
+//   256 threads, unroll 8 / 4 / 2 / 1: K = 3, 32 x 2048 page table 2.64 / 2.39 / 2.37 / 2.29;
+//   128 x 4096 3.35 / 3.34 / 3.30 / 3.73; 64 x 8192 + real table + FlashMLA 4.28 / 3.57 / 3.51 /
+//   3.87; K = 1, 256 x 32768 18.47 / 18.41 / 18.62 / 22.36 (sweep 4 in
+//   benchmarks/results/variant-sweeps-nvidia-h200-2026-11-29.txt);
+//   small / large tiles of 2048 / 8192 int32 in blocks of 256 threads -> 2048 / 4096 in blocks of
+//   128 (two runs, one lease): K = 3, 1 x 128 1.67 / 1.61 and 1.68 / 1.61; 32 x 2048 2.11 / 2.06 and 2.12 /
+//   2.07; 128 x 4096 3.22 / 3.14 and 3.23 / 3.15; 64 x 8192 + groups 3.49 / 3.27 and 3.49 / 3.27;
+//   K = 1, 256 x 32768 18.34 / 17.84 and 18.35 / 17.86; K = 8, 32 x 2048 2.85 / 2.89 and 2.87 /
+//   2.88, 128 x 4096 5.63 / 5.68 and 5.63 / 5.67. Blocks of 64 threads (2048 / 8192 int32) were
+//   faster on the larger copies and slower on the small ones (K = 3 1 x 128 1.66, 32 x 2048 2.19;
+//   variant-sweeps-nvidia-h200-2026-11-30-fit.txt).
+constexpr int kThreads = 128;
+constexpr int kSmallUnroll = 4, kLargeUnroll = 8;
 __host__ __device__ constexpr int64_t tile_elements(int unroll) { return kThreads * 4 * unroll; }
 constexpr int kMaxJobs = 9;
 constexpr int kBlocksPerSm = 8;
