@@ -244,6 +244,9 @@ def _plan_case(name):
         return np.array([200], np.int64), np.array([120], np.int64)
     if name == "wide":  # 256 compress records after a mid-chunk start, in one launch
         return np.array([32768 + 100], np.int64), np.array([32768], np.int64)
+    if name == "wave":  # 72 records in both lists: at D = 512 on an H200 one launch, in 128-channel tiles only
+        ext = np.full(8, 1024, np.int64)
+        return ext + np.array([1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], np.int64), ext
     # Over DSA_INLINE_RECORDS records in both lists: several chained launches per pass.
     rng = np.random.default_rng(3)
     ext = rng.integers(1, 200, 300).astype(np.int64)
@@ -277,7 +280,7 @@ def _same_as_host(results, state_dtype=torch.float32):
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d,case", [(128, "small"), (256, "small"), (512, "small"), (128, "chained"), (512, "tiny"),
-                                    (512, "wide")])
+                                    (512, "wide"), (512, "wave")])
 def test_gpu_equals_host_backend(d, case, state_dtype):
     """GPU and host backend agree to fp32 rounding on a random prefill (ragged and compact) and
     a decode from the same state, for both state dtypes; the chained case has more plan records
