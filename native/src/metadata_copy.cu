@@ -30,7 +30,11 @@ constexpr int kThreads = 128;
 constexpr int kSmallUnroll = 4, kLargeUnroll = 8;
 __host__ __device__ constexpr int64_t tile_elements(int unroll) { return kThreads * 4 * unroll; }
 constexpr int kMaxJobs = 9;
-constexpr int kBlocksPerSm = 8;
+// Grid caps: small tiles up to 8 blocks per SM, large ones up to 16 (2048 threads). Large tiles,
+// 8 against 16 blocks per SM (C harness, graph us, variant-sweeps-nvidia-h200-2026-11-30-fit.txt):
+// K = 1 256 x 32768 17.89 / 18.16, 512 x 65536 71.59 / 68.81; K = 3 256 x 32768 36.70 / 35.86,
+// 512 x 65536 144.26 / 141.88 (the tree before, 256 threads x 8: 18.37, 69.27, 36.06, 142.84).
+constexpr int kBlocksPerSm = 8, kLargeBlocksPerSm = 16;
 
 // A job's kernel fields, for plans whose jobs carry kDst destinations: 1, 2 or 3 (the count known
 // at compile time, the parameters only as large as they need to be) or 0 (up to
@@ -315,7 +319,8 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
   if (large)  // fewer tiles than the small ones: cannot fail
     for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kLargeUnroll));
-  const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], (int64_t)sms * kBlocksPerSm);
+  const int64_t cap = (int64_t)sms * (large ? kLargeBlocksPerSm : kBlocksPerSm);
+  const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], cap);
   const cudaStream_t s = (cudaStream_t)stream;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   // In the layout for its destination count (plan_for: K = 1, 2, 3; any count: the plan as built).
