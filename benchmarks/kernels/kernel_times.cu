@@ -130,9 +130,10 @@ int main(int argc, char** argv) {
     if (R) q.src.real_page_table = ri(bs * R);
     if (M) q.src.num_splits = ri(bs + 1), q.src.flashmla_metadata = ri(M);
     std::vector<dsa_metadata_destination> dd(K);
+    const int64_t pad = getenv("MD_PAD") ? atoll(getenv("MD_PAD")) : 0;  // destination row padding (the bench pads 128)
     for (auto& d : dd) {
       d.cache_seqlens = ri(bs); d.cache_seqlens_len = bs; d.cu_seqlens_k = ri(bs + 1); d.cu_seqlens_k_len = bs + 1;
-      d.page_table = ri(bs * W); d.page_table_rows = bs; d.page_table_cols = W; d.page_table_stride = W;
+      d.page_table = ri(bs * (W + pad)); d.page_table_rows = bs; d.page_table_cols = W + pad; d.page_table_stride = W + pad;
       d.dsa_cache_seqlens = ri(bs); d.dsa_cache_seqlens_len = bs; d.dsa_cu_seqlens_k = ri(bs + 1); d.dsa_cu_seqlens_k_len = bs + 1;
       if (R) d.real_page_table = ri(bs * R), d.real_page_table_rows = bs, d.real_page_table_cols = R, d.real_page_table_stride = R;
       if (M) d.num_splits = ri(bs + 1), d.num_splits_len = bs + 1, d.flashmla_metadata = ri(M), d.flashmla_metadata_len = M;
@@ -140,7 +141,8 @@ int main(int argc, char** argv) {
     q.num_destinations = K; q.destinations = dd.data();
     if (dsa_metadata_copy(&q, s) != DSA_STATUS_OK) { printf("md failed %s\n", dsa_last_error()); return 1; }
     CK(cudaStreamSynchronize(s));
-    std::vector<int32_t> a = down(q.src.page_indices, bs * W), b = down(dd[K - 1].page_table, bs * W);
+    std::vector<int32_t> a = down(q.src.page_indices, bs * W), b(bs * W);
+    CK(cudaMemcpy2D(b.data(), W * 4, dd[K - 1].page_table, (W + pad) * 4, W * 4, bs, cudaMemcpyDeviceToHost));
     printf("%s decode %s %.3f err %d\n", tag, mc.name, graph_us([&](cudaStream_t st_) { dsa_metadata_copy(&q, st_); }, s), (int)(a != b));
   }
   // Decode, fp32 state at B = 1 / 32 / 256 / 8192 and bf16 state at B = 8192 (P14); checked against
