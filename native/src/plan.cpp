@@ -10,6 +10,11 @@ constexpr int64_t kChunk = DSA_CHUNK;
 // Positions and ragged rows are stored as uint32 with 0xFFFFFFFF reserved for the sentinel.
 constexpr int64_t kMaxCoordinate = 0xFFFFFFFELL;
 
+// Chunk index and offset of a coordinate already validated non-negative: unsigned arithmetic, so
+// the division by 128 is a shift without the sign fix of a signed one.
+inline int64_t chunk_of(int64_t v) { return (int64_t)((uint64_t)v / kChunk); }
+inline bool inside_chunk(int64_t v) { return (uint64_t)v % kChunk != 0; }
+
 const dsa_segment kSentinel = {DSA_SEGMENT_SENTINEL, DSA_SEGMENT_SENTINEL, DSA_SEGMENT_SENTINEL,
                                DSA_SEGMENT_SENTINEL};
 
@@ -41,8 +46,8 @@ dsa_status count_segments(const dsa_plan_params& p, int64_t* num_compress, int64
       return dsa::fail(DSA_STATUS_INVALID_ARGUMENT,
                        "%s: sum of extend_lens exceeds %lld at request %lld", op,
                        (long long)kMaxCoordinate, (long long)b);
-    compress += seq / kChunk - (seq - extend) / kChunk;
-    write += (seq % kChunk) != 0;
+    compress += chunk_of(seq) - chunk_of(seq - extend);
+    write += inside_chunk(seq);
   }
   if (p.graph_mode ? total > p.num_tokens : total != p.num_tokens)
     return dsa::fail(DSA_STATUS_INVALID_ARGUMENT, "%s: sum of extend_lens is %lld but num_tokens is %lld (%s)",
@@ -82,15 +87,15 @@ extern "C" dsa_status dsa_c128_plan_prefill(const dsa_plan_params* params) {
     const int64_t seq = p.seq_lens[b], prefix = seq - p.extend_lens[b];
     // The first segment runs to the end of the prefix's chunk or to seq_len; then whole chunks;
     // then the trailing partial chunk.
-    int64_t end = (prefix / kChunk + 1) * kChunk;
+    int64_t end = (chunk_of(prefix) + 1) * kChunk;
     if (end > seq) end = seq;
     const dsa_segment first = {(uint32_t)(ragged + end - 1 - prefix), (uint32_t)b, (uint32_t)(end - 1),
                                (uint32_t)(end - prefix)};
-    if (end % kChunk == 0)
+    if (!inside_chunk(end))
       p.compress[c++] = first;
     else
       p.write[w++] = first;
-    for (const int64_t full_end = seq / kChunk * kChunk; end < full_end;) {
+    for (const int64_t full_end = chunk_of(seq) * kChunk; end < full_end;) {
       end += kChunk;
       p.compress[c++] = {(uint32_t)(ragged + end - 1 - prefix), (uint32_t)b, (uint32_t)(end - 1), (uint32_t)kChunk};
     }
