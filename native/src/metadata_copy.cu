@@ -49,6 +49,7 @@ struct CopyJob {
   int64_t src_stride;     // elements between source rows
   int64_t width;          // elements copied per row
   int64_t tiles_per_row;  // ceil(width / tile elements)
+  uint32_t div_mul, div_shift;  // local tile / tiles_per_row = quotient(local, div_mul, div_shift) (div_mul 0: divide)
   int32_t* dst[kSlots];
   int64_t dst_stride[kSlots];
 };
@@ -81,9 +82,34 @@ CopyPlan<kDst> plan_for(const CopyPlan<0>& all) {
     const CopyJob<0>& from = all.job[j];
     CopyJob<kDst>& to = p.job[j];
     to.src = from.src, to.src_stride = from.src_stride, to.width = from.width, to.tiles_per_row = from.tiles_per_row;
+    to.div_mul = from.div_mul, to.div_shift = from.div_shift;
     for (int k = 0; k < p.destinations(); ++k) to.dst[k] = from.dst[k], to.dst_stride[k] = from.dst_stride[k];
   }
   return p;
+}
+
+// n / d for 32-bit n with d's multiplier and shift from divisor_of (round-up method: the 33-bit sum
+// of the high product and n, shifted). A block finds its tile's row with it before its first load;
+// the compiled division there (no integer divide instruction: a sequence of dependent steps) cost
+// more. H200, C harness, graph us, division / multiplier: K = 3 128 x 4096 3.17 / 3.12,
+// 64 x 8192 + groups 3.28 / 3.20; K = 1 32 x 2048 1.98 / 1.92, 1 x 128 1.47 / 1.42
+// (variant-sweeps-nvidia-h200-2026-11-30-fit.txt, sweep 5).
+__host__ __device__ __forceinline__ uint32_t quotient(uint32_t n, uint32_t mul, uint32_t shift) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t hi = __umulhi(mul, n);
+#else
+  const uint32_t hi = (uint32_t)(((uint64_t)mul * n) >> 32);
+#endif
+  return (uint32_t)(((uint64_t)hi + n) >> shift);
+}
+
+// Multiplier and shift for dividing by d (1 <= d < 2^32): shift = ceil(log2 d),
+// mul = floor(2^32 (2^shift - d) / d) + 1.
+void divisor_of(uint32_t d, uint32_t* mul, uint32_t* shift) {
+  uint32_t l = 0;
+  while ((UINT64_C(1) << l) < d) ++l;
+  *mul = (uint32_t)((((UINT64_C(1) << 32) * ((UINT64_C(1) << l) - d)) / d) + 1);
+  *shift = l;
 }
 
 // Copies elements [0, n) of one row slice to every destination, with 16-byte accesses when the
@@ -146,7 +172,8 @@ __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_co
     while (j + 1 < plan.num_jobs && plan.first_tile[j + 1] <= tile) ++j;
     const CopyJob<kDst>& job = plan.job[j];
     const int64_t local = tile - plan.first_tile[j];
-    const int64_t row = local / job.tiles_per_row;
+    const int64_t row = job.div_mul != 0 ? (int64_t)quotient((uint32_t)local, job.div_mul, job.div_shift)
+                                         : local / job.tiles_per_row;
     const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
     const int64_t remaining = job.width - col;
     copy_span<kUnroll>(plan, job, row, col, remaining < kTileElements ? remaining : kTileElements);
@@ -195,6 +222,9 @@ bool tile_job(Jobs& jobs, int j, int64_t elements) {
   CopyJob<0>& job = plan.job[j];
   job.tiles_per_row = (job.width + elements - 1) / elements;
   if (jobs.rows[j] > (INT64_C(1) << 62) / job.tiles_per_row) return false;
+  job.div_mul = job.div_shift = 0;
+  if (jobs.rows[j] * job.tiles_per_row < (INT64_C(1) << 32))  // the divisor and every local tile index fit 32 bits
+    divisor_of((uint32_t)job.tiles_per_row, &job.div_mul, &job.div_shift);
   plan.first_tile[j + 1] = plan.first_tile[j] + jobs.rows[j] * job.tiles_per_row;
   return plan.first_tile[j + 1] <= (INT64_C(1) << 62);
 }
