@@ -724,6 +724,26 @@ def test_abi_refuses_a_wrong_struct_size():
     assert "struct_size" in _abi.lib.dsa_last_error().decode()
 
 
+@gpu
+@pytest.mark.gpu
+def test_gpu_decode_refuses_a_batch_beyond_int32_before_launching():
+    """The decode kernel indexes requests in 32 bits: a batch_size above INT32_MAX is refused by
+    the C entry point with a clear error, and nothing runs (the buffers stay as they were)."""
+    import ctypes
+    d = 128
+    args = _valid(torch.device("cuda"), d=d)
+    state0 = args["state"].clone()
+    p = _abi.new(_abi.DecodeParams)
+    p.device, p.head_dim, p.num_slots, p.batch_size = torch.cuda.current_device(), d, 4, 2 ** 31
+    for field in ("state", "kv_score", "out", "ape", "indices", "seq_lens"):
+        setattr(p, field, args[field].data_ptr())
+    status = _abi.lib.dsa_c128_decode(ctypes.byref(p), torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    assert status == 1
+    assert "batch_size or head_dim too large" in _abi.lib.dsa_last_error().decode()
+    assert torch.equal(args["state"], state0)
+
+
 def _dlpack_arrays(device):
     """A DLPack-speaking array module for `device` (numpy on the host, CuPy on the GPU), or a skip."""
     if device.type == "cpu":

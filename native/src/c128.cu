@@ -91,11 +91,15 @@ template <int VEC, typename S>
 __global__ void __launch_bounds__(kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ dsa_c128_decode_params p) {
   const int D = p.head_dim;
-  const int64_t b = (int64_t)blockIdx.x * blockDim.y + threadIdx.y;
+  // 32-bit request index and offsets where they fit (batch_size <= INT32_MAX, head_dim < 2^27: host
+  // checks). H200, C harness, graph us, 64-bit / 32-bit (minimum of five rounds; B = 256 median):
+  // B = 1 1.51 / 1.47, B = 32 1.63 / 1.59, B = 256 2.04 / 2.04, bf16 state B = 8192 23.79 / 23.10
+  // (variant-sweeps-nvidia-h200-2026-11-30-fit.txt, sweeps 5-6).
+  const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
   const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
   if (b >= p.batch_size || ch >= D) return;
   wait_for_producers();
-  const float* token = p.kv_score + b * 2 * D + ch;
+  const float* token = p.kv_score + ((int64_t)b * (2 * D) + ch);
   const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
   const int32_t seq_len = __ldg(p.seq_lens + b);
   const int32_t slot = __ldg(p.indices + b);
@@ -105,9 +109,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  const int c = (seq_len - 1) % DSA_CHUNK;
-  S* state = static_cast<S*>(p.state) + (int64_t)slot * 3 * D + ch;
-  const Lanes<VEC> bias = load_lanes<VEC>(p.ape + (int64_t)c * D + ch);
+  const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
+  S* state = static_cast<S*>(p.state) + (int64_t)slot * (3 * D) + ch;
+  const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((int64_t)c * D + ch));
   Lanes<VEC> m, s, k;
   if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
 #pragma unroll
@@ -117,7 +121,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
     m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
   }
   if (c == DSA_CHUNK - 1) {
-    store_lanes<VEC>(p.out + b * D + ch, k);
+    store_lanes<VEC>(p.out + ((int64_t)b * D + ch), k);
   } else {
     store_state<VEC>(state, m);
     store_state<VEC>(state + D, s);
@@ -880,7 +884,7 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   const int tile_lanes = (lanes + tiles - 1) / tiles;
   const int rows = std::max(1, kDecodeThreads / tile_lanes);
   const int64_t blocks = (p.batch_size + rows - 1) / rows;
-  if (blocks > INT32_MAX || tiles > 65535)
+  if (p.batch_size > INT32_MAX || tiles > 65535)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
   DeviceGuard guard(p.device);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
