@@ -76,8 +76,9 @@ typedef enum dsa_struct_id {
                                  graph that captures such a call keeps the records of capture time.
                                  An uncaptured call of a plan with both lists whose records fit one
                                  launch and whose work items fit the blocks the GPU holds at once
-                                 takes one cooperative launch; otherwise the compress list, then the
-                                 write list, each in its own launches. */
+                                 (in the tiles the plan's size calls for, or else in 128-channel
+                                 tiles) takes one cooperative launch; otherwise the compress list,
+                                 then the write list, each in its own launches. */
 #define DSA_FLAG_NO_COOPERATIVE 4u /* prefill: never the one cooperative launch of DSA_FLAG_HOST_PLAN;
                                       the two passes as ordinary launches. A cooperative grid starts
                                       only once all its blocks fit at once, so next to kernels of
