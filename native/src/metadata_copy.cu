@@ -19,13 +19,13 @@ namespace {
 //   128 x 4096 3.35 / 3.34 / 3.30 / 3.73; 64 x 8192 + real table + FlashMLA 4.28 / 3.57 / 3.51 /
 //   3.87; K = 1, 256 x 32768 18.47 / 18.41 / 18.62 / 22.36 (sweep 4 in
 //   benchmarks/results/variant-sweeps-nvidia-h200-2026-11-29.txt);
-//   small / large tiles of 2048 / 8192 int32 in blocks of 256 threads -> 2048 / 4096 in blocks of
-//   128 (two runs, one lease): K = 3, 1 x 128 1.67 / 1.61 and 1.68 / 1.61; 32 x 2048 2.11 / 2.06 and 2.12 /
-//   2.07; 128 x 4096 3.22 / 3.14 and 3.23 / 3.15; 64 x 8192 + groups 3.49 / 3.27 and 3.49 / 3.27;
-//   K = 1, 256 x 32768 18.34 / 17.84 and 18.35 / 17.86; K = 8, 32 x 2048 2.85 / 2.89 and 2.87 /
-//   2.88, 128 x 4096 5.63 / 5.68 and 5.63 / 5.67. Blocks of 64 threads (2048 / 8192 int32) were
-//   faster on the larger copies and slower on the small ones (K = 3 1 x 128 1.66, 32 x 2048 2.19;
-//   variant-sweeps-nvidia-h200-2026-11-30-fit.txt).
+//   small / large tiles of 2048 / 8192 int32 in blocks of 256 threads -> 2048 / 4096 in blocks
+//   of 128 (two runs, one lease): K = 3, 1 x 128 1.67 / 1.61 and 1.68 / 1.61; 32 x 2048 2.11 /
+//   2.06 and 2.12 / 2.07; 128 x 4096 3.22 / 3.14 and 3.23 / 3.15; 64 x 8192 + groups 3.49 / 3.27
+//   and 3.49 / 3.27; K = 1, 256 x 32768 18.34 / 17.84 and 18.35 / 17.86; K = 8, 32 x 2048 2.85 /
+//   2.89 and 2.87 / 2.88, 128 x 4096 5.63 / 5.68 and 5.63 / 5.67. Blocks of 64 threads (2048 /
+//   8192 int32) were faster on the larger copies and slower on the small ones (K = 3 1 x 128
+//   1.66, 32 x 2048 2.19; variant-sweeps-nvidia-h200-2026-11-30-fit.txt).
 constexpr int kThreads = 128;
 constexpr int kSmallUnroll = 4, kLargeUnroll = 8;
 __host__ __device__ constexpr int64_t tile_elements(int unroll) { return kThreads * 4 * unroll; }
@@ -49,7 +49,7 @@ struct CopyJob {
   int64_t src_stride;     // elements between source rows
   int64_t width;          // elements copied per row
   int64_t tiles_per_row;  // ceil(width / tile elements)
-  uint32_t div_mul, div_shift;  // local tile / tiles_per_row = quotient(local, div_mul, div_shift) (div_mul 0: divide)
+  uint32_t div_mul, div_shift;  // row of a local tile: quotient(local, div_mul, div_shift); 0: divide
   int32_t* dst[kSlots];
   int64_t dst_stride[kSlots];
 };
@@ -94,13 +94,8 @@ CopyPlan<kDst> plan_for(const CopyPlan<0>& all) {
 // more. H200, C harness, graph us, division / multiplier: K = 3 128 x 4096 3.17 / 3.12,
 // 64 x 8192 + groups 3.28 / 3.20; K = 1 32 x 2048 1.98 / 1.92, 1 x 128 1.47 / 1.42
 // (variant-sweeps-nvidia-h200-2026-11-30-fit.txt, sweep 5).
-__host__ __device__ __forceinline__ uint32_t quotient(uint32_t n, uint32_t mul, uint32_t shift) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t hi = __umulhi(mul, n);
-#else
-  const uint32_t hi = (uint32_t)(((uint64_t)mul * n) >> 32);
-#endif
-  return (uint32_t)(((uint64_t)hi + n) >> shift);
+__device__ __forceinline__ uint32_t quotient(uint32_t n, uint32_t mul, uint32_t shift) {
+  return (uint32_t)(((uint64_t)__umulhi(mul, n) + n) >> shift);
 }
 
 // Multiplier and shift for dividing by d (1 <= d < 2^32): shift = ceil(log2 d),
