@@ -564,8 +564,13 @@ dsa_status check_common(const P& p, const char* op) {
 // 1 x 128 tokens 2.51 / - / - / -; 4 x 128 with prefixes - / 4.33 / 5.14 / -; 16 x (50-128)
 // - / 5.99 / 5.60 / -; 1 x 2K - / 5.09 / 4.67 / -; 1 x 8K - / 14.9 / 8.20 / 8.64; 64 x (1-600) with
 // prefixes - / 44.2 / 26.2 / 28.1; 1 x 32K - / 59.1 / 39.1 / 36.6; 128 x 1K - / 240 / 142.4 / 139.5.
+// Work items (blocks' worth of work) of `records` segments in the layout lanes_log2.
+int64_t layout_items(int64_t records, int head_dim, int lanes_log2) {
+  return records * (head_dim / (kVec << lanes_log2));
+}
+
 int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
-  auto items = [&](int lanes_log2) { return records * (head_dim / (kVec << lanes_log2)); };
+  auto items = [&](int lanes_log2) { return layout_items(records, head_dim, lanes_log2); };
   if (items(kNarrow) < sms / 2) return kTiny;
   if (items(kMid) < sms / 2) return kNarrow;
   if (head_dim % (kVec << kWide) == 0 && 2 * items(kWide) >= 3 * (int64_t)sms * kPrefillBlocksPerSm) return kWide;
@@ -650,7 +655,7 @@ cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, 
   } else {
     records.r[0] = dsa_segment{};  // unused: device plans read `a.compress` and `a.write`
   }
-  const int64_t items = (a.num_compress + a.num_write) * (a.p.head_dim / (kVec << a.lanes_log2));
+  const int64_t items = layout_items(a.num_compress + a.num_write, a.p.head_dim, a.lanes_log2);
   switch (a.lanes_log2) {
     case kTiny: return launch_layout<kPasses, kInline, S, kTiny>(a, records, items, sms, stream, pdl);
     case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow>(a, records, items, sms, stream, pdl);
@@ -720,12 +725,12 @@ bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int
   PrefillLaunch a = {};
   a.p = p;
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
-  auto items = [&](int lanes_log2) { return records * (p.head_dim / (kVec << lanes_log2)); };
   a.lanes_log2 = prefill_lanes_log2(records, p.head_dim, sms);
   // Too many items for one wave in the layout two passes would take: the wide layout, if its
   // items fit (a layout wider than the one chosen has fewer, larger items).
-  if (items(a.lanes_log2) > resident && p.head_dim % (kVec << kWide) == 0) a.lanes_log2 = kWide;
-  if (items(a.lanes_log2) > resident) return false;
+  if (layout_items(records, p.head_dim, a.lanes_log2) > resident && p.head_dim % (kVec << kWide) == 0)
+    a.lanes_log2 = kWide;
+  if (layout_items(records, p.head_dim, a.lanes_log2) > resident) return false;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
     cudaGetLastError();

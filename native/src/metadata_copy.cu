@@ -217,11 +217,18 @@ bool tile_job(Jobs& jobs, int j, int64_t elements) {
   CopyJob<0>& job = plan.job[j];
   job.tiles_per_row = (job.width + elements - 1) / elements;
   if (jobs.rows[j] > (INT64_C(1) << 62) / job.tiles_per_row) return false;
-  job.div_mul = job.div_shift = 0;
-  if (jobs.rows[j] * job.tiles_per_row < (INT64_C(1) << 32))  // the divisor and every local tile index fit 32 bits
-    divisor_of((uint32_t)job.tiles_per_row, &job.div_mul, &job.div_shift);
   plan.first_tile[j + 1] = plan.first_tile[j] + jobs.rows[j] * job.tiles_per_row;
   return plan.first_tile[j + 1] <= (INT64_C(1) << 62);
+}
+
+// Every job's row multiplier for its final tiling (device launches only).
+void set_divisors(Jobs& jobs) {
+  for (int j = 0; j < jobs.plan.num_jobs; ++j) {
+    CopyJob<0>& job = jobs.plan.job[j];
+    job.div_mul = job.div_shift = 0;
+    if (jobs.rows[j] * job.tiles_per_row < (INT64_C(1) << 32))  // the divisor and every local tile index fit 32 bits
+      divisor_of((uint32_t)job.tiles_per_row, &job.div_mul, &job.div_shift);
+  }
 }
 
 // Appends a job in small tiles; false when the launch would exceed 2^62 tiles.
@@ -344,6 +351,7 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
   if (large)  // fewer tiles than the small ones: cannot fail
     for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kLargeUnroll));
+  set_divisors(jobs);
   const int64_t cap = (int64_t)sms * (large ? kLargeBlocksPerSm : kBlocksPerSm);
   const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], cap);
   const cudaStream_t s = (cudaStream_t)stream;
