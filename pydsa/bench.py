@@ -519,14 +519,18 @@ def bench_step(rows: list, fl: dict) -> None:
         state[:, :, D:2 * D].uniform_(1, 30, generator=gen)
         prefill_layers.append((state, torch.randn(n, 2 * D, device="cuda", generator=gen), torch.empty(n, D, device="cuda"), ape))
 
-    def prefill_step():
-        plan = pyplan.plan_prefill(seq, ext)
-        for state, kv, out, ape in prefill_layers:
-            c128_prefill(state, kv, out, ape, idx, plan)
+    # By default each layer's call is one cooperative launch (the plan's items fit one wave in
+    # 128-channel tiles); with cooperative=False, two ordinary launches split by state reads.
+    for cooperative in (True, False):
+        def prefill_step():
+            plan = pyplan.plan_prefill(seq, ext)
+            for state, kv, out, ape in prefill_layers:
+                c128_prefill(state, kv, out, ape, idx, plan, cooperative=cooperative)
 
-    host, device = _step_time(prefill_step, n=5)
-    rows.append(dict(kernel="step", case=f"prefill step: {LAYERS} layers x c128 prefill, 8 x 1-2K tokens ({n}) with prefixes",
-                     bytes=LAYERS * n * 2 * D * 4, graph_us=device, eager_host_us=host, eager_device_us=device))
+        host, device = _step_time(prefill_step, n=5)
+        rows.append(dict(kernel="step", case=f"prefill step: {LAYERS} layers x c128 prefill, 8 x 1-2K tokens ({n}) with prefixes"
+                         + ("" if cooperative else ", cooperative=False"),
+                         bytes=LAYERS * n * 2 * D * 4, graph_us=device, eager_host_us=host, eager_device_us=device))
     prefill_layers.clear()
     torch.cuda.empty_cache()
 

@@ -247,6 +247,9 @@ def _plan_case(name):
     if name == "wave":  # 72 records in both lists: at D = 512 on an H200 one launch, in 128-channel tiles only
         ext = np.full(8, 1024, np.int64)
         return ext + np.array([1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], np.int64), ext
+    if name == "split":  # 144 records: at D = 512 on an H200 over one wave, split by state reads
+        ext = np.full(16, 1024, np.int64)
+        return ext + np.array([1692, 3423, 4089, 1154, 1925, 881, 2837, 2619] * 2, np.int64), ext
     # Over DSA_INLINE_RECORDS records in both lists: several chained launches per pass.
     rng = np.random.default_rng(3)
     ext = rng.integers(1, 200, 300).astype(np.int64)
@@ -280,7 +283,7 @@ def _same_as_host(results, state_dtype=torch.float32):
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("d,case", [(128, "small"), (256, "small"), (512, "small"), (128, "chained"), (512, "tiny"),
-                                    (512, "wide"), (512, "wave")])
+                                    (512, "wide"), (512, "wave"), (512, "split")])
 def test_gpu_equals_host_backend(d, case, state_dtype):
     """GPU and host backend agree to fp32 rounding on a random prefill (ragged and compact) and
     a decode from the same state, for both state dtypes; the chained case has more plan records
@@ -319,18 +322,22 @@ def test_gpu_equals_host_backend(d, case, state_dtype):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("plan_kind", ["host", "host captured", "device"])
+@pytest.mark.parametrize("plan_kind", ["host", "host no-coop", "host captured", "device"])
 @pytest.mark.parametrize("b,d", [(3, 512), (40, 64), (300, 256)])
-def test_state_stores_land_after_every_state_read(b, d, plan_kind):
+@pytest.mark.parametrize("whole_chunks", [(0, 2), (2, 4)])
+def test_state_stores_land_after_every_state_read(b, d, plan_kind, whole_chunks):
     """SPEC 1.3's order across requests: request i continues from slot L[i] and stores its
     trailing partial into L[i + 1], the slot request i + 1 continues from. Every compress read
-    must see the slot before any write-segment store, however the launch is cut (an eager call of
-    a host plan whose items fit one wave: one launch with a grid barrier; a larger plan, a captured
-    call or a device plan: a compress pass, then a write pass): GPU equals the host backend, which
-    runs the lists one after the other. The two smaller cases fit one launch when called eagerly."""
+    must see the slot before any write-segment store, however the launch is cut: GPU equals the
+    host backend, which runs the lists one after the other. The cuts: an eager call of a host plan
+    whose items fit one wave is one launch with a grid barrier (the two smaller cases); a host
+    plan with more whole-chunk compress records than continuing ones (2-3 whole chunks per
+    request) and at most 256 records per launch is split by state reads (the continuing records,
+    then the rest; captured, cooperative=False, or eager over one wave); otherwise a compress
+    pass, then a write pass (0-1 whole chunks, the 300-request plans, device plans)."""
     rng = np.random.default_rng(b)
     prefix = 128 * rng.integers(0, 40, b) + rng.integers(1, 127, b)  # every request starts mid-chunk
-    ext = 128 - prefix % 128 + 128 * rng.integers(0, 2, b) + rng.integers(1, 127, b)  # and ends mid-chunk
+    ext = 128 - prefix % 128 + 128 * rng.integers(*whole_chunks, b) + rng.integers(1, 127, b)  # and ends mid-chunk
     seq = (prefix + ext).astype(np.int64)
     ext = ext.astype(np.int64)
     n = int(ext.sum())
@@ -356,7 +363,7 @@ def test_state_stores_land_after_every_state_read(b, d, plan_kind):
             state.copy_(state0), out.fill_(POISON)  # capture does not run the kernels; make sure
             graph.replay()
         else:
-            pydsa.c128_prefill(*args, load_indices=load_dev)
+            pydsa.c128_prefill(*args, load_indices=load_dev, cooperative=plan_kind != "host no-coop")
         results[dev] = (state.cpu(), out.cpu())
     _same_as_host(results)
 
@@ -589,14 +596,22 @@ def _prefill_kernels(fn) -> list:
     ([300, 70, 77], [0, 130, 5000], ["<3,"], "one-shot", True),     # both lists, 7 records: one launch
     ([300, 70, 77], [0, 130, 5000], ["<3,"], "prepared", True),
     ([300, 70, 77], [0, 130, 5000], ["<3,"], "sglang", True),       # host plan tensors
-    ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "one-shot", False),  # cooperative=False: two passes
-    ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "prepared", False),
-    ([300, 70, 77], [0, 130, 5000], ["<1,", "<2,"], "sglang", False),
+    # cooperative=False: no compress record continues a chunk, so one launch of the split kernel
+    ([300, 70, 77], [0, 130, 5000], ["<4,"], "one-shot", False),
+    ([300, 70, 77], [0, 130, 5000], ["<4,"], "prepared", False),
+    ([300, 70, 77], [0, 130, 5000], ["<4,"], "sglang", False),
+    # cooperative=False: 2 continuing compress records, none that starts a chunk: two passes
+    ([100, 100], [30, 300], ["<1,", "<2,"], "one-shot", False),
+    # 8 continuing compress records, 56 whole chunks: the continuing ones, then the rest
+    ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<1,", "<4,"], "one-shot", False),
     ([1024] * 4, [1692, 3423, 4089, 1154], ["<3,"], "one-shot", True),  # 4K tokens, 36 records x 8 tiles: one launch
     # 72 records: 576 64-channel items, 288 128-channel ones: one launch in the wide layout
     ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<3,"], "one-shot", True),
     ([1024] * 8, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619], ["<3,"], "prepared", True),
-    ([1024] * 16, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619] * 2, ["<1,", "<2,"], "one-shot", True),  # 576 wide items
+    # 576 wide items, over one wave: split by state reads (16 continuing records; 112 + 16 in the second launch)
+    ([1024] * 16, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619] * 2, ["<1,", "<4,"], "one-shot", True),
+    # 320 + 40 records: over one launch's 256, so a compress pass of two launches, then the write pass
+    ([1024] * 40, [1692, 3423, 4089, 1154, 1925, 881, 2837, 2619] * 5, ["<1,", "<1,", "<2,"], "one-shot", True),
     ([128, 256], [0, 128], ["<1,"], "one-shot", True),                 # compress records only
     ([5, 60], [3, 0], ["<2,"], "one-shot", True),                      # write records only
 ])
@@ -604,9 +619,12 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
     """An eager host-plan prefill with both lists whose work items fit the blocks the GPU holds at
     once (an H200: 132 SMs x 4 = 528; D = 512 takes 64-channel tiles here, 8 per record, or
     128-channel ones, 4 per record, when only those fit) is one cooperative launch of the two-list
-    kernel, unless called with cooperative=False; a larger one is the compress pass, then the
-    write pass; a plan with one list is one launch of that list's kernel. One-shot, prepared, and
-    through the sglang layer with host plan tensors. Each result equals the host backend's."""
+    kernel, unless called with cooperative=False. Otherwise, a plan with more compress records
+    that start a chunk than continue one (and at most 256 records per launch) is split by state
+    reads: the continuing compress records, then every other record in the split kernel (one
+    launch of it when none continues); other plans are the compress pass, then the write pass. A
+    plan with one list is one launch of that list's kernel. One-shot, prepared, and through the
+    sglang layer with host plan tensors. Each result equals the host backend's."""
     d = 512
     ext = np.array(extends, np.int64)
     seq = ext + np.array(prefixes, np.int64)
@@ -629,7 +647,7 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
             call = lambda: pydsa.c128_prefill(*args, cooperative=cooperative)  # noqa: E731
         if dev == "cuda":
             names = _prefill_kernels(call)
-            assert [next(p for p in ("<1,", "<2,", "<3,") if p in name) for name in names] == passes, names
+            assert [next(p for p in ("<1,", "<2,", "<3,", "<4,") if p in name) for name in names] == passes, names
             if passes == ["<3,"]:  # 128-channel tiles (log2 of the threads across a tile: 5) iff 64-channel ones overflow
                 lanes_log2 = int(re.search(r"c128_prefill_kernel<3, \d+, float, (\d)>", names[0]).group(1))
                 assert (lanes_log2 == 5) == ((len(plan[0]) + len(plan[1])) * 8 > 528), names

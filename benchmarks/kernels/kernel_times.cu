@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
     printf("%s eagerprefill %s %.3f\n", tag, name.c_str(), eager_us([&](cudaStream_t st_) { dsa_c128_prefill(&q, st_); }, s));
     cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx);
   }
+  if (getenv("KB_PREFILL_ONLY")) return 0;  // the prefill cases only
   struct MdCase { const char* name; int64_t bs, width, real_cols, meta; };
   for (MdCase mc : {MdCase{"md32x2048K3", 32, 2048, 0, 0}, MdCase{"md128x4096K3", 128, 4096, 0, 0}, MdCase{"md64x8192+gK3", 64, 8192, 128, 1024},
                     MdCase{"md1x128K3", 1, 128, 0, 0}, MdCase{"md32x2048K1", 32, 2048, 0, 0}, MdCase{"md256x32768K1", 256, 32768, 0, 0},

@@ -77,10 +77,15 @@ typedef enum dsa_struct_id {
                                  An uncaptured call of a plan with both lists whose records fit one
                                  launch and whose work items fit the blocks the GPU holds at once
                                  (in the tiles the plan's size calls for, or else in 128-channel
-                                 tiles) takes one cooperative launch; otherwise the compress list,
-                                 then the write list, each in its own launches. */
+                                 tiles) takes one cooperative launch. Otherwise a plan whose
+                                 compress records that start a chunk outnumber those that continue
+                                 one (up to 512 compress records, each launch's records fitting
+                                 one launch) is split by state reads: the continuing compress
+                                 records, then every other record (one launch when none continues);
+                                 any other plan: the compress list, then the write list, each in
+                                 its own launches. */
 #define DSA_FLAG_NO_COOPERATIVE 4u /* prefill: never the one cooperative launch of DSA_FLAG_HOST_PLAN;
-                                      the two passes as ordinary launches. A cooperative grid starts
+                                      ordinary launches instead. A cooperative grid starts
                                       only once all its blocks fit at once, so next to kernels of
                                       other streams (communication kernels, say) it waits for them
                                       to leave room; ordinary launches start in whatever room there

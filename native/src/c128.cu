@@ -150,16 +150,20 @@ __global__ void __launch_bounds__(kDecodeThreads)
 //                   once if it has none) and waits on it only before its first state store.
 //                   Compress blocks never wait, so nothing can deadlock. Eager calls of host
 //                   plans whose items fit one wave (prefill_at_once).
+//   split           host plans with more compress records that start a chunk than continue one:
+//                   the continuing compress records (the only state reads), then every other
+//                   record in one launch whose write items wait for the first before their first
+//                   state store (kSyncBeforeStore); one launch when none continues (prefill_split).
 //   two passes      otherwise: the compress pass, then the write pass in stream order (below).
 // Ordering between launches (all in one stream):
 //   kSyncAtStart     the op's first launch with nothing of this op before it: wait for the
 //                    producers, then let dependents start (a cooperative launch lets them start
 //                    only as its blocks exit, so a dependent grid never holds the SMs its
 //                    barrier is waiting for).
-//   kSyncBeforeStore the write pass right behind the compress pass, launched with PDL: it starts
-//                    as soon as the compress pass passed its wait (so the producers' writes are
-//                    visible), computes alongside it and waits for it only before its first state
-//                    store.
+//   kSyncBeforeStore the write pass right behind the compress pass (or a split plan's second
+//                    launch right behind its first), launched with PDL: it starts as soon as the
+//                    launch before passed its wait (so the producers' writes are visible), computes
+//                    alongside it and waits for it only before its first state store.
 //   kSyncChained     a further launch of the same pass (a long host plan), launched with PDL: its
 //                    predecessor had passed its wait when it started, so it reads at once; it
 //                    waits at exit, so the launches of a pass complete in order.
@@ -167,8 +171,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
 
 enum PrefillSync : int32_t { kSyncAtStart = 0, kSyncBeforeStore = 1, kSyncChained = 2 };
 
-// Lists a launch takes (a kernel template argument, so single-pass kernels carry no barrier).
-enum PrefillPasses : int { kCompressPass = 1, kWritePass = 2, kBothPasses = 3 };
+// Lists a launch takes (a kernel template argument, so single-pass kernels carry no barrier):
+// one, both with the grid barrier (cooperative), or both ordered by the launch before (kSplit).
+enum PrefillPasses : int { kCompressPass = 1, kWritePass = 2, kBothPasses = 3, kSplitPass = 4 };
 
 struct PrefillLaunch {
   dsa_c128_prefill_params p;
@@ -280,7 +285,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     // Record r of the launch: compress records first, then write records.
     const Index r = items <= INT32_MAX ? (Index)((uint32_t)item / (uint32_t)tiles) : item / tiles;  // 32-bit when it can
     const int tile = (int)(item - r * tiles);
-    const bool write = kPasses == kBothPasses ? r >= num_compress : kPasses == kWritePass;
+    const bool write = kPasses == kBothPasses || kPasses == kSplitPass ? r >= num_compress : kPasses == kWritePass;
     if constexpr (kPasses == kBothPasses) {
       if (write && barrier == 0) arrive();
     }
@@ -614,19 +619,20 @@ cudaError_t launch_layout(const PrefillLaunch& a, const InlineRecords<kInline>& 
 // that continues a chunk. Counting sort, stable; sentinels last. Measured on an H200 (C harness,
 // graph us, in order / longest first): 64 x (1-600) with prefixes 26.17 / 24.55; 32 x 1K with
 // prefixes 39.70 / 38.52; 128 x 1K 138.8 / 136.8; 1 x 128, 8 x 1K, 16 x (50-128) unchanged.
+// Takes list[0, n), or with `pick` the records list[pick[0, n)] (a split plan's launches).
 template <int kInline>
-void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, int64_t n, int64_t at, int lanes_log2) {
+void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, const uint16_t* pick, int64_t n, int64_t at,
+                  int lanes_log2) {
   constexpr int kKeys = 8;
   const int rows_log2 = 8 - lanes_log2;
   uint8_t key[kInline];
   int64_t first[kKeys] = {};
   for (int64_t i = 0; i < n; ++i) {
-    const dsa_segment& g = list[i];
+    const dsa_segment& g = list[pick != nullptr ? pick[i] : i];
     int k = 0;
     if (!is_sentinel(g)) {
       const int64_t per_row = ((int64_t)g.window_len + (1 << rows_log2) - 1) >> rows_log2;
-      const int continues = (g.position % DSA_CHUNK) + 1 != g.window_len;
-      k = (int)std::min<int64_t>(kKeys - 1, (per_row + kBatch - 1) / kBatch + continues);
+      k = (int)std::min<int64_t>(kKeys - 1, (per_row + kBatch - 1) / kBatch + segment_continues(g));
     }
     key[i] = (uint8_t)k;
     ++first[k];
@@ -637,21 +643,23 @@ void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, int6
     at += count;
   }
   for (int64_t i = 0; i < n; ++i) {
+    const int64_t from = pick != nullptr ? pick[i] : i;
     const int64_t j = first[key[i]]++;
-    records.r[j] = list[i];
-    records.index[j] = (uint16_t)i;
+    records.r[j] = list[from];
+    records.index[j] = (uint16_t)from;
   }
 }
 
 // One launch over `a`'s records: a host plan's compress records, then its write records, go into
 // the launch parameters.
+// `pick`: the positions of the launch's compress records in `compress` (null: the first ones).
 template <int kPasses, int kInline, typename S>
-cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, const dsa_segment* write, int sms,
-                           cudaStream_t stream, bool pdl) {
+cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, const uint16_t* pick,
+                           const dsa_segment* write, int sms, cudaStream_t stream, bool pdl) {
   InlineRecords<kInline> records;
   if constexpr (kInline > 0) {
-    pack_records(records, compress, a.num_compress, 0, a.lanes_log2);
-    pack_records(records, write, a.num_write, a.num_compress, a.lanes_log2);
+    pack_records(records, compress, pick, a.num_compress, 0, a.lanes_log2);
+    pack_records(records, write, nullptr, a.num_write, a.num_compress, a.lanes_log2);
   } else {
     records.r[0] = dsa_segment{};  // unused: device plans read `a.compress` and `a.write`
   }
@@ -666,10 +674,10 @@ cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, 
 
 template <int kPasses, typename S>
 cudaError_t launch_inline(const PrefillLaunch& a, const dsa_segment* compress, const dsa_segment* write, int sms,
-                          cudaStream_t stream, bool pdl) {
+                          cudaStream_t stream, bool pdl, const uint16_t* pick = nullptr) {
   return a.num_compress + a.num_write <= kSmallInline
-             ? launch_prefill<kPasses, kSmallInline, S>(a, compress, write, sms, stream, pdl)
-             : launch_prefill<kPasses, DSA_INLINE_RECORDS, S>(a, compress, write, sms, stream, pdl);
+             ? launch_prefill<kPasses, kSmallInline, S>(a, compress, pick, write, sms, stream, pdl)
+             : launch_prefill<kPasses, DSA_INLINE_RECORDS, S>(a, compress, pick, write, sms, stream, pdl);
 }
 
 // Launches one pass over `count` records of one list (a device list: one launch; a host list: one
@@ -688,7 +696,7 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
     (kWrite ? a.write : a.compress) = list;
     (kWrite ? a.num_write : a.num_compress) = count;
     a.sync = first_sync;
-    return launch_status(launch_prefill<kPasses, 0, S>(a, nullptr, nullptr, sms, stream, pdl), op);
+    return launch_status(launch_prefill<kPasses, 0, S>(a, nullptr, nullptr, nullptr, sms, stream, pdl), op);
   }
   for (int64_t first = 0; first < count; first += DSA_INLINE_RECORDS) {
     (kWrite ? a.num_write : a.num_compress) = std::min<int64_t>(DSA_INLINE_RECORDS, count - first);
@@ -704,8 +712,8 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
 // Both lists in one cooperative launch, for eager calls of host plans whose records fit one
 // launch and whose items fit the blocks resident at once (one block per item, no grid stride).
 // Captured calls (a graph pays the launch cost once), device plans, larger plans and calls with
-// DSA_FLAG_NO_COOPERATIVE take two passes. Measured on an H200 (C harness, host us per eager call /
-// device us per call back to back, one launch against two;
+// DSA_FLAG_NO_COOPERATIVE take the split (prefill_split) or two passes. Measured on an H200 (C
+// harness, host us per eager call / device us per call back to back, one launch against two;
 // variant-sweeps-nvidia-h200-2026-11-30-grouped.txt):
 //   3 x 700 tokens  4.1 / 6.92 against 6.3 / 6.92     16 x (50-128)  4.0 / 6.83 against 6.3 / 6.88
 //   4 x 1K          4.5 / 8.20 against 7.1 / 8.07     6 x 1K         4.4 / 9.76 against 7.1 / 9.96
@@ -748,6 +756,55 @@ bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int
   return true;
 }
 
+// Host plans with both lists in two launches split by state reads rather than by list: first the
+// compress records that continue a chunk (the only reads of state that a write record's store must
+// follow), then every other record, write records included, launched with PDL: its blocks start as
+// the first launch's blocks pass their wait, and wait for that launch to complete only before their
+// first state store (kSyncBeforeStore). So the write records wait for the short continuing records
+// only, not for the whole compress list; without continuing records the plan is one launch that
+// waits for nothing more. Taken when the compress records that start a chunk outnumber those that
+// continue one (with few of them, the compress list's time is set by the continuing ones anyway,
+// and moving them behind the first launch only delays them), the compress list is at most
+// kMaxScan records and each launch's records fit one launch. Returns false (nothing launched)
+// when it does not apply. Measured on H200s (C harness, graph us, two passes / split, minimum of
+// three interleaved runs; variant-sweeps-nvidia-h200-2026-11-30-split.txt): 64 x (1-600) with
+// prefixes 24.66 / 24.14; 32 x 1K 38.58 / 37.37; 8 x (1-2K) 19.22 / 17.65; 4 x 2K 10.10 / 9.51;
+// 8 x 1K 10.27 / 10.07; 1 x 1000 without prefix (one launch) 4.80 / 3.79. Splitting 32 x (50-200)
+// too (23 continuing compress records, 6 that start a chunk) made it slower: 7.07 / 7.30.
+constexpr int64_t kMaxScan = 2 * DSA_INLINE_RECORDS;  // positions fit uint16_t
+template <typename S>
+bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
+                   cudaStream_t stream, dsa_status* status, const char* op) {
+  if (!(p.flags & DSA_FLAG_HOST_PLAN) || num_compress > kMaxScan) return false;
+  uint16_t continuing[kMaxScan], fresh[kMaxScan];
+  int64_t num_continuing = 0, num_fresh = 0;
+  for (int64_t i = 0; i < num_compress; ++i) {
+    const dsa_segment& g = p.compress[i];
+    const bool continues = !is_sentinel(g) && segment_continues(g);
+    continuing[num_continuing] = fresh[num_fresh] = (uint16_t)i;
+    num_continuing += continues, num_fresh += !continues;
+  }
+  if (num_fresh <= num_continuing || num_continuing > DSA_INLINE_RECORDS || num_fresh + num_write > DSA_INLINE_RECORDS)
+    return false;
+  PrefillLaunch a = {};
+  a.p = p;
+  *status = DSA_STATUS_OK;
+  if (num_continuing > 0) {
+    a.num_compress = num_continuing;
+    a.lanes_log2 = prefill_lanes_log2(num_continuing, p.head_dim, sms);
+    a.sync = kSyncAtStart;
+    *status = launch_status(launch_inline<kCompressPass, S>(a, p.compress, nullptr, sms, stream, p.flags & DSA_FLAG_PDL,
+                                                            continuing), op);
+    if (*status != DSA_STATUS_OK) return true;
+  }
+  a.num_compress = num_fresh, a.num_write = num_write;
+  a.lanes_log2 = prefill_lanes_log2(num_fresh + num_write, p.head_dim, sms);
+  a.sync = num_continuing > 0 ? kSyncBeforeStore : kSyncAtStart;
+  *status = launch_status(launch_inline<kSplitPass, S>(a, p.compress, p.write, sms, stream,
+                                                       num_continuing > 0 || (p.flags & DSA_FLAG_PDL), fresh), op);
+  return true;
+}
+
 template <typename S>
 dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_t stream, const char* op) {
   const bool host_plan = p.flags & DSA_FLAG_HOST_PLAN;
@@ -758,6 +815,8 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
   }
   dsa_status status = DSA_STATUS_OK;
   if (num_compress > 0 && num_write > 0 && prefill_at_once<S>(p, num_compress, num_write, sms, stream, &status, op))
+    return status;
+  if (num_compress > 0 && num_write > 0 && prefill_split<S>(p, num_compress, num_write, sms, stream, &status, op))
     return status;
   if (num_compress > 0) DSA_TRY((prefill_pass<false, S>(p, num_compress, kSyncAtStart, sms, stream, op)));
   if (num_write > 0)

@@ -153,6 +153,10 @@ DSA_HD bool segment_ok(const dsa_segment& s, bool closes_chunk, int64_t num_toke
          (closes_chunk ? in_chunk == DSA_CHUNK - 1 : in_chunk < DSA_CHUNK - 1);
 }
 
+// A record that starts mid-chunk: it merges the state of its chunk's earlier tokens (read from the
+// request's load slot). For usable records, the same as first_in_chunk != 0 in the kernels.
+DSA_HD bool segment_continues(const dsa_segment& s) { return s.position % DSA_CHUNK + 1 != s.window_len; }
+
 DSA_HD bool slot_ok(int32_t slot, int64_t num_slots) { return slot >= 0 && slot < num_slots; }
 
 }  // namespace dsa
