@@ -255,7 +255,8 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     row i for compress record i (C = the plan's compress capacity; SPEC 1.5).
     cooperative=False: never the one cooperative launch a small eager pyplan plan takes, always
     ordinary launches (for engines that run kernels on other streams alongside: a cooperative grid
-    waits until all its blocks fit)."""
+    waits until all its blocks fit; and for device-bound eager steps: the ordinary launches cost
+    more host time but, for plans of many whole chunks, less device time)."""
     flags = (FLAG_PDL if pdl else 0) | (0 if cooperative else FLAG_NO_COOPERATIVE)  # _prefill_flags, inline
     status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count,
                            compact)
