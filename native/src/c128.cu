@@ -87,9 +87,29 @@ __device__ __forceinline__ void count_error(uint32_t* error_count) {
 // column tiles of at most 128 threads (blockIdx.y) for wide heads. Two dependent memory round
 // trips: the token with the request's length and slot, then its ape row and the slot's state.
 
+// The decode kernel's parameters, ordered by first use: what a block needs up to its second loads
+// (head size, request count, the token, length, slot, state and ape pointers) in the first 48
+// bytes, where the ABI struct spread it over more of the parameter space. H200, C harness, graph
+// us, the ABI struct / this (five interleaved runs, median): B = 256 2.037 / 1.978, bf16 state
+// B = 8192 23.84 / 23.29; B = 1, 32 and fp32 B = 8192 unchanged. The same fields behind 48 bytes of
+// padding (so that they start a 64-byte line) gained only at B = 8192 bf16
+// (variant-sweeps-nvidia-h200-2026-11-30-split.txt, last sweep).
+struct DecodeLaunch {
+  int32_t head_dim;
+  uint32_t batch_size;  // <= INT32_MAX (host check)
+  const float* kv_score;
+  const int32_t* seq_lens;
+  const int32_t* indices;
+  void* state;
+  const float* ape;
+  uint32_t slot_count;  // num_slots (<= INT32_MAX): slot s is valid iff (uint32_t)s < slot_count
+  float* out;
+  uint32_t* error_count;
+};
+
 template <int VEC, typename S>
 __global__ void __launch_bounds__(kDecodeThreads)
-    c128_decode_kernel(const __grid_constant__ dsa_c128_decode_params p) {
+    c128_decode_kernel(const __grid_constant__ DecodeLaunch p) {
   const int D = p.head_dim;
   // 32-bit request index and offsets where they fit (batch_size <= INT32_MAX, head_dim < 2^27: host
   // checks). H200, C harness, graph us, 64-bit / 32-bit (minimum of five rounds; B = 256 median):
@@ -105,7 +125,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int32_t slot = __ldg(p.indices + b);
   allow_dependents();
   if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
-  if (!slot_ok(slot, p.num_slots)) {
+  if ((uint32_t)slot >= p.slot_count) {
     if (ch == 0) count_error(p.error_count);
     return;
   }
@@ -954,12 +974,17 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaStream_t s = (cudaStream_t)stream;
   const dim3 grid((unsigned)blocks, (unsigned)tiles), block((unsigned)tile_lanes, (unsigned)rows);
+  DecodeLaunch a = {};
+  a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size;
+  a.slot_count = (uint32_t)p.num_slots;  // 1..INT32_MAX (check_common)
+  a.kv_score = p.kv_score, a.seq_lens = p.seq_lens, a.indices = p.indices;
+  a.state = p.state, a.ape = p.ape, a.out = p.out, a.error_count = p.error_count;
   const cudaError_t err =
-      vec == 8   ? launch(c128_decode_kernel<8, Bf16>, grid, block, s, mode, p)
-      : vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16>, grid, block, s, mode, p)
-                         : launch(c128_decode_kernel<4, float>, grid, block, s, mode, p))
-                 : (bf16 ? launch(c128_decode_kernel<2, Bf16>, grid, block, s, mode, p)
-                         : launch(c128_decode_kernel<2, float>, grid, block, s, mode, p));
+      vec == 8   ? launch(c128_decode_kernel<8, Bf16>, grid, block, s, mode, a)
+      : vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16>, grid, block, s, mode, a)
+                         : launch(c128_decode_kernel<4, float>, grid, block, s, mode, a))
+                 : (bf16 ? launch(c128_decode_kernel<2, Bf16>, grid, block, s, mode, a)
+                         : launch(c128_decode_kernel<2, float>, grid, block, s, mode, a));
   DSA_TRY(launch_status(err, op));
   return ok();
 }
