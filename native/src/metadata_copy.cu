@@ -156,22 +156,36 @@ __device__ __forceinline__ void copy_span(const CopyPlan<kDst>& plan, const Copy
   }
 }
 
+// Copies tile `local` of `job` (its row from the multiplier, its columns from the remainder).
+template <int kUnroll, int kDst>
+__device__ __forceinline__ void copy_tile(const CopyPlan<kDst>& plan, const CopyJob<kDst>& job, int64_t local) {
+  constexpr int64_t kTileElements = tile_elements(kUnroll);
+  const int64_t row = job.div_mul != 0 ? (int64_t)quotient((uint32_t)local, job.div_mul, job.div_shift)
+                                       : local / job.tiles_per_row;
+  const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
+  const int64_t remaining = job.width - col;
+  copy_span<kUnroll>(plan, job, row, col, remaining < kTileElements ? remaining : kTileElements);
+}
+
 template <int kUnroll, int kDst>
 __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan<kDst> plan) {
   constexpr int64_t kTileElements = tile_elements(kUnroll);
   wait_for_producers();
   allow_dependents();
-  const int64_t total_tiles = plan.first_tile[plan.num_jobs];
+  const int64_t total_tiles = plan.first_tile[kMaxJobs];  // the host repeats the total after the last job
   for (int64_t tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+    // The tile's job: compares against every job boundary at fixed parameter offsets, all issued
+    // at once. A search loop read the boundaries one after another, each at a computed offset; H200,
+    // C harness, graph us, loop / compares (median of four): K = 3 128 x 4096 3.189 / 3.133,
+    // 64 x 8192 + groups 3.277 / 3.172, 32 x 2048 2.204 / 2.129, 1 x 128 1.677 / 1.606; a switch
+    // that also reads the job's fields at fixed offsets was slower (3.312 at 128 x 4096;
+    // variant-sweeps-nvidia-h200-2026-11-30-split.txt, last sweep).
     int j = 0;
-    while (j + 1 < plan.num_jobs && plan.first_tile[j + 1] <= tile) ++j;
-    const CopyJob<kDst>& job = plan.job[j];
-    const int64_t local = tile - plan.first_tile[j];
-    const int64_t row = job.div_mul != 0 ? (int64_t)quotient((uint32_t)local, job.div_mul, job.div_shift)
-                                         : local / job.tiles_per_row;
-    const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
-    const int64_t remaining = job.width - col;
-    copy_span<kUnroll>(plan, job, row, col, remaining < kTileElements ? remaining : kTileElements);
+    int64_t first = 0;
+#pragma unroll
+    for (int k = 1; k < kMaxJobs; ++k)
+      if (plan.first_tile[k] <= tile) j = k, first = plan.first_tile[k];
+    copy_tile<kUnroll>(plan, plan.job[j], tile - first);
   }
 }
 
@@ -223,6 +237,8 @@ bool tile_job(Jobs& jobs, int j, int64_t elements) {
 
 // Every job's row multiplier for its final tiling (device launches only).
 void set_divisors(Jobs& jobs) {
+  // The kernel reads the total from first_tile[kMaxJobs] and finds a tile's job without num_jobs.
+  for (int k = jobs.plan.num_jobs + 1; k <= kMaxJobs; ++k) jobs.plan.first_tile[k] = jobs.plan.first_tile[jobs.plan.num_jobs];
   for (int j = 0; j < jobs.plan.num_jobs; ++j) {
     CopyJob<0>& job = jobs.plan.job[j];
     job.div_mul = job.div_shift = 0;
