@@ -169,7 +169,6 @@ __device__ __forceinline__ void copy_tile(const CopyPlan<kDst>& plan, const Copy
 
 template <int kUnroll, int kDst>
 __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan<kDst> plan) {
-  constexpr int64_t kTileElements = tile_elements(kUnroll);
   wait_for_producers();
   allow_dependents();
   const int64_t total_tiles = plan.first_tile[kMaxJobs];  // the host repeats the total after the last job
@@ -235,9 +234,10 @@ bool tile_job(Jobs& jobs, int j, int64_t elements) {
   return plan.first_tile[j + 1] <= (INT64_C(1) << 62);
 }
 
-// Every job's row multiplier for its final tiling (device launches only).
-void set_divisors(Jobs& jobs) {
-  // The kernel reads the total from first_tile[kMaxJobs] and finds a tile's job without num_jobs.
+// The fields only the kernel reads, for the final tiling: the total repeated in every first_tile
+// entry after the last job (the kernel reads it from first_tile[kMaxJobs] and finds a tile's job
+// without num_jobs), and every job's row multiplier.
+void set_device_fields(Jobs& jobs) {
   for (int k = jobs.plan.num_jobs + 1; k <= kMaxJobs; ++k) jobs.plan.first_tile[k] = jobs.plan.first_tile[jobs.plan.num_jobs];
   for (int j = 0; j < jobs.plan.num_jobs; ++j) {
     CopyJob<0>& job = jobs.plan.job[j];
@@ -367,7 +367,7 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
   if (large)  // fewer tiles than the small ones: cannot fail
     for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kLargeUnroll));
-  set_divisors(jobs);
+  set_device_fields(jobs);
   const int64_t cap = (int64_t)sms * (large ? kLargeBlocksPerSm : kBlocksPerSm);
   const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], cap);
   const cudaStream_t s = (cudaStream_t)stream;
