@@ -92,8 +92,8 @@ __device__ __forceinline__ void count_error(uint32_t* error_count) {
 // bytes, where the ABI struct spread it over more of the parameter space. H200, C harness, graph
 // us, the ABI struct / this (five interleaved runs, median): B = 256 2.037 / 1.978, bf16 state
 // B = 8192 23.84 / 23.29; B = 1, 32 and fp32 B = 8192 unchanged. The same fields behind 48 bytes of
-// padding (so that they start a 64-byte line) gained only at B = 8192 bf16
-// (variant-sweeps-nvidia-h200-2026-11-30-split.txt, last sweep).
+// padding (so that they start a 64-byte line) gained only at B = 8192 bf16 (sweep "Decode kernel
+// parameters in first-use order" of variant-sweeps-nvidia-h200-2026-11-30-split.txt).
 struct DecodeLaunch {
   int32_t head_dim;
   uint32_t batch_size;  // <= INT32_MAX (host check)

@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_co
     // C harness, graph us, loop / compares (median of four): K = 3 128 x 4096 3.189 / 3.133,
     // 64 x 8192 + groups 3.277 / 3.172, 32 x 2048 2.204 / 2.129, 1 x 128 1.677 / 1.606; a switch
     // that also reads the job's fields at fixed offsets was slower (3.312 at 128 x 4096;
-    // variant-sweeps-nvidia-h200-2026-11-30-split.txt, last sweep).
+    // sweep "Metadata copy: finding a tile's job" of variant-sweeps-nvidia-h200-2026-11-30-split.txt).
     int j = 0;
     int64_t first = 0;
 #pragma unroll
