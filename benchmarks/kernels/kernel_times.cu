@@ -3,7 +3,8 @@
 // first; for prefill also the host time per call and the device time per call of eager calls
 // (both with the calls queued behind a GPU spin). Usage: kernel_times <tag> <cases file>; see
 // compare.sh. Output lines: "<tag> prefill|decode <case> <graph us> ...", "<tag> hostprefill
-// <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel).
+// <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel). With
+// KB_PREFILL_ONLY set in the environment it stops after the prefill cases.
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <chrono>
