@@ -647,8 +647,9 @@ void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, cons
   const int rows_log2 = 8 - lanes_log2;
   uint8_t key[kInline];
   int64_t first[kKeys] = {};
+  auto at_list = [&](int64_t i) -> int64_t { return pick != nullptr ? pick[i] : i; };  // record i's list position
   for (int64_t i = 0; i < n; ++i) {
-    const dsa_segment& g = list[pick != nullptr ? pick[i] : i];
+    const dsa_segment& g = list[at_list(i)];
     int k = 0;
     if (!is_sentinel(g)) {
       const int64_t per_row = ((int64_t)g.window_len + (1 << rows_log2) - 1) >> rows_log2;
@@ -663,7 +664,7 @@ void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, cons
     at += count;
   }
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t from = pick != nullptr ? pick[i] : i;
+    const int64_t from = at_list(i);
     const int64_t j = first[key[i]]++;
     records.r[j] = list[from];
     records.index[j] = (uint16_t)from;
