@@ -708,6 +708,8 @@ def test_corrupted_plan_records_are_skipped_and_counted(device):
                              (50, 5, 127, 10),        # request index past B
                              (60, 0, 126, 10),        # does not close its chunk
                              (70, 1, 127, 10),        # load slot out of range (mid-chunk start)
+                             (140, 0, 127, 0x10005),  # window past 16 bits (its low bits are a valid 5)
+                             (150, 0, 127, 0xFFFFFFFF),  # a sentinel's window in a usable record
                              (0xFFFFFFFF, 0, 0, 0)],  # half a sentinel
                             pyplan.SEGMENT_DTYPE)
     bad_write = np.array([(80, 0, 127, 5),            # closes its chunk: wrong list
@@ -719,7 +721,7 @@ def test_corrupted_plan_records_are_skipped_and_counted(device):
     load = torch.tensor([0, -4, 1], dtype=torch.int32, device=device)
     pydsa.c128_prefill(state, torch.randn(n, 2 * d, device=device), out, torch.zeros(CHUNK, d, device=device),
                        idx, (bad_compress, bad_write), load_indices=load, error_count=counter)
-    assert int(counter.item()) == 9
+    assert int(counter.item()) == 11
     assert torch.equal(state, state0) and torch.isnan(out).all()
 
 

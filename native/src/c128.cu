@@ -195,21 +195,41 @@ enum PrefillSync : int32_t { kSyncAtStart = 0, kSyncBeforeStore = 1, kSyncChaine
 // one, both with the grid barrier (cooperative), or both ordered by the launch before (kSplit).
 enum PrefillPasses : int { kCompressPass = 1, kWritePass = 2, kBothPasses = 3, kSplitPass = 4 };
 
+// The prefill kernel's parameters, ordered by first use: what a block reads before its first loads
+// (its sync, record counts, head size, the slot lists and the token pointer) in the first 48 bytes,
+// which share one constant-cache line with the bytes before the parameter space on sm_90; the rest
+// a host-plan launch reads in the next 64 bytes; device-plan fields and the error counter after.
 struct PrefillLaunch {
-  dsa_c128_prefill_params p;
+  int32_t sync;                 // PrefillSync
+  int32_t head_dim;
+  int64_t num_compress;         // records of this launch in each list (device plans: capacities,
+  int64_t num_write;            // capped by counts); inline: compress records, then write records
+  const int32_t* load_indices;  // never null (the ABI's null stands for indices)
+  const int32_t* indices;
+  const float* kv_score;
+  const float* ape;
+  void* state;
+  float* out;
+  int64_t num_tokens;
+  int64_t batch_size;
+  int64_t num_slots;
+  int64_t first_record;         // index of the launch's first compress record (compact output row)
+  int32_t out_layout;
+  int32_t lanes_log2;           // log2 of the threads across a tile (host)
   const dsa_segment* compress;  // device records (kInline == 0)
   const dsa_segment* write;
-  int64_t num_compress;         // records of this launch in each list (device plans: capacities,
-  int64_t num_write;            // capped by p.counts); inline: compress records, then write records
-  int64_t first_record;         // index of the launch's first compress record (compact output row)
-  int32_t lanes_log2;           // log2 of the threads across a tile
-  int32_t sync;                 // PrefillSync
+  const int64_t* counts;        // device plans only
+  uint32_t* error_count;
+  int32_t device;               // host
 };
 
+// A host plan's records in the launch parameters. Each record carries its position in its list
+// (its compact output row; records are reordered) in the upper 16 bits of window_len, so a block
+// finds both in the one 16-byte record it reads; a window past 16 bits is stored as 0xFFFF, which
+// still fails segment_ok, and sentinels are stored unchanged (pack_records).
 template <int kInline>
 struct InlineRecords {
   dsa_segment r[kInline > 0 ? kInline : 1];
-  uint16_t index[kInline > 0 ? kInline : 1];  // r[i]'s position in its list (records are reordered)
 };
 
 // kBatch tokens of one thread: every load issued before any is used.
@@ -219,7 +239,7 @@ struct TokenGroup {
 };
 
 // Token j of a segment (kVec channels from `ch`): kv, and its score biased and in base 2.
-__device__ __forceinline__ void load_token(float (&kv)[kVec], float (&score)[kVec], const dsa_c128_prefill_params& p,
+__device__ __forceinline__ void load_token(float (&kv)[kVec], float (&score)[kVec], const PrefillLaunch& p,
                                            int64_t first_row, int first_in_chunk, int ch, int j) {
   const int D = p.head_dim;
   const float* token = p.kv_score + (first_row + j) * 2 * D + ch;
@@ -229,7 +249,7 @@ __device__ __forceinline__ void load_token(float (&kv)[kVec], float (&score)[kVe
   for (int i = 0; i < kVec; ++i) kv[i] = x.v[i], score[i] = to_log2(t.v[i] + bias.v[i]);
 }
 
-__device__ __forceinline__ void load_group(TokenGroup& g, const dsa_c128_prefill_params& p, int64_t first_row,
+__device__ __forceinline__ void load_group(TokenGroup& g, const PrefillLaunch& p, int64_t first_row,
                                            int first_in_chunk, int ch, int t0, int rows, int n) {
 #pragma unroll
   for (int u = 0; u < kBatch; ++u) {
@@ -261,7 +281,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   __shared__ float part_acc[kPrefillWarps][32 * kVec];
   __shared__ float tile_max[32 * kVec];
 
-  const dsa_c128_prefill_params& p = a.p;
+  const PrefillLaunch& p = a;
   bool waited = false;
   if (a.sync == kSyncAtStart) {
     wait_for_producers();
@@ -285,7 +305,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       num_write = max((int64_t)0, min(num_write, p.counts[1]));
     }
   }
-  const int32_t* load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
+  const int32_t* load_indices = p.load_indices;
   S* const state = static_cast<S*>(p.state);
   const Index items = (num_compress + num_write) * tiles;
   // Combined launch: 0 before this block arrives at the grid barrier, 1 arrived, 2 released. A
@@ -309,18 +329,10 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     if constexpr (kPasses == kBothPasses) {
       if (write && barrier == 0) arrive();
     }
-    const dsa_segment seg = kInline > 0 ? inline_records.r[r] : write ? a.write[r - num_compress] : a.compress[r];
-    // A host-plan record's list position (its compact output row), read here with the record: read
-    // after the token loop, the parameter address stayed live across it and the kernels spilled.
-    // With it and the 32-bit indices above, no single-list host-plan kernel spills and the two-list
-    // ones spill 22-30 bytes instead of 54-166 (ptxas, sm_90). H200, C harness, graph us: read late
-    // everywhere -> early in the 64- and 128-channel layouts -> early everywhere with 32-bit
-    // indices: 64 x (1-600) with prefixes 26.91 -> 25.33 / 25.32 -> 24.62, 8 x 1K 11.01 -> 10.48 /
-    // 10.48 -> 10.23, 1 x 8K 8.52 -> 8.34 / 8.46 -> 8.16, 1 x 128 2.53 -> 2.53 / 2.57 -> 2.60,
-    // 2 x 100 3.73 -> 3.71 / 3.72 -> 3.77 (two leases), large plans unchanged.
-    [[maybe_unused]] uint32_t inline_row = 0;
-    if constexpr (kInline > 0) inline_row = inline_records.index[r];
+    dsa_segment seg = kInline > 0 ? inline_records.r[r] : write ? a.write[r - num_compress] : a.compress[r];
+    [[maybe_unused]] uint32_t inline_row = 0;  // a host-plan record's list position (InlineRecords)
     if (is_sentinel(seg)) continue;
+    if constexpr (kInline > 0) inline_row = seg.window_len >> 16, seg.window_len &= 0xFFFFu;
     const bool report = tile == 0 && threadIdx.x == 0;
     if (!segment_ok(seg, !write, p.num_tokens, p.batch_size)) {
       if (report) count_error(p.error_count);
@@ -617,14 +629,14 @@ cudaError_t launch_layout(const PrefillLaunch& a, const InlineRecords<kInline>& 
   const int64_t grid = std::max<int64_t>(1, kInline > 0 && !cooperative ? items : std::min(items, resident));
   if (cooperative) {
     static int fit_cache[kMaxDevices] = {};  // blocks resident at once; -1: no cooperative launch
-    int fit = __atomic_load_n(&fit_cache[a.p.device], __ATOMIC_RELAXED);
+    int fit = __atomic_load_n(&fit_cache[a.device], __ATOMIC_RELAXED);
     if (fit == 0) {
       int cooperative = 0, per_sm = 0;
-      if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, a.p.device) != cudaSuccess ||
+      if (cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, a.device) != cudaSuccess ||
           cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kPrefillThreads, 0) != cudaSuccess)
         return cudaGetLastError();
       fit = cooperative && per_sm > 0 ? per_sm * sms : -1;
-      __atomic_store_n(&fit_cache[a.p.device], fit, __ATOMIC_RELAXED);
+      __atomic_store_n(&fit_cache[a.device], fit, __ATOMIC_RELAXED);
     }
     if (grid > fit) return cudaErrorCooperativeLaunchTooLarge;
   }
@@ -667,7 +679,7 @@ void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, cons
     const int64_t from = at_list(i);
     const int64_t j = first[key[i]]++;
     records.r[j] = list[from];
-    records.index[j] = (uint16_t)from;
+    if (!is_sentinel(list[from])) records.r[j].window_len = std::min<uint32_t>(list[from].window_len, 0xFFFFu) | (uint32_t)from << 16;
   }
 }
 
@@ -684,7 +696,7 @@ cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, 
   } else {
     records.r[0] = dsa_segment{};  // unused: device plans read `a.compress` and `a.write`
   }
-  const int64_t items = layout_items(a.num_compress + a.num_write, a.p.head_dim, a.lanes_log2);
+  const int64_t items = layout_items(a.num_compress + a.num_write, a.head_dim, a.lanes_log2);
   switch (a.lanes_log2) {
     case kTiny: return launch_layout<kPasses, kInline, S, kTiny>(a, records, items, sms, stream, pdl);
     case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow>(a, records, items, sms, stream, pdl);
@@ -701,6 +713,26 @@ cudaError_t launch_inline(const PrefillLaunch& a, const dsa_segment* compress, c
              : launch_prefill<kPasses, DSA_INLINE_RECORDS, S>(a, compress, pick, write, sms, stream, pdl);
 }
 
+// The kernel's parameters from the ABI struct; the caller sets the launch's records, sync and layout.
+PrefillLaunch prefill_launch(const dsa_c128_prefill_params& p) {
+  PrefillLaunch a = {};
+  a.head_dim = p.head_dim;
+  a.load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
+  a.indices = p.indices;
+  a.kv_score = p.kv_score;
+  a.ape = p.ape;
+  a.num_tokens = p.num_tokens;
+  a.batch_size = p.batch_size;
+  a.num_slots = p.num_slots;
+  a.state = p.state;
+  a.counts = (p.flags & DSA_FLAG_HOST_PLAN) ? nullptr : p.counts;  // a host plan's counts are read on the host
+  a.out = p.out;
+  a.error_count = p.error_count;
+  a.out_layout = p.out_layout;
+  a.device = p.device;
+  return a;
+}
+
 // Launches one pass over `count` records of one list (a device list: one launch; a host list: one
 // launch per DSA_INLINE_RECORDS, chained).
 template <bool kWrite, typename S>
@@ -709,8 +741,7 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
   const bool host_plan = p.flags & DSA_FLAG_HOST_PLAN;
   constexpr int kPasses = kWrite ? kWritePass : kCompressPass;
   const dsa_segment* list = kWrite ? p.write : p.compress;
-  PrefillLaunch a = {};
-  a.p = p;
+  PrefillLaunch a = prefill_launch(p);
   a.lanes_log2 = prefill_lanes_log2(count, p.head_dim, sms);
   const bool pdl = (p.flags & DSA_FLAG_PDL) || first_sync == kSyncBeforeStore;
   if (!host_plan) {
@@ -751,8 +782,7 @@ bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int
                      cudaStream_t stream, dsa_status* status, const char* op) {
   const int64_t records = num_compress + num_write;
   if (!(p.flags & DSA_FLAG_HOST_PLAN) || (p.flags & DSA_FLAG_NO_COOPERATIVE) || records > DSA_INLINE_RECORDS) return false;
-  PrefillLaunch a = {};
-  a.p = p;
+  PrefillLaunch a = prefill_launch(p);
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
   a.lanes_log2 = prefill_lanes_log2(records, p.head_dim, sms);
   // Too many items for one wave in the layout two passes would take: the wide layout, if its
@@ -807,8 +837,7 @@ bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64
   }
   if (num_fresh <= num_continuing || num_continuing > DSA_INLINE_RECORDS || num_fresh + num_write > DSA_INLINE_RECORDS)
     return false;
-  PrefillLaunch a = {};
-  a.p = p;
+  PrefillLaunch a = prefill_launch(p);
   *status = DSA_STATUS_OK;
   if (num_continuing > 0) {
     a.num_compress = num_continuing;
