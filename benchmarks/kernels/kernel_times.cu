@@ -4,7 +4,8 @@
 // (both with the calls queued behind a GPU spin). Usage: kernel_times <tag> <cases file>; see
 // compare.sh. Output lines: "<tag> prefill|decode <case> <graph us> ...", "<tag> hostprefill
 // <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel). With
-// KB_PREFILL_ONLY set in the environment it stops after the prefill cases.
+// KB_PREFILL_ONLY set in the environment it stops after the prefill cases; with KB_BF16 the
+// prefill cases keep their state in bf16 (case names gain "bf16").
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <chrono>
@@ -80,6 +81,9 @@ int main(int argc, char** argv) {
   printf("%s empty %.3f\n", tag, graph_us([](cudaStream_t st) { dsa_empty_launch(0, st); }, s));
   printf("%s hostempty %.3f\n", tag, host_us([](cudaStream_t st) { dsa_empty_launch(0, st); }, s));
   printf("%s eagerempty %.3f\n", tag, eager_us([](cudaStream_t st) { dsa_empty_launch(0, st); }, s));
+  auto bf16 = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return (uint16_t)(u >> 16); };
+  auto widen = [](uint16_t b) { uint32_t u = (uint32_t)b << 16; float x; std::memcpy(&x, &u, 4); return x; };
+  const bool prefill_bf16 = getenv("KB_BF16") != nullptr;  // prefill cases with bf16 state ("<case>bf16")
   std::ifstream f(argv[2]); std::string line;
   while (std::getline(f, line)) {
     std::istringstream ls(line); std::string name, e, p; std::getline(ls, name, '|'); std::getline(ls, e, '|'); std::getline(ls, p, '|');
@@ -95,15 +99,28 @@ int main(int argc, char** argv) {
     for (int64_t b = 0; b < B; ++b) for (int d = 0; d < D; ++d) st_h[b * 3 * D + D + d] = 1 + 29 * std::fabs(st_h[b * 3 * D + D + d]) / 2;
     std::vector<float> kv_h = randv(N * 2 * D, -2, 2), out_h(N * D, NAN);
     std::vector<int32_t> idx_h(B); for (int64_t b = 0; b < B; ++b) idx_h[b] = (int32_t)b;
-    float *st = up(st_h), *kv = up(kv_h), *out = up(out_h); int32_t* idx = up(idx_h);
+    std::vector<uint16_t> st16(prefill_bf16 ? st_h.size() : 0);
+    for (size_t i = 0; i < st16.size(); ++i) st16[i] = bf16(st_h[i]);
+    if (prefill_bf16) name += "bf16";
+    float *kv = up(kv_h), *out = up(out_h); int32_t* idx = up(idx_h);
+    void* st = prefill_bf16 ? (void*)up(st16) : (void*)up(st_h);
     dsa_c128_prefill_params q{}; q.struct_size = sizeof q; q.flags = DSA_FLAG_HOST_PLAN; q.device = 0; q.head_dim = D; q.num_slots = B; q.batch_size = B; q.num_tokens = N;
     q.state = st; q.kv_score = kv; q.out = out; q.ape = ape; q.indices = idx; q.compress = comp.data(); q.write = wr.data(); q.compress_capacity = nc; q.write_capacity = nw;
+    q.state_dtype = prefill_bf16 ? DSA_STATE_BFLOAT16 : DSA_STATE_FLOAT32;
     if (dsa_c128_prefill(&q, s) != DSA_STATUS_OK) { printf("launch failed %s\n", dsa_last_error()); return 1; }
     CK(cudaStreamSynchronize(s));
-    std::vector<float> st_g = down(st, B * 3 * D), out_g = down(out, N * D);
-    dsa_c128_prefill_params h = q; h.device = DSA_DEVICE_HOST; std::vector<float> st_c = st_h, out_c(N * D, NAN);
-    h.state = st_c.data(); h.kv_score = kv_h.data(); h.out = out_c.data(); h.ape = ape_h.data(); h.indices = idx_h.data();
+    std::vector<float> st_g, out_g = down(out, N * D), st_c = st_h, out_c(N * D, NAN);
+    std::vector<uint16_t> st16_g, st16_c = st16;
+    if (prefill_bf16) {
+      st16_g = down((uint16_t*)st, st16.size());
+      for (size_t i = 0; i < st16_g.size(); ++i) st_g.push_back(widen(st16_g[i]));
+    } else {
+      st_g = down((float*)st, B * 3 * D);
+    }
+    dsa_c128_prefill_params h = q; h.device = DSA_DEVICE_HOST;
+    h.state = prefill_bf16 ? (void*)st16_c.data() : (void*)st_c.data(); h.kv_score = kv_h.data(); h.out = out_c.data(); h.ape = ape_h.data(); h.indices = idx_h.data();
     if (dsa_c128_prefill(&h, nullptr) != DSA_STATUS_OK) { printf("host failed %s\n", dsa_last_error()); return 1; }
+    if (prefill_bf16) for (size_t i = 0; i < st_c.size(); ++i) st_c[i] = widen(st16_c[i]);
     double err = 0; int64_t bad = 0;
     auto cmp = [&](float a, float b) { if (std::isnan(a) != std::isnan(b)) { ++bad; return; } if (!std::isnan(a)) err = std::max(err, (double)std::fabs(a - b) / (1.0 + std::fabs(b))); };
     for (size_t i = 0; i < out_c.size(); ++i) cmp(out_g[i], out_c[i]);
@@ -149,8 +166,6 @@ int main(int argc, char** argv) {
   }
   // Decode, fp32 state at B = 1 / 32 / 256 / 8192 and bf16 state at B = 8192 (P14); checked against
   // the host backend (bf16: state to one bf16 step).
-  auto bf16 = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return (uint16_t)(u >> 16); };
-  auto widen = [](uint16_t b) { uint32_t u = (uint32_t)b << 16; float x; std::memcpy(&x, &u, 4); return x; };
   auto decode_case = [&](int64_t B, auto zero) {
     using S = decltype(zero);
     constexpr bool half = sizeof(S) == 2;
