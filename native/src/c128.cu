@@ -199,6 +199,11 @@ enum PrefillPasses : int { kCompressPass = 1, kWritePass = 2, kBothPasses = 3, k
 // (its sync, record counts, head size, the slot lists and the token pointer) in the first 48 bytes,
 // which share one constant-cache line with the bytes before the parameter space on sm_90; the rest
 // a host-plan launch reads in the next 64 bytes; device-plan fields and the error counter after.
+// With InlineRecords' packing, against the ABI struct followed by the launch fields and a separate
+// array of list positions (H200, C harness, graph us, minimum of three interleaved runs): 1 x 128
+// 2.65 -> 2.45, 4 x 128 4.49 -> 4.12, 64 x (1-600) with prefixes 24.14 -> 23.99, 8 x 1K 10.15 ->
+// 9.85, 12 x 1K 18.37 -> 18.07, 128 x 1K 136.98 -> 136.54; 1 x 8K 8.17 -> 8.28. The order alone
+// gained a quarter to two thirds of that (variant-sweeps-nvidia-h200-2026-11-30-params.txt).
 struct PrefillLaunch {
   int32_t sync;                 // PrefillSync
   int32_t head_dim;
@@ -226,7 +231,10 @@ struct PrefillLaunch {
 // A host plan's records in the launch parameters. Each record carries its position in its list
 // (its compact output row; records are reordered) in the upper 16 bits of window_len, so a block
 // finds both in the one 16-byte record it reads; a window past 16 bits is stored as 0xFFFF, which
-// still fails segment_ok, and sentinels are stored unchanged (pack_records).
+// still fails segment_ok, and sentinels are stored unchanged (pack_records). A separate array of
+// positions cost each block a second parameter read (another constant-cache line); reading it only
+// for compact output instead gained as much on small plans but made the wide and cooperative
+// kernels spill (128 x 1K +11%).
 template <int kInline>
 struct InlineRecords {
   dsa_segment r[kInline > 0 ? kInline : 1];
