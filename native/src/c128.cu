@@ -830,7 +830,10 @@ bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int
 // prefixes 24.66 / 24.14; 32 x 1K 38.58 / 37.37; 8 x (1-2K) 19.22 / 17.65; 4 x 2K 10.10 / 9.51;
 // 8 x 1K 10.27 / 10.07; 1 x 1000 without prefix (one launch) 4.80 / 3.79. Splitting 32 x (50-200)
 // too (23 continuing compress records, 6 that start a chunk) made it slower: 7.07 / 7.30.
-constexpr int64_t kMaxScan = 2 * DSA_INLINE_RECORDS;  // positions fit uint16_t
+constexpr int64_t kMaxScan = 2 * DSA_INLINE_RECORDS;
+// A record's list position (below kMaxScan) fits the 16 bits InlineRecords gives it, so a packed
+// record never matches the sentinel.
+static_assert(kMaxScan <= 0xFFFF, "list positions must fit 16 bits below 0xFFFF");
 template <typename S>
 bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
                    cudaStream_t stream, dsa_status* status, const char* op) {
