@@ -5,7 +5,8 @@
 // compare.sh. Output lines: "<tag> prefill|decode <case> <graph us> ...", "<tag> hostprefill
 // <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel). With
 // KB_PREFILL_ONLY set in the environment it stops after the prefill cases; with KB_BF16 the
-// prefill cases keep their state in bf16 (case names gain "bf16").
+// prefill cases keep their state in bf16 (case names gain "bf16"); with KB_DEVICE_PLAN=<tokens>
+// their plans are device plans for a bucket of that many tokens (names gain "dev").
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <chrono>
@@ -84,16 +85,21 @@ int main(int argc, char** argv) {
   auto bf16 = [](float x) { uint32_t u; std::memcpy(&u, &x, 4); return (uint16_t)(u >> 16); };
   auto widen = [](uint16_t b) { uint32_t u = (uint32_t)b << 16; float x; std::memcpy(&x, &u, 4); return x; };
   const bool prefill_bf16 = getenv("KB_BF16") != nullptr;  // prefill cases with bf16 state ("<case>bf16")
+  // KB_DEVICE_PLAN=<tokens>: the plans in device memory, planned in graph mode for a bucket of that
+  // many tokens (at least the case's), counts read by the kernels ("<case>dev").
+  const int64_t device_plan_tokens = getenv("KB_DEVICE_PLAN") ? atoll(getenv("KB_DEVICE_PLAN")) : 0;
   std::ifstream f(argv[2]); std::string line;
   while (std::getline(f, line)) {
     std::istringstream ls(line); std::string name, e, p; std::getline(ls, name, '|'); std::getline(ls, e, '|'); std::getline(ls, p, '|');
     std::vector<int64_t> ext, seq; { std::istringstream a(e); int64_t x; while (a >> x) ext.push_back(x); }
     { std::istringstream a(p); int64_t x; size_t i = 0; while (a >> x) seq.push_back(ext[i++] + x); }
     const int64_t B = ext.size(); int64_t N = 0; for (auto x : ext) N += x;
+    if (device_plan_tokens > 0) N = std::max(N, device_plan_tokens), name += "dev";  // the bucket
     const int64_t cap = dsa_c128_compress_capacity(N, B);
     std::vector<dsa_segment> comp(cap), wr(B); int64_t nc = 0, nw = 0;
     dsa_plan_params pp{}; pp.struct_size = sizeof pp; pp.batch_size = B; pp.num_tokens = N; pp.seq_lens = seq.data(); pp.extend_lens = ext.data();
     pp.compress = comp.data(); pp.write = wr.data(); pp.compress_capacity = cap; pp.write_capacity = B; pp.num_compress = &nc; pp.num_write = &nw;
+    pp.graph_mode = device_plan_tokens > 0;
     if (dsa_c128_plan_prefill(&pp) != DSA_STATUS_OK) { printf("plan failed %s\n", dsa_last_error()); return 1; }
     std::vector<float> st_h = randv(B * 3 * D, -2, 2);
     for (int64_t b = 0; b < B; ++b) for (int d = 0; d < D; ++d) st_h[b * 3 * D + D + d] = 1 + 29 * std::fabs(st_h[b * 3 * D + D + d]) / 2;
@@ -107,6 +113,12 @@ int main(int argc, char** argv) {
     dsa_c128_prefill_params q{}; q.struct_size = sizeof q; q.flags = DSA_FLAG_HOST_PLAN; q.device = 0; q.head_dim = D; q.num_slots = B; q.batch_size = B; q.num_tokens = N;
     q.state = st; q.kv_score = kv; q.out = out; q.ape = ape; q.indices = idx; q.compress = comp.data(); q.write = wr.data(); q.compress_capacity = nc; q.write_capacity = nw;
     q.state_dtype = prefill_bf16 ? DSA_STATE_BFLOAT16 : DSA_STATE_FLOAT32;
+    std::vector<int64_t> counts_h = {nc, nw};
+    dsa_segment *comp_d = nullptr, *wr_d = nullptr; int64_t* counts_d = nullptr;
+    if (device_plan_tokens > 0) {
+      comp_d = up(comp), wr_d = up(wr), counts_d = up(counts_h);
+      q.flags = 0; q.compress = comp_d; q.write = wr_d; q.compress_capacity = cap; q.write_capacity = B; q.counts = counts_d;
+    }
     if (dsa_c128_prefill(&q, s) != DSA_STATUS_OK) { printf("launch failed %s\n", dsa_last_error()); return 1; }
     CK(cudaStreamSynchronize(s));
     std::vector<float> st_g, out_g = down(out, N * D), st_c = st_h, out_c(N * D, NAN);
@@ -118,6 +130,7 @@ int main(int argc, char** argv) {
       st_g = down((float*)st, B * 3 * D);
     }
     dsa_c128_prefill_params h = q; h.device = DSA_DEVICE_HOST;
+    if (device_plan_tokens > 0) h.compress = comp.data(), h.write = wr.data(), h.counts = counts_h.data();
     h.state = prefill_bf16 ? (void*)st16_c.data() : (void*)st_c.data(); h.kv_score = kv_h.data(); h.out = out_c.data(); h.ape = ape_h.data(); h.indices = idx_h.data();
     if (dsa_c128_prefill(&h, nullptr) != DSA_STATUS_OK) { printf("host failed %s\n", dsa_last_error()); return 1; }
     if (prefill_bf16) for (size_t i = 0; i < st_c.size(); ++i) st_c[i] = widen(st16_c[i]);
@@ -129,7 +142,7 @@ int main(int argc, char** argv) {
     printf("%s prefill %s %.3f err %.2e nanmismatch %lld\n", tag, name.c_str(), t, err, (long long)bad);
     printf("%s hostprefill %s %.3f\n", tag, name.c_str(), host_us([&](cudaStream_t st_) { dsa_c128_prefill(&q, st_); }, s));
     printf("%s eagerprefill %s %.3f\n", tag, name.c_str(), eager_us([&](cudaStream_t st_) { dsa_c128_prefill(&q, st_); }, s));
-    cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx);
+    cudaFree(st); cudaFree(kv); cudaFree(out); cudaFree(idx); cudaFree(comp_d); cudaFree(wr_d); cudaFree(counts_d);
   }
   if (getenv("KB_PREFILL_ONLY")) return 0;  // the prefill cases only
   struct MdCase { const char* name; int64_t bs, width, real_cols, meta; };
