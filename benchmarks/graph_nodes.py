@@ -1,0 +1,106 @@
+"""Device us per call in CUDA graphs of 20 calls, captured by torch.cuda.graph (as the bench) and by
+the CUDA runtime directly on a non-blocking stream (as the C harness), in alternating rounds in one
+process: the empty kernel once and twice per call, c128 decode B = 1 (one kernel) and the prefill of
+the bench's 64 x (1-600) case (two kernels: the split). It asks whether a torch-captured graph costs
+more per kernel node, which would make two-kernel calls look slower in the bench than in the harness
+by more than the empty kernel beside them accounts for. GPU only.
+Run: python benchmarks/graph_nodes.py [path of libcudart.so; default /usr/local/cuda/lib64/libcudart.so]"""
+import ctypes as C
+import ctypes.util
+import statistics
+import sys
+
+import numpy as np
+import torch
+
+import pyplan
+from pydsa import _abi
+from pydsa import bench as B
+from pydsa.c128 import C128Decode, C128Prefill
+
+D = 512
+CALLS, REPLAYS, ROUNDS = B.GRAPH_CALLS, 30, 5
+def load_cudart():
+    for path in sys.argv[1:2] + ["/usr/local/cuda/lib64/libcudart.so", ctypes.util.find_library("cudart")]:
+        try:
+            return C.CDLL(path)
+        except (OSError, TypeError):
+            continue
+    raise SystemExit("no libcudart.so found; pass its path")
+
+
+cudart = load_cudart()
+
+
+def check(err, what):
+    if err:
+        raise RuntimeError(f"{what}: CUDA error {err}")
+
+
+def raw_graph_us(call) -> float:
+    """Like bench.graph_us, with the capture, instantiation and replay made by the CUDA runtime:
+    `call(stream)` issues one call on the raw stream handle."""
+    s, g, e = C.c_void_p(), C.c_void_p(), C.c_void_p()
+    check(cudart.cudaStreamCreateWithFlags(C.byref(s), 1), "stream")
+    call(s.value)
+    check(cudart.cudaStreamSynchronize(s), "sync")
+    check(cudart.cudaStreamBeginCapture(s, 0), "begin capture")
+    for _ in range(CALLS):
+        call(s.value)
+    check(cudart.cudaStreamEndCapture(s, C.byref(g)), "end capture")
+    check(cudart.cudaGraphInstantiate(C.byref(e), g, C.c_ulonglong(0)), "instantiate")
+    a, b = C.c_void_p(), C.c_void_p()
+    check(cudart.cudaEventCreate(C.byref(a)) or cudart.cudaEventCreate(C.byref(b)), "events")
+    check(cudart.cudaGraphLaunch(e, s), "launch")
+    check(cudart.cudaStreamSynchronize(s), "sync")
+    times = []
+    for _ in range(REPLAYS):
+        cudart.cudaEventRecord(a, s)
+        cudart.cudaGraphLaunch(e, s)
+        cudart.cudaEventRecord(b, s)
+        check(cudart.cudaEventSynchronize(b), "event sync")
+        ms = C.c_float()
+        cudart.cudaEventElapsedTime(C.byref(ms), a, b)
+        times.append(ms.value * 1e3 / CALLS)
+    cudart.cudaGraphExecDestroy(e), cudart.cudaGraphDestroy(g)
+    cudart.cudaEventDestroy(a), cudart.cudaEventDestroy(b), cudart.cudaStreamDestroy(s)
+    return statistics.median(times)
+
+
+def main():
+    dev = torch.cuda.current_device()
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    ape = torch.randn(128, D, device="cuda", generator=gen)
+    empty = _abi.lib.dsa_empty_launch
+    s = B._decode_set(1, gen)
+    decode = C128Decode(s[0], s[1], s[2], ape, s[3], s[4])
+    rng = np.random.default_rng(1)  # the bench's 64 x (1-600) case
+    ext = np.array(rng.integers(1, 601, 64), np.int64)
+    seq = ext + np.array(rng.integers(0, 100_001, 64), np.int64)
+    n = int(ext.sum())
+    state = torch.randn(64, 1, 3 * D, device="cuda", generator=gen)
+    state[:, :, D:2 * D].uniform_(1, 30, generator=gen)
+    kv = torch.randn(n, 2 * D, device="cuda", generator=gen)
+    prefill = C128Prefill(state, kv, torch.empty(n, D, device="cuda"), ape, torch.arange(64, dtype=torch.int32, device="cuda"),
+                          pyplan.plan_prefill(seq, ext))
+    cur = lambda: torch.cuda.current_stream().cuda_stream
+    cases = {  # name: (torch call, raw call on a stream)
+        "empty x1": (lambda: empty(dev, cur()), lambda st: empty(dev, st)),
+        "empty x2": (lambda: (empty(dev, cur()), empty(dev, cur())), lambda st: (empty(dev, st), empty(dev, st))),
+        "decode B=1": (decode.launch, lambda st: decode.launch(st)),
+        "prefill 64 x (1-600)": (prefill.launch, lambda st: prefill.launch(st)),
+    }
+    got = {(name, how): [] for name in cases for how in ("torch", "raw")}
+    for _ in range(ROUNDS):
+        for name, (in_torch, raw) in cases.items():
+            got[(name, "torch")].append(B.graph_us([in_torch]))
+            got[(name, "raw")].append(raw_graph_us(raw))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; device us per call, median of {ROUNDS} alternating rounds")
+    print(f"{'case':24s} {'torch graph':>12s} {'raw graph':>10s} {'difference':>11s}")
+    for name in cases:
+        t, r = statistics.median(got[(name, "torch")]), statistics.median(got[(name, "raw")])
+        print(f"{name:24s} {t:12.3f} {r:10.3f} {t - r:11.3f}")
+
+
+if __name__ == "__main__":
+    main()
