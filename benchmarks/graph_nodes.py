@@ -3,23 +3,31 @@ the CUDA runtime directly on a non-blocking stream (as the C harness), in altern
 process: the empty kernel once and twice per call, c128 decode B = 1 (one kernel) and the prefill of
 the bench's 64 x (1-600) case (two kernels: the split). It asks whether a torch-captured graph costs
 more per kernel node, which would make two-kernel calls look slower in the bench than in the harness
-by more than the empty kernel beside them accounts for. GPU only.
-Run: python benchmarks/graph_nodes.py [path of libcudart.so; default /usr/local/cuda/lib64/libcudart.so]"""
+by more than the empty kernel beside them accounts for. With --no-torch LIBRARY it times only the
+empty kernel of the given libdsa_kernels.so, runtime-captured, in a process that never loads torch.
+GPU only.
+Run: python benchmarks/graph_nodes.py [--no-torch path/libdsa_kernels.so] [path of libcudart.so;
+default /usr/local/cuda/lib64/libcudart.so]"""
 import ctypes as C
 import ctypes.util
 import statistics
 import sys
 
-import numpy as np
-import torch
+NO_TORCH = sys.argv[1:2] == ["--no-torch"]
+if NO_TORCH:
+    LIBRARY = sys.argv[2]
+    del sys.argv[1:3]
+else:
+    import numpy as np
+    import torch
 
-import pyplan
-from pydsa import _abi
-from pydsa import bench as B
-from pydsa.c128 import C128Decode, C128Prefill
+    import pyplan
+    from pydsa import _abi
+    from pydsa import bench as B
+    from pydsa.c128 import C128Decode, C128Prefill
 
 D = 512
-CALLS, REPLAYS, ROUNDS = B.GRAPH_CALLS, 30, 5
+CALLS, REPLAYS, ROUNDS = 20, 30, 5  # bench.GRAPH_CALLS calls per graph
 def load_cudart():
     for path in sys.argv[1:2] + ["/usr/local/cuda/lib64/libcudart.so", ctypes.util.find_library("cudart")]:
         try:
@@ -67,7 +75,19 @@ def raw_graph_us(call) -> float:
     return statistics.median(times)
 
 
+def main_without_torch():
+    lib = C.CDLL(LIBRARY)
+    empty = lib.dsa_empty_launch
+    calls = {"empty x1": lambda st: empty(0, C.c_void_p(st)),
+             "empty x2": lambda st: (empty(0, C.c_void_p(st)), empty(0, C.c_void_p(st)))}
+    got = {name: [raw_graph_us(call) for _ in range(ROUNDS)] for name, call in calls.items()}
+    print(f"without torch: device us per call, runtime-captured, median of {ROUNDS} rounds")
+    for name, times in got.items():
+        print(f"{name:24s} {statistics.median(times):10.3f}")
+
+
 def main():
+    assert B.GRAPH_CALLS == CALLS
     dev = torch.cuda.current_device()
     gen = torch.Generator(device="cuda").manual_seed(0)
     ape = torch.randn(128, D, device="cuda", generator=gen)
@@ -103,4 +123,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main_without_torch() if NO_TORCH else main()
