@@ -3,20 +3,24 @@ the CUDA runtime directly on a non-blocking stream (as the C harness), in altern
 process: the empty kernel once and twice per call, c128 decode B = 1 (one kernel) and the prefill of
 the bench's 64 x (1-600) case (two kernels: the split). It asks whether a torch-captured graph costs
 more per kernel node, which would make two-kernel calls look slower in the bench than in the harness
-by more than the empty kernel beside them accounts for. With --no-torch LIBRARY it times only the
-empty kernel of the given libdsa_kernels.so, runtime-captured, in a process that never loads torch.
-GPU only.
-Run: python benchmarks/graph_nodes.py [--no-torch path/libdsa_kernels.so] [path of libcudart.so;
-default /usr/local/cuda/lib64/libcudart.so]"""
+by more than the empty kernel beside them accounts for. With --no-torch LIBRARY [STAGE] it times only
+the empty kernel of the given libdsa_kernels.so, runtime-captured, in a process that loads torch only
+as far as STAGE: none (default), import (import torch), init (torch.cuda.init()), tensor (a CUDA
+tensor allocated) or op (an elementwise op and a matmul run). GPU only.
+Run: python benchmarks/graph_nodes.py [--no-torch path/libdsa_kernels.so [STAGE]] [path of
+libcudart.so; default /usr/local/cuda/lib64/libcudart.so]"""
 import ctypes as C
 import ctypes.util
 import statistics
 import sys
 
 NO_TORCH = sys.argv[1:2] == ["--no-torch"]
+STAGES = ("none", "import", "init", "tensor", "op")
 if NO_TORCH:
     LIBRARY = sys.argv[2]
-    del sys.argv[1:3]
+    has_stage = len(sys.argv) > 3 and sys.argv[3] in STAGES
+    STAGE = sys.argv[3] if has_stage else "none"
+    del sys.argv[1:4 if has_stage else 3]  # what is left: the optional libcudart path
 else:
     import numpy as np
     import torch
@@ -75,13 +79,26 @@ def raw_graph_us(call) -> float:
     return statistics.median(times)
 
 
+def load_torch_to(stage):
+    if stage == "none":
+        return
+    import torch as t
+    if STAGES.index(stage) >= STAGES.index("init"):
+        t.cuda.init()
+    if STAGES.index(stage) >= STAGES.index("tensor"):
+        x = t.ones(256, 256, device="cuda")
+    if stage == "op":
+        (x * 2 + 1).sum().item(), (x @ x).sum().item()
+
+
 def main_without_torch():
+    load_torch_to(STAGE)
     lib = C.CDLL(LIBRARY)
     empty = lib.dsa_empty_launch
     calls = {"empty x1": lambda st: empty(0, C.c_void_p(st)),
              "empty x2": lambda st: (empty(0, C.c_void_p(st)), empty(0, C.c_void_p(st)))}
     got = {name: [raw_graph_us(call) for _ in range(ROUNDS)] for name, call in calls.items()}
-    print(f"without torch: device us per call, runtime-captured, median of {ROUNDS} rounds")
+    print(f"torch loaded up to stage '{STAGE}': device us per call, runtime-captured, median of {ROUNDS} rounds")
     for name, times in got.items():
         print(f"{name:24s} {statistics.median(times):10.3f}")
 
