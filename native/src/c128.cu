@@ -102,7 +102,7 @@ struct DecodeLaunch {
   const int32_t* indices;
   void* state;
   const float* ape;
-  uint32_t slot_count;  // num_slots (<= INT32_MAX): slot s is valid iff (uint32_t)s < slot_count
+  uint32_t slot_count;  // num_slots (<= INT32_MAX host check), for slot_ok
   float* out;
   uint32_t* error_count;
 };
@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int32_t slot = __ldg(p.indices + b);
   allow_dependents();
   if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
-  if ((uint32_t)slot >= p.slot_count) {
+  if (!slot_ok(slot, p.slot_count)) {
     if (ch == 0) count_error(p.error_count);
     return;
   }

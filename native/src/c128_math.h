@@ -158,5 +158,7 @@ DSA_HD bool segment_ok(const dsa_segment& s, bool closes_chunk, int64_t num_toke
 DSA_HD bool segment_continues(const dsa_segment& s) { return s.position % DSA_CHUNK + 1 != s.window_len; }
 
 DSA_HD bool slot_ok(int32_t slot, int64_t num_slots) { return slot >= 0 && slot < num_slots; }
+// The same for a slot count already checked to be 1..INT32_MAX (the decode kernel's): one unsigned compare.
+DSA_HD bool slot_ok(int32_t slot, uint32_t slot_count) { return (uint32_t)slot < slot_count; }
 
 }  // namespace dsa
