@@ -6,7 +6,8 @@ more per kernel node, which would make two-kernel calls look slower in the bench
 by more than the empty kernel beside them accounts for. With --no-torch LIBRARY [STAGE] it times only
 the empty kernel of the given libdsa_kernels.so, runtime-captured, in a process that loads torch only
 as far as STAGE: none (default), import (import torch), init (torch.cuda.init()), tensor (a CUDA
-tensor allocated) or op (an elementwise op and a matmul run). GPU only.
+tensor allocated), ew (an elementwise op run), mm (a matmul run), op (both) or big (an 8 GiB
+tensor allocated, nothing run). GPU only.
 Run: python benchmarks/graph_nodes.py [--no-torch path/libdsa_kernels.so [STAGE]] [path of
 libcudart.so; default /usr/local/cuda/lib64/libcudart.so]"""
 import ctypes as C
@@ -15,7 +16,7 @@ import statistics
 import sys
 
 NO_TORCH = sys.argv[1:2] == ["--no-torch"]
-STAGES = ("none", "import", "init", "tensor", "op")
+STAGES = ("none", "import", "init", "tensor", "ew", "mm", "op", "big")
 if NO_TORCH:
     LIBRARY = sys.argv[2]
     has_stage = len(sys.argv) > 3 and sys.argv[3] in STAGES
@@ -49,15 +50,15 @@ def check(err, what):
         raise RuntimeError(f"{what}: CUDA error {err}")
 
 
-def raw_graph_us(call) -> float:
+def raw_graph_us(call, calls=CALLS) -> float:
     """Like bench.graph_us, with the capture, instantiation and replay made by the CUDA runtime:
-    `call(stream)` issues one call on the raw stream handle."""
+    `call(stream)` issues one call on the raw stream handle; the graph holds `calls` calls."""
     s, g, e = C.c_void_p(), C.c_void_p(), C.c_void_p()
     check(cudart.cudaStreamCreateWithFlags(C.byref(s), 1), "stream")
     call(s.value)
     check(cudart.cudaStreamSynchronize(s), "sync")
     check(cudart.cudaStreamBeginCapture(s, 0), "begin capture")
-    for _ in range(CALLS):
+    for _ in range(calls):
         call(s.value)
     check(cudart.cudaStreamEndCapture(s, C.byref(g)), "end capture")
     check(cudart.cudaGraphInstantiate(C.byref(e), g, C.c_ulonglong(0)), "instantiate")
@@ -73,7 +74,7 @@ def raw_graph_us(call) -> float:
         check(cudart.cudaEventSynchronize(b), "event sync")
         ms = C.c_float()
         cudart.cudaEventElapsedTime(C.byref(ms), a, b)
-        times.append(ms.value * 1e3 / CALLS)
+        times.append(ms.value * 1e3 / calls)
     cudart.cudaGraphExecDestroy(e), cudart.cudaGraphDestroy(g)
     cudart.cudaEventDestroy(a), cudart.cudaEventDestroy(b), cudart.cudaStreamDestroy(s)
     return statistics.median(times)
@@ -87,18 +88,29 @@ def load_torch_to(stage):
         t.cuda.init()
     if STAGES.index(stage) >= STAGES.index("tensor"):
         x = t.ones(256, 256, device="cuda")
-    if stage == "op":
-        (x * 2 + 1).sum().item(), (x @ x).sum().item()
+    if stage in ("ew", "op"):
+        (x * 2 + 1).sum().item()
+    if stage in ("mm", "op"):
+        (x @ x).sum().item()
+    if stage == "big":
+        x = t.empty(8 << 30, dtype=t.uint8, device="cuda")
 
 
 def main_without_torch():
     load_torch_to(STAGE)
     lib = C.CDLL(LIBRARY)
     empty = lib.dsa_empty_launch
-    calls = {"empty x1": lambda st: empty(0, C.c_void_p(st)),
-             "empty x2": lambda st: (empty(0, C.c_void_p(st)), empty(0, C.c_void_p(st)))}
-    got = {name: [raw_graph_us(call) for _ in range(ROUNDS)] for name, call in calls.items()}
-    print(f"torch loaded up to stage '{STAGE}': device us per call, runtime-captured, median of {ROUNDS} rounds")
+    one = lambda st: empty(0, C.c_void_p(st))
+    two = lambda st: (empty(0, C.c_void_p(st)), empty(0, C.c_void_p(st)))
+    # name: (call, calls per graph); the last three ask whether the node count of the graph or
+    # the kernels per call set the cost
+    cases = {"empty x1": (one, CALLS), "empty x2": (two, CALLS), "empty x1, 40 calls": (one, 2 * CALLS),
+             "empty x2, 10 calls": (two, CALLS // 2), "empty x1, 80 calls": (one, 4 * CALLS)}
+    got = {name: [] for name in cases}
+    for _ in range(ROUNDS):  # alternating rounds
+        for name, (call, calls) in cases.items():
+            got[name].append(raw_graph_us(call, calls))
+    print(f"torch loaded up to stage '{STAGE}': device us per call, runtime-captured, median of {ROUNDS} alternating rounds")
     for name, times in got.items():
         print(f"{name:24s} {statistics.median(times):10.3f}")
 

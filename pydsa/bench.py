@@ -2,7 +2,8 @@
 
 Device time: CUDA-graph replay of 20 calls, on one input set ("graph us", the data may sit in
 L2 as it does when a previous kernel just wrote it) and rotating input sets until 256 MB are
-cycled through ("cold us", cold L2).
+cycled through ("cold us", cold L2); each replay is timed by events behind a GPU spin, so the
+host's submission of the replay is not counted (graph_us).
 Host time: Python wall time per call, no sync. Every row is printed beside its floor (copy
 bandwidth, an empty kernel launch) and its baseline (the torch way), all measured in this run.
 """
@@ -106,8 +107,20 @@ def host_vs_empty(fn, n=2000, rounds=7, fetch_stream=False) -> tuple:
     return statistics.median(ours), statistics.median(floor)
 
 
-def graph_us(calls, replays=30) -> float:
-    """Device µs per call: a CUDA graph of GRAPH_CALLS calls (cycling through `calls`)."""
+# A replay is timed from an event that the GPU reaches while the host is still submitting the
+# replay, unless the GPU is kept busy until the replay is queued: a spin of GRAPH_SPIN_CYCLES
+# (about 0.1 ms, longer than the host takes to record the event and submit the replay) is queued
+# before the start event, so the events time the replay's device work alone.
+# `--graph-idle-start` turns the spin off (the way the bench measured before it).
+GRAPH_SPIN_CYCLES = 200_000
+GRAPH_BUSY_START = True
+
+
+def graph_us(calls, replays=30, busy_start=None) -> float:
+    """Device µs per call: a CUDA graph of GRAPH_CALLS calls (cycling through `calls`). With
+    busy_start False (default: GRAPH_BUSY_START) the GPU idles when the start event is recorded,
+    so each replay's time also counts the host's submission of it."""
+    busy_start = GRAPH_BUSY_START if busy_start is None else busy_start
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -124,6 +137,8 @@ def graph_us(calls, replays=30) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):
+        if busy_start:
+            torch.cuda._sleep(GRAPH_SPIN_CYCLES)
         start.record()
         graph.replay()
         end.record()
@@ -869,7 +884,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--plot", help="write a PNG of achieved bandwidth versus bytes moved")
     ap.add_argument("--markdown", help="write the results as Markdown tables here")
+    ap.add_argument("--graph-idle-start", action="store_true",
+                    help="time graph replays from an idle GPU, the host's submission of each replay included "
+                         "(default: from a GPU kept busy until the replay is queued)")
     args = ap.parse_args(argv)
+    global GRAPH_BUSY_START
+    GRAPH_BUSY_START = not args.graph_idle_start
     what = set(args.what or ["all"])
     unknown = what - {"all", "planner", "c128", "metadata", "step", "sglang"}
     if unknown:
@@ -880,7 +900,7 @@ def main(argv=None) -> int:
     result = dict(gpu=torch.cuda.get_device_name() if gpu else "none", date=datetime.date.today().isoformat(),
                   commit=_commit(), command="python -m pydsa bench " + " ".join(argv if argv is not None else sys.argv[2:]),
                   host=platform.processor() or platform.machine(), python=platform.python_version(),
-                  torch=torch.__version__, floors={}, rows=[])
+                  torch=torch.__version__, graph_start="busy" if GRAPH_BUSY_START else "idle", floors={}, rows=[])
     if gpu:
         print("measuring floors ...", flush=True)
         result["floors"] = floors()
