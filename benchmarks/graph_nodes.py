@@ -51,7 +51,8 @@ def check(err, what):
 
 
 def raw_graph_us(call, calls=CALLS) -> float:
-    """Like bench.graph_us, with the capture, instantiation and replay made by the CUDA runtime:
+    """Like bench.graph_us with busy_start=False (each replay timed from an idle GPU, its host
+    submission included), with the capture, instantiation and replay made by the CUDA runtime:
     `call(stream)` issues one call on the raw stream handle; the graph holds `calls` calls."""
     s, g, e = C.c_void_p(), C.c_void_p(), C.c_void_p()
     check(cudart.cudaStreamCreateWithFlags(C.byref(s), 1), "stream")
@@ -142,7 +143,7 @@ def main():
     got = {(name, how): [] for name in cases for how in ("torch", "raw")}
     for _ in range(ROUNDS):
         for name, (in_torch, raw) in cases.items():
-            got[(name, "torch")].append(B.graph_us([in_torch]))
+            got[(name, "torch")].append(B.graph_us([in_torch], busy_start=False))  # as raw_graph_us
             got[(name, "raw")].append(raw_graph_us(raw))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; device us per call, median of {ROUNDS} alternating rounds")
     print(f"{'case':24s} {'torch graph':>12s} {'raw graph':>10s} {'difference':>11s}")

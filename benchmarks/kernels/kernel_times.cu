@@ -1,5 +1,5 @@
 // Device time per call of dsa_c128_prefill, dsa_c128_decode and dsa_metadata_copy on fixed cases
-// (CUDA graph of 20 calls, median of 30 replays), each result checked against the host backend
+// (CUDA graph of 20 calls, median of 30 replays, each behind a GPU spin), each result checked against the host backend
 // first; for prefill also the host time per call and the device time per call of eager calls
 // (both with the calls queued behind a GPU spin). Usage: kernel_times <tag> <cases file>; see
 // compare.sh. Output lines: "<tag> prefill|decode <case> <graph us> ...", "<tag> hostprefill
@@ -27,6 +27,9 @@ static std::vector<float> randv(size_t n, float lo, float hi) { std::uniform_rea
 template <class T> T* up(const std::vector<T>& v) { T* d; CK(cudaMalloc(&d, v.size() * sizeof(T) + 16)); CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); return d; }
 template <class T> std::vector<T> down(const T* d, size_t n) { std::vector<T> v(n); CK(cudaMemcpy(v.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost)); return v; }
 
+__global__ void spin_kernel(long long cycles) { long long t0 = clock64(); while (clock64() - t0 < cycles) {} }
+// Each replay is timed behind a spin (about 0.1 ms), so the events time its device work and not
+// the host's submission of it (as pydsa.bench.graph_us).
 template <class F> double graph_us(F call, cudaStream_t s, int per = 20, int reps = 30) {
   cudaGraph_t g; cudaGraphExec_t ge;
   call(s); CK(cudaStreamSynchronize(s));
@@ -36,13 +39,12 @@ template <class F> double graph_us(F call, cudaStream_t s, int per = 20, int rep
   cudaEvent_t a, b; cudaEventCreate(&a); cudaEventCreate(&b);
   for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(ge, s));
   std::vector<double> t;
-  for (int r = 0; r < reps; ++r) { cudaEventRecord(a, s); CK(cudaGraphLaunch(ge, s)); cudaEventRecord(b, s); CK(cudaEventSynchronize(b)); float ms; cudaEventElapsedTime(&ms, a, b); t.push_back(ms * 1000.0 / per); }
+  for (int r = 0; r < reps; ++r) { spin_kernel<<<1, 1, 0, s>>>(200000LL); cudaEventRecord(a, s); CK(cudaGraphLaunch(ge, s)); cudaEventRecord(b, s); CK(cudaEventSynchronize(b)); float ms; cudaEventElapsedTime(&ms, a, b); t.push_back(ms * 1000.0 / per); }
   std::sort(t.begin(), t.end());
   cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
   return t[t.size() / 2];
 }
 
-__global__ void spin_kernel(long long cycles) { long long t0 = clock64(); while (clock64() - t0 < cycles) {} }
 // Host time per call with the GPU busy (a long spin queued first), so no call waits on the GPU.
 template <class F> double host_us(F call, cudaStream_t s, int n = 300) {
   std::vector<double> t;

@@ -2,7 +2,8 @@
 // kinds of work an engine's process runs before it replays graphs: a kernel with a large dynamic
 // shared memory block, a cuBLAS handle, a cuBLAS matmul. It asks what makes kernel nodes cost more
 // once torch has run a matmul (benchmarks/graph_nodes.py) and whether a kernel's shared memory
-// carveout preference changes that. Standalone, GPU only.
+// carveout preference changes that. Each replay is timed from an idle GPU (as graph_nodes.py
+// times them), so the host's submission of the replay is counted too. Standalone, GPU only.
 // Build: nvcc -arch=sm_90 -O3 -std=c++17 benchmarks/kernels/node_cost.cu -lcublas -o node_cost
 // Run:   ./node_cost [step ...], steps applied in order: smem (a 200 KB shared memory kernel),
 //        handle (cublasCreate), sgemm (a 256 x 256 matmul), sgemm_big (4096 x 4096).
