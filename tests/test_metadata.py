@@ -123,27 +123,37 @@ def refill_and_check(src, dsts, mode, run, steps=3):
 
 
 @pytest.mark.parametrize("misalign", [0, 1, 2, 3])
-def test_unaligned_rows_and_strides(device, misalign):
-    """Destination rows that do not share the source's 16-byte alignment still copy exactly."""
+@pytest.mark.parametrize("bs, width", [(5, 1000), (37, 4100)])
+def test_unaligned_rows_and_strides(device, misalign, bs, width):
+    """Destination rows that do not share the source's 16-byte alignment still copy exactly, with
+    three destinations each misaligned differently. On the GPU a few tiles (5 x 1000) are copied by
+    one block per tile and destination, more (37 x 4100) by one block per tile storing to all three."""
     gen = torch.Generator().manual_seed(misalign)
-    bs, width = 37, 4100
     src = dict(cache_seqlens=rand_i32(bs, device=device, gen=gen), cu_seqlens_k=rand_i32(bs + 1, device=device, gen=gen),
                page_indices=rand_i32(bs, width, device=device, gen=gen),
                dsa_cache_seqlens=rand_i32(bs, device=device, gen=gen), dsa_cu_seqlens_k=rand_i32(bs + 1, device=device, gen=gen))
-    big = torch.full((bs * (width + 7) + 8,), SENTINEL, dtype=torch.int32, device=device)
-    table = big[misalign:misalign + bs * (width + 7)].view(bs, width + 7)
-    dst = dict(cache_seqlens=torch.full((bs,), SENTINEL, dtype=torch.int32, device=device),
-               cu_seqlens_k=torch.full((bs + 1,), SENTINEL, dtype=torch.int32, device=device),
-               page_table_1=table, dsa_cache_seqlens=torch.full((bs,), SENTINEL, dtype=torch.int32, device=device),
-               dsa_cu_seqlens_k=torch.full((bs + 1,), SENTINEL, dtype=torch.int32, device=device))
-    want_big = big.clone()
-    want = {key: t.clone() for key, t in dst.items()}
-    want["page_table_1"] = want_big[misalign:misalign + bs * (width + 7)].view(bs, width + 7)
-    metadata_copy_reference(src, want, "decode")
-    pydsa.MetadataCopy(dst)(**src)
-    assert torch.equal(big, want_big)
-    for key in dst:
-        assert torch.equal(dst[key], want[key])
+    bigs, dsts = [], []
+    for k in range(3):
+        shift = (misalign + k) % 4
+        big = torch.full((bs * (width + 7) + 8,), SENTINEL, dtype=torch.int32, device=device)
+        bigs.append((big, shift))
+        dsts.append(dict(cache_seqlens=torch.full((bs,), SENTINEL, dtype=torch.int32, device=device),
+                         cu_seqlens_k=torch.full((bs + 1,), SENTINEL, dtype=torch.int32, device=device),
+                         page_table_1=big[shift:shift + bs * (width + 7)].view(bs, width + 7),
+                         dsa_cache_seqlens=torch.full((bs,), SENTINEL, dtype=torch.int32, device=device),
+                         dsa_cu_seqlens_k=torch.full((bs + 1,), SENTINEL, dtype=torch.int32, device=device)))
+    want_bigs, wants = [], []
+    for (big, shift), dst in zip(bigs, dsts):
+        want_big = big.clone()
+        want = {key: t.clone() for key, t in dst.items()}
+        want["page_table_1"] = want_big[shift:shift + bs * (width + 7)].view(bs, width + 7)
+        metadata_copy_reference(src, want, "decode")
+        want_bigs.append(want_big), wants.append(want)
+    pydsa.MetadataCopy(dsts)(**src)
+    for (big, _), want_big, dst, want in zip(bigs, want_bigs, dsts, wants):
+        assert torch.equal(big, want_big)
+        for key in dst:
+            assert torch.equal(dst[key], want[key]), key
 
 
 def test_zero_batch_is_a_no_op(device):

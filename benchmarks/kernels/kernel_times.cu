@@ -154,7 +154,9 @@ int main(int argc, char** argv) {
                     MdCase{"md128x4096K1", 128, 4096, 0, 0}, MdCase{"md64x8192+gK1", 64, 8192, 128, 1024},
                     MdCase{"md1x128K1", 1, 128, 0, 0}, MdCase{"md32x2048K2", 32, 2048, 0, 0},
                     MdCase{"md256x32768K3", 256, 32768, 0, 0}, MdCase{"md512x65536K1", 512, 65536, 0, 0},
-                    MdCase{"md512x65536K3", 512, 65536, 0, 0}}) {
+                    MdCase{"md512x65536K3", 512, 65536, 0, 0}, MdCase{"md40x2048K3", 40, 2048, 0, 0},
+                    MdCase{"md64x2048K3", 64, 2048, 0, 0}, MdCase{"md96x2048K3", 96, 2048, 0, 0},
+                    MdCase{"md64x2048K2", 64, 2048, 0, 0}}) {
     const int K = atoi(strrchr(mc.name, 'K') + 1);
     const int64_t bs = mc.bs, W = mc.width, R = mc.real_cols, M = mc.meta;
     auto ri = [&](size_t n) { std::vector<int32_t> v(n); for (auto& x : v) x = (int32_t)(rng() % 100000); return up(v); };

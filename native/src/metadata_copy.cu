@@ -107,16 +107,15 @@ void divisor_of(uint32_t d, uint32_t* mul, uint32_t* shift) {
   *shift = l;
 }
 
-// Copies elements [0, n) of one row slice to every destination, with 16-byte accesses when the
-// source and all destinations share one alignment, else with 4-byte accesses.
+// Copies elements [0, n) of one row slice to destinations [k_begin, k_end), with 16-byte accesses
+// when the source and those destinations share one alignment, else with 4-byte accesses.
 template <int kUnroll, int kDst>
-__device__ __forceinline__ void copy_span(const CopyPlan<kDst>& plan, const CopyJob<kDst>& job, int64_t row,
-                                          int64_t col, int64_t n) {
-  const int destinations = plan.destinations();
+__device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row, int64_t col, int64_t n,
+                                          int k_begin, int k_end) {
   const int32_t* src = job.src + row * job.src_stride + col;
   const uintptr_t misalignment = (uintptr_t)src & 15;
   bool vectorizable = (misalignment & 3) == 0;
-  for (int k = 0; k < destinations; ++k)
+  for (int k = k_begin; k < k_end; ++k)
     vectorizable &= ((uintptr_t)(job.dst[k] + row * job.dst_stride[k] + col) & 15) == misalignment;
   int64_t head = vectorizable ? std::min<int64_t>(n, ((16 - misalignment) & 15) / 4) : n;
   const int64_t vectors = vectorizable ? (n - head) / 4 : 0;
@@ -128,7 +127,7 @@ __device__ __forceinline__ void copy_span(const CopyPlan<kDst>& plan, const Copy
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (i0 + u * kThreads < head) v[u] = __ldg(src + i0 + u * kThreads);
-    for (int k = 0; k < destinations; ++k) {
+    for (int k = k_begin; k < k_end; ++k) {
       int32_t* dst = job.dst[k] + row * job.dst_stride[k] + col;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
@@ -142,7 +141,7 @@ __device__ __forceinline__ void copy_span(const CopyPlan<kDst>& plan, const Copy
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
       if (i0 + u * kThreads < vectors) v[u] = __ldg(src4 + i0 + u * kThreads);
-    for (int k = 0; k < destinations; ++k) {
+    for (int k = k_begin; k < k_end; ++k) {
       int4* dst4 = reinterpret_cast<int4*>(job.dst[k] + row * job.dst_stride[k] + col + head);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
@@ -152,27 +151,34 @@ __device__ __forceinline__ void copy_span(const CopyPlan<kDst>& plan, const Copy
   const int64_t i = tail_begin + threadIdx.x;
   if (i < n) {
     const int32_t v = __ldg(src + i);
-    for (int k = 0; k < destinations; ++k) job.dst[k][row * job.dst_stride[k] + col + i] = v;
+    for (int k = k_begin; k < k_end; ++k) job.dst[k][row * job.dst_stride[k] + col + i] = v;
   }
 }
 
-// Copies tile `local` of `job` (its row from the multiplier, its columns from the remainder).
+// Copies tile `local` of `job` (its row from the multiplier, its columns from the remainder) to
+// destinations [k_begin, k_end).
 template <int kUnroll, int kDst>
-__device__ __forceinline__ void copy_tile(const CopyPlan<kDst>& plan, const CopyJob<kDst>& job, int64_t local) {
+__device__ __forceinline__ void copy_tile(const CopyJob<kDst>& job, int64_t local, int k_begin, int k_end) {
   constexpr int64_t kTileElements = tile_elements(kUnroll);
   const int64_t row = job.div_mul != 0 ? (int64_t)quotient((uint32_t)local, job.div_mul, job.div_shift)
                                        : local / job.tiles_per_row;
   const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
   const int64_t remaining = job.width - col;
-  copy_span<kUnroll>(plan, job, row, col, remaining < kTileElements ? remaining : kTileElements);
+  copy_span<kUnroll>(job, row, col, remaining < kTileElements ? remaining : kTileElements, k_begin, k_end);
 }
 
-template <int kUnroll, int kDst>
+// Each block takes work items of the grid stride: a tile, or with kPerDst a tile and one of its
+// kDst destinations (item = tile * kDst + destination).
+template <int kUnroll, int kDst, bool kPerDst>
 __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan<kDst> plan) {
   wait_for_producers();
   allow_dependents();
-  const int64_t total_tiles = plan.first_tile[kMaxJobs];  // the host repeats the total after the last job
-  for (int64_t tile = blockIdx.x; tile < total_tiles; tile += gridDim.x) {
+  constexpr int kPerTile = kPerDst ? kDst : 1;  // work items per tile
+  const int64_t items = plan.first_tile[kMaxJobs] * kPerTile;  // the host repeats the total after the last job
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
+    const int64_t tile = kPerDst ? item / kPerTile : item;
+    const int k_begin = kPerDst ? (int)(item - tile * kPerTile) : 0;
+    const int k_end = kPerDst ? k_begin + 1 : plan.destinations();
     // The tile's job: compares against every job boundary at fixed parameter offsets, all issued
     // at once. A search loop read the boundaries one after another, each at a computed offset; H200,
     // C harness, graph us, loop / compares (median of four): K = 3 128 x 4096 3.189 / 3.133,
@@ -184,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_co
 #pragma unroll
     for (int k = 1; k < kMaxJobs; ++k)
       if (plan.first_tile[k] <= tile) j = k, first = plan.first_tile[k];
-    copy_tile<kUnroll>(plan, plan.job[j], tile - first);
+    copy_tile<kUnroll>(plan.job[j], tile - first, k_begin, k_end);
   }
 }
 
@@ -337,11 +343,32 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, Jobs& jobs) {
   return DSA_STATUS_OK;
 }
 
-// One launch of `plan`, in large or small tiles.
+// One launch of `plan`, in large or small tiles. With K = 2 or 3 destinations and at most one
+// block per SM when each block takes one tile and one destination, each block does so (the K
+// blocks of a tile each read its source, from L2 after the first): the copy then runs on K times
+// as many SMs. With more tiles than that, one block per tile storing to every destination is
+// faster: the extra source reads cost more than the extra blocks gain. Measured on an H200 (C
+// harness, graph us, minimum of three interleaved runs; one block per tile / per tile and
+// destination while tiles x K <= SMs / while tiles x K <= 2 SMs;
+// variant-sweeps-nvidia-h200-2026-11-30-per-destination.txt):
+//   K = 3: 1 x 128 1.51 / 1.44 / 1.45; 32 x 2048 1.98 / 1.88 / 1.89; 40 x 2048 (132 blocks) 1.92 /
+//   1.90 / 1.84; 64 x 2048 (204 blocks) 1.96 / 1.96 / 2.06; K = 2: 32 x 2048 1.78 / 1.74 / 1.74;
+//   64 x 2048 (136 blocks) 1.84 / 1.83 / 1.93. Splitting every plan: K = 3 128 x 4096 3.02 / 3.30,
+//   64 x 8192 + groups 3.08 / 3.37, 512 x 65536 143.3 / 149.0.
 template <int kDst>
-cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, unsigned grid, cudaStream_t stream, unsigned mode) {
-  return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst>, grid, kThreads, stream, mode, plan)
-               : launch(metadata_copy_kernel<kSmallUnroll, kDst>, grid, kThreads, stream, mode, plan);
+cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStream_t stream, unsigned mode) {
+  const int64_t tiles = plan.first_tile[plan.num_jobs];
+  if constexpr (kDst == 2 || kDst == 3) {
+    if (tiles * kDst <= sms) {
+      const unsigned grid = (unsigned)(tiles * kDst);
+      return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst, true>, grid, kThreads, stream, mode, plan)
+                   : launch(metadata_copy_kernel<kSmallUnroll, kDst, true>, grid, kThreads, stream, mode, plan);
+    }
+  }
+  const int64_t cap = (int64_t)sms * (large ? kLargeBlocksPerSm : kBlocksPerSm);
+  const unsigned grid = (unsigned)std::min<int64_t>(tiles, cap);
+  return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst, false>, grid, kThreads, stream, mode, plan)
+               : launch(metadata_copy_kernel<kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
 }
 
 }  // namespace
@@ -368,15 +395,13 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   if (large)  // fewer tiles than the small ones: cannot fail
     for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kLargeUnroll));
   set_device_fields(jobs);
-  const int64_t cap = (int64_t)sms * (large ? kLargeBlocksPerSm : kBlocksPerSm);
-  const unsigned grid = (unsigned)std::min<int64_t>(plan.first_tile[plan.num_jobs], cap);
   const cudaStream_t s = (cudaStream_t)stream;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   // In the layout for its destination count (plan_for: K = 1, 2, 3; any count: the plan as built).
-  const cudaError_t err = plan.num_dst == 1   ? launch_copy(plan_for<1>(plan), large, grid, s, mode)
-                          : plan.num_dst == 2 ? launch_copy(plan_for<2>(plan), large, grid, s, mode)
-                          : plan.num_dst == 3 ? launch_copy(plan_for<3>(plan), large, grid, s, mode)
-                                              : launch_copy(plan, large, grid, s, mode);
+  const cudaError_t err = plan.num_dst == 1   ? launch_copy(plan_for<1>(plan), large, sms, s, mode)
+                          : plan.num_dst == 2 ? launch_copy(plan_for<2>(plan), large, sms, s, mode)
+                          : plan.num_dst == 3 ? launch_copy(plan_for<3>(plan), large, sms, s, mode)
+                                              : launch_copy(plan, large, sms, s, mode);
   DSA_TRY(launch_status(err, kOp));
   return ok();
 }
