@@ -26,11 +26,20 @@ namespace {
 //   2.89 and 2.87 / 2.88, 128 x 4096 5.63 / 5.68 and 5.63 / 5.67. Blocks of 64 threads (2048 /
 //   8192 int32) were faster on the larger copies and slower on the small ones (K = 3 1 x 128
 //   1.66, 32 x 2048 2.19; variant-sweeps-nvidia-h200-2026-11-30-fit.txt).
-constexpr int kThreads = 128;
-constexpr int kSmallUnroll = 4, kLargeUnroll = 8;
+// So small tiles go to blocks of 64 threads x 8 int4 (kNarrow) once there are more tiles than SMs,
+// up to 16 blocks per SM. One block of 128 / of 64 threads per small tile where tiles > SMs / where
+// tiles > 2 SMs (C harness, graph us, minimum of three interleaved runs;
+// variant-sweeps-nvidia-h200-2026-11-30-per-destination.txt, sweep 3): K = 3 128 x 4096 3.03 / 3.00
+// / 3.04, 64 x 8192 + groups 3.14 / 3.07 / 3.07; K = 1 128 x 4096 2.27 / 2.15 / 2.27; K = 8
+// 128 x 4096 5.60 / 5.49 / 5.52; every other copy within 0.03 us.
+constexpr int kThreads = 128, kNarrow = 64;
+constexpr int kSmallUnroll = 4, kNarrowUnroll = 8, kLargeUnroll = 8;
+static_assert(kNarrow * kNarrowUnroll == kThreads * kSmallUnroll, "narrow blocks take the small tiles");
 __host__ __device__ constexpr int64_t tile_elements(int unroll) { return kThreads * 4 * unroll; }
 constexpr int kMaxJobs = 9;
-// Grid caps: small tiles up to 8 blocks per SM, large ones up to 16 (2048 threads). Large tiles,
+// Grid caps: small tiles in narrow blocks and large tiles up to 16 blocks per SM (small tiles in
+// blocks of 128 threads only while they number at most one per SM); kBlocksPerSm sets where large
+// tiles begin (dsa_metadata_copy). Large tiles,
 // 8 against 16 blocks per SM (C harness, graph us, variant-sweeps-nvidia-h200-2026-11-30-fit.txt):
 // K = 1 256 x 32768 17.89 / 18.16, 512 x 65536 71.59 / 68.81; K = 3 256 x 32768 36.70 / 35.86,
 // 512 x 65536 144.26 / 141.88 (the tree before, 256 threads x 8: 18.37, 69.27, 36.06, 142.84).
@@ -109,7 +118,7 @@ void divisor_of(uint32_t d, uint32_t* mul, uint32_t* shift) {
 
 // Copies elements [0, n) of one row slice to destinations [k_begin, k_end), with 16-byte accesses
 // when the source and those destinations share one alignment, else with 4-byte accesses.
-template <int kUnroll, int kDst>
+template <int kBlock, int kUnroll, int kDst>
 __device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row, int64_t col, int64_t n,
                                           int k_begin, int k_end) {
   const int32_t* src = job.src + row * job.src_stride + col;
@@ -122,30 +131,30 @@ __device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row,
   const int64_t tail_begin = head + vectors * 4;
 
   // Scalar head (or the whole span when not vectorizable) and tail.
-  for (int64_t i0 = threadIdx.x; i0 < head; i0 += kThreads * kUnroll) {
+  for (int64_t i0 = threadIdx.x; i0 < head; i0 += kBlock * kUnroll) {
     int32_t v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kThreads < head) v[u] = __ldg(src + i0 + u * kThreads);
+      if (i0 + u * kBlock < head) v[u] = __ldg(src + i0 + u * kBlock);
     for (int k = k_begin; k < k_end; ++k) {
       int32_t* dst = job.dst[k] + row * job.dst_stride[k] + col;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (i0 + u * kThreads < head) dst[i0 + u * kThreads] = v[u];
+        if (i0 + u * kBlock < head) dst[i0 + u * kBlock] = v[u];
     }
   }
   if (!vectorizable) return;
   const int4* src4 = reinterpret_cast<const int4*>(src + head);
-  for (int64_t i0 = threadIdx.x; i0 < vectors; i0 += kThreads * kUnroll) {
+  for (int64_t i0 = threadIdx.x; i0 < vectors; i0 += kBlock * kUnroll) {
     int4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
-      if (i0 + u * kThreads < vectors) v[u] = __ldg(src4 + i0 + u * kThreads);
+      if (i0 + u * kBlock < vectors) v[u] = __ldg(src4 + i0 + u * kBlock);
     for (int k = k_begin; k < k_end; ++k) {
       int4* dst4 = reinterpret_cast<int4*>(job.dst[k] + row * job.dst_stride[k] + col + head);
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u)
-        if (i0 + u * kThreads < vectors) dst4[i0 + u * kThreads] = v[u];
+        if (i0 + u * kBlock < vectors) dst4[i0 + u * kBlock] = v[u];
     }
   }
   const int64_t i = tail_begin + threadIdx.x;
@@ -157,20 +166,20 @@ __device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row,
 
 // Copies tile `local` of `job` (its row from the multiplier, its columns from the remainder) to
 // destinations [k_begin, k_end).
-template <int kUnroll, int kDst>
+template <int kBlock, int kUnroll, int kDst>
 __device__ __forceinline__ void copy_tile(const CopyJob<kDst>& job, int64_t local, int k_begin, int k_end) {
-  constexpr int64_t kTileElements = tile_elements(kUnroll);
+  constexpr int64_t kTileElements = (int64_t)kBlock * 4 * kUnroll;
   const int64_t row = job.div_mul != 0 ? (int64_t)quotient((uint32_t)local, job.div_mul, job.div_shift)
                                        : local / job.tiles_per_row;
   const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
   const int64_t remaining = job.width - col;
-  copy_span<kUnroll>(job, row, col, remaining < kTileElements ? remaining : kTileElements, k_begin, k_end);
+  copy_span<kBlock, kUnroll>(job, row, col, remaining < kTileElements ? remaining : kTileElements, k_begin, k_end);
 }
 
 // Each block takes work items of the grid stride: a tile, or with kPerDst a tile and one of its
 // kDst destinations (item = tile * kDst + destination).
-template <int kUnroll, int kDst, bool kPerDst>
-__global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_constant__ CopyPlan<kDst> plan) {
+template <int kBlock, int kUnroll, int kDst, bool kPerDst>
+__global__ void __launch_bounds__(kBlock) metadata_copy_kernel(const __grid_constant__ CopyPlan<kDst> plan) {
   wait_for_producers();
   allow_dependents();
   constexpr int kPerTile = kPerDst ? kDst : 1;  // work items per tile
@@ -190,7 +199,7 @@ __global__ void __launch_bounds__(kThreads) metadata_copy_kernel(const __grid_co
 #pragma unroll
     for (int k = 1; k < kMaxJobs; ++k)
       if (plan.first_tile[k] <= tile) j = k, first = plan.first_tile[k];
-    copy_tile<kUnroll>(plan.job[j], tile - first, k_begin, k_end);
+    copy_tile<kBlock, kUnroll>(plan.job[j], tile - first, k_begin, k_end);
   }
 }
 
@@ -361,14 +370,18 @@ cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStr
   if constexpr (kDst == 2 || kDst == 3) {
     if (tiles * kDst <= sms) {
       const unsigned grid = (unsigned)(tiles * kDst);
-      return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst, true>, grid, kThreads, stream, mode, plan)
-                   : launch(metadata_copy_kernel<kSmallUnroll, kDst, true>, grid, kThreads, stream, mode, plan);
+      return large ? launch(metadata_copy_kernel<kThreads, kLargeUnroll, kDst, true>, grid, kThreads, stream, mode, plan)
+                   : launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, true>, grid, kThreads, stream, mode, plan);
     }
+  }
+  if (!large && tiles > sms) {  // small tiles in narrow blocks (above)
+    const unsigned grid = (unsigned)std::min<int64_t>(tiles, (int64_t)sms * kLargeBlocksPerSm);
+    return launch(metadata_copy_kernel<kNarrow, kNarrowUnroll, kDst, false>, grid, kNarrow, stream, mode, plan);
   }
   const int64_t cap = (int64_t)sms * (large ? kLargeBlocksPerSm : kBlocksPerSm);
   const unsigned grid = (unsigned)std::min<int64_t>(tiles, cap);
-  return large ? launch(metadata_copy_kernel<kLargeUnroll, kDst, false>, grid, kThreads, stream, mode, plan)
-               : launch(metadata_copy_kernel<kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
+  return large ? launch(metadata_copy_kernel<kThreads, kLargeUnroll, kDst, false>, grid, kThreads, stream, mode, plan)
+               : launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
 }
 
 }  // namespace
