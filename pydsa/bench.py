@@ -803,6 +803,8 @@ def markdown(result: dict) -> str:
         lines += [f"Floors measured in the same run: device copy {fl['copy_bandwidth_tbps']:.2f} TB/s (read + write), "
                   f"empty kernel {fl['empty_kernel_graph_us']:.2f} us in a graph, empty kernel through ctypes "
                   f"{fl['empty_kernel_host_us']:.2f} us host time.", ""]
+    start = result.get("graph_start", "idle")  # runs before the field was recorded timed from an idle GPU
+    lines += [f"Graph replays timed from {'a busy GPU (a spin queued before the start event)' if start == 'busy' else 'an idle GPU (the host submission of each replay included)'}.", ""]
     lines += _md_table(
         ["per step (DeepSeek-V4, 61 layers)", "eager host us", "eager device us", "graph replay host us",
          "graph replay device us"],
