@@ -368,11 +368,9 @@ template <int kDst>
 cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStream_t stream, unsigned mode) {
   const int64_t tiles = plan.first_tile[plan.num_jobs];
   if constexpr (kDst == 2 || kDst == 3) {
-    if (tiles * kDst <= sms) {
-      const unsigned grid = (unsigned)(tiles * kDst);
-      return large ? launch(metadata_copy_kernel<kThreads, kLargeUnroll, kDst, true>, grid, kThreads, stream, mode, plan)
-                   : launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, true>, grid, kThreads, stream, mode, plan);
-    }
+    if (!large && tiles * kDst <= sms)  // (large tiles start far above one per SM)
+      return launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, true>, (unsigned)(tiles * kDst), kThreads, stream,
+                    mode, plan);
   }
   if (!large && tiles > sms) {  // small tiles in narrow blocks (above)
     const unsigned grid = (unsigned)std::min<int64_t>(tiles, (int64_t)sms * kLargeBlocksPerSm);
