@@ -156,7 +156,8 @@ int main(int argc, char** argv) {
                     MdCase{"md256x32768K3", 256, 32768, 0, 0}, MdCase{"md512x65536K1", 512, 65536, 0, 0},
                     MdCase{"md512x65536K3", 512, 65536, 0, 0}, MdCase{"md40x2048K3", 40, 2048, 0, 0},
                     MdCase{"md64x2048K3", 64, 2048, 0, 0}, MdCase{"md96x2048K3", 96, 2048, 0, 0},
-                    MdCase{"md64x2048K2", 64, 2048, 0, 0}}) {
+                    MdCase{"md64x2048K2", 64, 2048, 0, 0}, MdCase{"md129x2048K3", 129, 2048, 0, 0},
+                    MdCase{"md129x2048K1", 129, 2048, 0, 0}, MdCase{"md196x2048K3", 196, 2048, 0, 0}}) {
     const int K = atoi(strrchr(mc.name, 'K') + 1);
     const int64_t bs = mc.bs, W = mc.width, R = mc.real_cols, M = mc.meta;
     auto ri = [&](size_t n) { std::vector<int32_t> v(n); for (auto& x : v) x = (int32_t)(rng() % 100000); return up(v); };
