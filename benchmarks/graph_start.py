@@ -23,12 +23,7 @@ D, ROUNDS = 512, 5
 
 def host_replay_us(calls, replays=30) -> float:
     """Median host µs of one graph.replay() of GRAPH_CALLS calls, with the GPU busy (no waiting)."""
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(B.GRAPH_CALLS):
-            calls[i % len(calls)]()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = B.capture_graph(calls)
     times = []
     for _ in range(replays):
         torch.cuda._sleep(B.GRAPH_SPIN_CYCLES)

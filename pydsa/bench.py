@@ -116,11 +116,9 @@ GRAPH_SPIN_CYCLES = 200_000
 GRAPH_BUSY_START = True
 
 
-def graph_us(calls, replays=30, busy_start=None) -> float:
-    """Device µs per call: a CUDA graph of GRAPH_CALLS calls (cycling through `calls`). With
-    busy_start False (default: GRAPH_BUSY_START) the GPU idles when the start event is recorded,
-    so each replay's time also counts the host's submission of it."""
-    busy_start = GRAPH_BUSY_START if busy_start is None else busy_start
+def capture_graph(calls) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of GRAPH_CALLS calls (cycling through `calls`), after one warm-up round on a
+    side stream; replayed once and synchronized."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -134,6 +132,15 @@ def graph_us(calls, replays=30, busy_start=None) -> float:
             calls[i % len(calls)]()
     graph.replay()
     torch.cuda.synchronize()
+    return graph
+
+
+def graph_us(calls, replays=30, busy_start=None) -> float:
+    """Device µs per call: a CUDA graph of GRAPH_CALLS calls (cycling through `calls`). With
+    busy_start False (default: GRAPH_BUSY_START) the GPU idles when the start event is recorded,
+    so each replay's time also counts the host's submission of it."""
+    busy_start = GRAPH_BUSY_START if busy_start is None else busy_start
+    graph = capture_graph(calls)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for _ in range(replays):

@@ -34,12 +34,14 @@ namespace {
 // 128 x 4096 5.60 / 5.49 / 5.52; every other copy within 0.03 us.
 constexpr int kThreads = 128, kNarrow = 64;
 constexpr int kSmallUnroll = 4, kNarrowUnroll = 8, kLargeUnroll = 8;
-static_assert(kNarrow * kNarrowUnroll == kThreads * kSmallUnroll, "narrow blocks take the small tiles");
-__host__ __device__ constexpr int64_t tile_elements(int unroll) { return kThreads * 4 * unroll; }
+// int32 per tile: `unroll` int4 per thread of a block of `block` threads.
+__host__ __device__ constexpr int64_t tile_elements(int block, int unroll) { return (int64_t)block * 4 * unroll; }
+static_assert(tile_elements(kNarrow, kNarrowUnroll) == tile_elements(kThreads, kSmallUnroll),
+              "narrow blocks take the small tiles");
 constexpr int kMaxJobs = 9;
-// Grid caps: small tiles in narrow blocks and large tiles up to 16 blocks per SM (small tiles in
-// blocks of 128 threads only while they number at most one per SM); kBlocksPerSm sets where large
-// tiles begin (dsa_metadata_copy). Large tiles,
+// Grid cap: up to 16 blocks per SM (small tiles in narrow blocks, large tiles; small tiles in
+// blocks of 128 threads only while they number at most one per SM); large tiles begin at 2 x 8
+// small tiles per SM (kBlocksPerSm, dsa_metadata_copy). Large tiles,
 // 8 against 16 blocks per SM (C harness, graph us, variant-sweeps-nvidia-h200-2026-11-30-fit.txt):
 // K = 1 256 x 32768 17.89 / 18.16, 512 x 65536 71.59 / 68.81; K = 3 256 x 32768 36.70 / 35.86,
 // 512 x 65536 144.26 / 141.88 (the tree before, 256 threads x 8: 18.37, 69.27, 36.06, 142.84).
@@ -168,7 +170,7 @@ __device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row,
 // destinations [k_begin, k_end).
 template <int kBlock, int kUnroll, int kDst>
 __device__ __forceinline__ void copy_tile(const CopyJob<kDst>& job, int64_t local, int k_begin, int k_end) {
-  constexpr int64_t kTileElements = (int64_t)kBlock * 4 * kUnroll;
+  constexpr int64_t kTileElements = tile_elements(kBlock, kUnroll);
   const int64_t row = job.div_mul != 0 ? (int64_t)quotient((uint32_t)local, job.div_mul, job.div_shift)
                                        : local / job.tiles_per_row;
   const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
@@ -270,7 +272,7 @@ bool add_job(Jobs& jobs, const int32_t* src, int64_t src_stride, int64_t rows, i
   job.src_stride = src_stride;
   job.width = width;
   jobs.rows[j] = rows;
-  return tile_job(jobs, j, tile_elements(kSmallUnroll));
+  return tile_job(jobs, j, tile_elements(kThreads, kSmallUnroll));
 }
 
 dsa_status build_plan(const dsa_metadata_copy_params& p, Jobs& jobs) {
@@ -372,14 +374,11 @@ cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStr
       return launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, true>, (unsigned)(tiles * kDst), kThreads, stream,
                     mode, plan);
   }
-  if (!large && tiles > sms) {  // small tiles in narrow blocks (above)
-    const unsigned grid = (unsigned)std::min<int64_t>(tiles, (int64_t)sms * kLargeBlocksPerSm);
+  const unsigned grid = (unsigned)std::min<int64_t>(tiles, (int64_t)sms * kLargeBlocksPerSm);
+  if (large) return launch(metadata_copy_kernel<kThreads, kLargeUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
+  if (tiles > sms)  // small tiles in narrow blocks (above)
     return launch(metadata_copy_kernel<kNarrow, kNarrowUnroll, kDst, false>, grid, kNarrow, stream, mode, plan);
-  }
-  const int64_t cap = (int64_t)sms * (large ? kLargeBlocksPerSm : kBlocksPerSm);
-  const unsigned grid = (unsigned)std::min<int64_t>(tiles, cap);
-  return large ? launch(metadata_copy_kernel<kThreads, kLargeUnroll, kDst, false>, grid, kThreads, stream, mode, plan)
-               : launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
+  return launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
 }
 
 }  // namespace
@@ -404,7 +403,7 @@ extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, 
   // Large tiles once the small ones would number over 2 per resident block.
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
   if (large)  // fewer tiles than the small ones: cannot fail
-    for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kLargeUnroll));
+    for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kThreads, kLargeUnroll));
   set_device_fields(jobs);
   const cudaStream_t s = (cudaStream_t)stream;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
