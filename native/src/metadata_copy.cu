@@ -26,12 +26,16 @@ namespace {
 //   2.89 and 2.87 / 2.88, 128 x 4096 5.63 / 5.68 and 5.63 / 5.67. Blocks of 64 threads (2048 /
 //   8192 int32) were faster on the larger copies and slower on the small ones (K = 3 1 x 128
 //   1.66, 32 x 2048 2.19; variant-sweeps-nvidia-h200-2026-11-30-fit.txt).
-// So small tiles go to blocks of 64 threads x 8 int4 (kNarrow) once there are more tiles than SMs,
-// up to 16 blocks per SM. One block of 128 / of 64 threads per small tile where tiles > SMs / where
-// tiles > 2 SMs (C harness, graph us, minimum of three interleaved runs;
+// So small tiles go to blocks of 64 threads x 8 int4 (kNarrow) once there are more than 1.5 tiles
+// per SM, up to 16 blocks per SM. One block of 128 / of 64 threads per small tile where tiles > SMs /
+// where tiles > 2 SMs (C harness, graph us, minimum of three interleaved runs;
 // variant-sweeps-nvidia-h200-2026-11-30-per-destination.txt, sweep 3): K = 3 128 x 4096 3.03 / 3.00
 // / 3.04, 64 x 8192 + groups 3.14 / 3.07 / 3.07; K = 1 128 x 4096 2.27 / 2.15 / 2.27; K = 8
-// 128 x 4096 5.60 / 5.49 / 5.52; every other copy within 0.03 us.
+// 128 x 4096 5.60 / 5.49 / 5.52; every other copy within 0.03 us. Where they begin: just over one
+// tile per SM (133 tiles) they lose, at 200 tiles they gain; 64-thread blocks from tiles > SMs /
+// > 1.5 SMs / 128-thread blocks throughout (C harness, graph us, minimum of three interleaved runs;
+// variant-sweeps-nvidia-h200-2026-11-30-narrow-threshold.txt): K = 1 129 x 2048 1.92 / 1.88 / 1.88,
+// K = 3 129 x 2048 2.32 / 2.28 / 2.30, 196 x 2048 2.71 / 2.70 / 2.76.
 constexpr int kThreads = 128, kNarrow = 64;
 constexpr int kSmallUnroll = 4, kNarrowUnroll = 8, kLargeUnroll = 8;
 // int32 per tile: `unroll` int4 per thread of a block of `block` threads.
@@ -40,7 +44,7 @@ static_assert(tile_elements(kNarrow, kNarrowUnroll) == tile_elements(kThreads, k
               "narrow blocks take the small tiles");
 constexpr int kMaxJobs = 9;
 // Grid cap: up to 16 blocks per SM (small tiles in narrow blocks, large tiles; small tiles in
-// blocks of 128 threads only while they number at most one per SM); large tiles begin at 2 x 8
+// blocks of 128 threads only while they number at most 1.5 per SM); large tiles begin at 2 x 8
 // small tiles per SM (kBlocksPerSm, dsa_metadata_copy). Large tiles,
 // 8 against 16 blocks per SM (C harness, graph us, variant-sweeps-nvidia-h200-2026-11-30-fit.txt):
 // K = 1 256 x 32768 17.89 / 18.16, 512 x 65536 71.59 / 68.81; K = 3 256 x 32768 36.70 / 35.86,
@@ -376,7 +380,7 @@ cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStr
   }
   const unsigned grid = (unsigned)std::min<int64_t>(tiles, (int64_t)sms * kLargeBlocksPerSm);
   if (large) return launch(metadata_copy_kernel<kThreads, kLargeUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
-  if (tiles > sms)  // small tiles in narrow blocks (above)
+  if (2 * tiles > 3 * (int64_t)sms)  // small tiles in narrow blocks past 1.5 per SM (above)
     return launch(metadata_copy_kernel<kNarrow, kNarrowUnroll, kDst, false>, grid, kNarrow, stream, mode, plan);
   return launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
 }
