@@ -6,7 +6,8 @@
 // <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel). With
 // KB_PREFILL_ONLY set in the environment it stops after the prefill cases; with KB_BF16 the
 // prefill cases keep their state in bf16 (case names gain "bf16"); with KB_DEVICE_PLAN=<tokens>
-// their plans are device plans for a bucket of that many tokens (names gain "dev").
+// their plans are device plans for a bucket of that many tokens (names gain "dev"). Last come the
+// floors: "<tag> floor <case> <graph us> [launch shape]" (floors(), below).
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 #include "dsa_kernels.h"
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("CUDA %s line %d\n", cudaGetErrorString(e), __LINE__); exit(1);} } while (0)
@@ -75,6 +77,88 @@ template <class F> double eager_us(F call, cudaStream_t s, int n = 200) {
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Floors, printed as "<tag> floor <case> <graph us> [launch shape]": the same bytes moved by the
+// simplest kernels. Metadata copy: the page table alone (the other fields are a few hundred bytes)
+// from one contiguous source to K contiguous destinations, each thread loading kUnroll int4 before
+// storing them, at its fastest launch shape; then at 128 x 2 with the parameters padded (bytes
+// before / after the pointers: "/p<before>+<after>") and at the copy's own 64 x 8. Decode: per
+// request the token, an ape row and three state rows loaded, three state rows stored; "1trip" loads
+// them all at once (no slot or length to wait for), "2trip" first loads the slot and length, as the
+// decode kernel must.
+struct FloorCopy { const int4* src; int4* dst[3]; int64_t n4; int k; };
+template <int kBefore, int kAfter> struct Padded { int64_t before[kBefore / 8 + 1]; FloorCopy a; int64_t after[kAfter / 8 + 1]; };
+template <int kUnroll, class P>
+__global__ void floor_copy(const __grid_constant__ P p) {
+  const FloorCopy& a = p.a;
+  const int64_t i0 = (int64_t)blockIdx.x * blockDim.x * kUnroll + threadIdx.x;
+  int4 v[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+    if (i0 + u * blockDim.x < a.n4) v[u] = __ldg(a.src + i0 + u * blockDim.x);
+#pragma unroll
+  for (int j = 0; j < 3; ++j)
+    if (j < a.k)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (i0 + u * blockDim.x < a.n4) a.dst[j][i0 + u * blockDim.x] = v[u];
+}
+template <int kUnroll, int kBefore = 0, int kAfter = 0>
+static double floor_copy_us(const FloorCopy& a, int block, cudaStream_t s) {
+  Padded<kBefore, kAfter> p{};
+  p.a = a;
+  const unsigned grid = (unsigned)((a.n4 + (int64_t)block * kUnroll - 1) / ((int64_t)block * kUnroll));
+  return graph_us([&](cudaStream_t st) { floor_copy<kUnroll><<<grid, block, 0, st>>>(p); }, s);
+}
+template <bool kTwoTrips>
+__global__ void floor_decode(const float4* kv, const float4* ape, float4* state, const int32_t* slots, const int32_t* lens) {
+  const int d4 = blockDim.x, b = blockIdx.x, c = threadIdx.x;
+  const float4 x = __ldg(kv + (int64_t)b * 2 * d4 + c), y = __ldg(kv + (int64_t)b * 2 * d4 + d4 + c);
+  const int slot = kTwoTrips ? __ldg(slots + b) : b, row = kTwoTrips ? (__ldg(lens + b) - 1) & 127 : b & 127;
+  const float4 a = __ldg(ape + (int64_t)row * d4 + c);
+  float4* st = state + (int64_t)slot * 3 * d4 + c;
+  float4 m = st[0], t = st[d4], k = st[2 * d4];
+  m.x += x.x + a.x, m.y += x.y + a.y, m.z += x.z + a.z, m.w += x.w + a.w;
+  t.x += y.x, t.y += y.y, t.z += y.z, t.w += y.w;
+  k.x += x.x * y.x, k.y += x.y * y.y, k.z += x.z * y.z, k.w += x.w * y.w;
+  st[0] = m, st[d4] = t, st[2 * d4] = k;
+}
+static void floors(const char* tag, cudaStream_t s) {
+  for (auto [name, rows, width, k] : {std::tuple{"md32x2048K3", 32, 2048, 3}, std::tuple{"md128x4096K3", 128, 4096, 3},
+                                      std::tuple{"md64x8192K3", 64, 8192, 3}, std::tuple{"md128x4096K1", 128, 4096, 1}}) {
+    FloorCopy a{};
+    a.n4 = (int64_t)rows * width / 4, a.k = k;
+    std::vector<int32_t> h(a.n4 * 4);
+    for (auto& x : h) x = (int32_t)(rng() % 100000);
+    a.src = reinterpret_cast<const int4*>(up(h));
+    for (auto& d : a.dst) d = reinterpret_cast<int4*>(up(h));
+    double best = 1e30; std::string shape;
+    for (int block : {64, 128, 256})
+      for (int unroll : {2, 4, 8}) {
+        const double t = unroll == 2 ? floor_copy_us<2>(a, block, s) : unroll == 4 ? floor_copy_us<4>(a, block, s) : floor_copy_us<8>(a, block, s);
+        if (t < best) best = t, shape = std::to_string(block) + "x" + std::to_string(unroll);
+      }
+    printf("%s floor %s %.3f %s\n", tag, name, best, shape.c_str());
+    printf("%s floor %s/p0+0/128x2 %.3f\n", tag, name, floor_copy_us<2>(a, 128, s));
+    printf("%s floor %s/p0+1600/128x2 %.3f\n", tag, name, floor_copy_us<2, 0, 1600>(a, 128, s));
+    printf("%s floor %s/p800+0/128x2 %.3f\n", tag, name, floor_copy_us<2, 800, 0>(a, 128, s));
+    printf("%s floor %s/p0+0/64x8 %.3f\n", tag, name, floor_copy_us<8>(a, 64, s));
+    cudaFree((void*)a.src);
+    for (auto d : a.dst) cudaFree(d);
+  }
+  for (int B : {1, 32, 256}) {
+    const int d4 = D / 4;
+    float4* kv = reinterpret_cast<float4*>(up(randv((size_t)B * 2 * D, -2, 2)));
+    float4* ape = reinterpret_cast<float4*>(up(randv(128 * D, -1, 1)));
+    float4* st = reinterpret_cast<float4*>(up(randv((size_t)B * 3 * D, -2, 2)));
+    std::vector<int32_t> slots_h(B), lens_h(B);
+    for (int b = 0; b < B; ++b) slots_h[b] = b, lens_h[b] = 1 + (int32_t)(rng() % 1000);
+    int32_t *slots = up(slots_h), *lens = up(lens_h);
+    printf("%s floor B=%d/1trip %.3f\n", tag, B, graph_us([&](cudaStream_t x) { floor_decode<false><<<B, d4, 0, x>>>(kv, ape, st, slots, lens); }, s));
+    printf("%s floor B=%d/2trip %.3f\n", tag, B, graph_us([&](cudaStream_t x) { floor_decode<true><<<B, d4, 0, x>>>(kv, ape, st, slots, lens); }, s));
+    cudaFree(kv); cudaFree(ape); cudaFree(st); cudaFree(slots); cudaFree(lens);
+  }
 }
 
 int main(int argc, char** argv) {
@@ -212,5 +296,6 @@ int main(int argc, char** argv) {
   };
   for (int64_t B : {1, 32, 256, 8192}) decode_case(B, 0.0f);
   decode_case(8192, uint16_t{0});
+  floors(tag, s);
   return 0;
 }
