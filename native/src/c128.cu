@@ -117,9 +117,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // (variant-sweeps-nvidia-h200-2026-11-30-fit.txt, sweeps 5-6).
   const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
   const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
-  // slot_count (>= 1, host check) lies in the parameters' second constant line: read here, its fetch
-  // overlaps the first one's instead of following the first loads.
-  if (b >= p.batch_size || ch >= D || p.slot_count == 0) return;
+  if (b >= p.batch_size || ch >= D) return;
   wait_for_producers();
   const float* token = p.kv_score + ((int64_t)b * (2 * D) + ch);
   const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
@@ -292,11 +290,6 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   __shared__ float tile_max[32 * kVec];
 
   const PrefillLaunch& p = a;
-  // num_tokens (>= 1, host check) lies in the parameters' second constant line, with batch_size, the
-  // ape, state and out pointers and num_slots that every item reads after its record. Tested with the
-  // sync (>= 0) in one condition before anything else, both lines are fetched at once; otherwise the
-  // second followed the first line's (or the record's) fetch.
-  if (p.num_tokens <= 0 || a.sync < 0) return;
   bool waited = false;
   if (a.sync == kSyncAtStart) {
     wait_for_producers();
