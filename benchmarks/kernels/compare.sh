@@ -8,7 +8,7 @@
 # Both trees must share native/include/dsa_kernels.h (same ABI). Prints one line per case and tree.
 # cases.txt: one prefill case per line, "name|extend lengths|prefix lengths" (the bench's prefill
 # cases, a few small ones and two-list plans of one wave, 1-8K tokens); decode (B = 1 / 32 / 256 /
-# 8192) and metadata cases are built in.
+# 8192) and metadata cases are built in; each run ends with the floors (floors() in kernel_times.cu).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 old=$1; rounds=${2:-3}
