@@ -33,6 +33,8 @@ else:
 
 D = 512
 CALLS, REPLAYS, ROUNDS = 20, 30, 5  # bench.GRAPH_CALLS calls per graph
+
+
 def load_cudart():
     for path in sys.argv[1:2] + ["/usr/local/cuda/lib64/libcudart.so", ctypes.util.find_library("cudart")]:
         try:

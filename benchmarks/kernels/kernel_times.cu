@@ -1,10 +1,10 @@
 // Device time per call of dsa_c128_prefill, dsa_c128_decode and dsa_metadata_copy on fixed cases
-// (CUDA graph of 20 calls, median of 30 replays, each behind a GPU spin), each result checked against the host backend
-// first; for prefill also the host time per call and the device time per call of eager calls
-// (both with the calls queued behind a GPU spin). Usage: kernel_times <tag> <cases file>; see
-// compare.sh. Output lines: "<tag> prefill|decode <case> <graph us> ...", "<tag> hostprefill
-// <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel). With
-// KB_PREFILL_ONLY set in the environment it stops after the prefill cases; with KB_BF16 the
+// (CUDA graph of 20 calls, median of 30 replays, each behind a GPU spin), each result checked
+// against the host backend first; for prefill also the host time per call and the device time per
+// call of eager calls (both with the calls queued behind a GPU spin). Usage: kernel_times <tag>
+// <cases file>; see compare.sh. Output lines: "<tag> prefill|decode <case> <graph us> ...", "<tag>
+// hostprefill <case> <us>", "<tag> eagerprefill <case> <us>" (and the same for the empty kernel).
+// With KB_PREFILL_ONLY set in the environment it stops after the prefill cases; with KB_BF16 the
 // prefill cases keep their state in bf16 (case names gain "bf16"); with KB_DEVICE_PLAN=<tokens>
 // their plans are device plans for a bucket of that many tokens (names gain "dev"). Last come the
 // floors: "<tag> floor <case> <graph us> [launch shape]" (floors(), below).
