@@ -60,22 +60,33 @@ constexpr int kBlocksPerSm = 8, kLargeBlocksPerSm = 16;
 template <int kDst>
 struct CopyJob {
   static constexpr int kSlots = kDst > 0 ? kDst : DSA_MAX_DESTINATIONS;
+  uint32_t div_mul, div_shift;  // row of a local tile: quotient(local, div_mul, div_shift)
+  int64_t tiles_per_row;  // ceil(width / tile elements)
   const int32_t* src;
   int64_t src_stride;     // elements between source rows
   int64_t width;          // elements copied per row
-  int64_t tiles_per_row;  // ceil(width / tile elements)
-  uint32_t div_mul, div_shift;  // row of a local tile: quotient(local, div_mul, div_shift); 0: divide
   int32_t* dst[kSlots];
   int64_t dst_stride[kSlots];
 };
 
-// Kernel parameters live in constant memory, fetched on first use: the fields every block reads
-// first (the tile ranges) share one line so that finding a block's job costs a single fetch.
+// Kernel parameters live in constant memory, fetched on first use. What routes a block to its job
+// (the tile ranges, 32-bit: a launch has fewer than 2^31 tiles) fills the first 48 bytes, which
+// share one constant-cache line with the bytes before the parameter space. The job with the most
+// tiles, when every row of it is 16-byte aligned at the source and at each destination, is
+// repeated at fixed offsets ("direct"): its blocks copy without finding their job or checking
+// alignment. Every other block compares its tile with the job boundaries, then reads its job.
+// Before, every block found its job first (the boundaries, then the job's fields at an offset
+// computed from its index), then checked alignment: H200, C harness, graph us, that / this (minimum
+// of five interleaved runs): K = 3 1 x 128 1.44 / 1.36, 32 x 2048 1.88 / 1.77, 128 x 4096 2.97 /
+// 2.73, 64 x 8192 + groups 3.02 / 2.81; K = 1 32 x 2048 1.83 / 1.68; K = 8 32 x 2048 2.83 / 2.33;
+// the large copies within their run-to-run spread (variant-sweeps-nvidia-h200-2026-11-30-direct.txt).
 template <int kDst>
 struct CopyPlan {
-  int64_t first_tile[kMaxJobs + 1];  // job j covers tiles [first_tile[j], first_tile[j + 1])
+  uint32_t first_tile[kMaxJobs + 1];  // job j covers tiles [first_tile[j], first_tile[j + 1])
+  uint32_t direct_first, direct_end;  // the direct job's tiles (an empty range when there is none)
   int32_t num_jobs;
   int32_t num_dst;
+  CopyJob<kDst> direct;
   CopyJob<kDst> job[kMaxJobs];
   __host__ __device__ int destinations() const { return kDst > 0 ? kDst : num_dst; }
 };
@@ -88,18 +99,23 @@ struct Jobs {
 
 // The plan for a launch whose K destinations are kDst.
 template <int kDst>
+CopyJob<kDst> job_for(const CopyJob<0>& from, int destinations) {
+  CopyJob<kDst> to;
+  std::memset(&to, 0, sizeof to);
+  to.src = from.src, to.src_stride = from.src_stride, to.width = from.width, to.tiles_per_row = from.tiles_per_row;
+  to.div_mul = from.div_mul, to.div_shift = from.div_shift;
+  for (int k = 0; k < destinations; ++k) to.dst[k] = from.dst[k], to.dst_stride[k] = from.dst_stride[k];
+  return to;
+}
+template <int kDst>
 CopyPlan<kDst> plan_for(const CopyPlan<0>& all) {
   CopyPlan<kDst> p;
   std::memset(&p, 0, sizeof p);
   p.num_jobs = all.num_jobs, p.num_dst = all.num_dst;
+  p.direct_first = all.direct_first, p.direct_end = all.direct_end;
+  p.direct = job_for<kDst>(all.direct, p.destinations());
   std::memcpy(p.first_tile, all.first_tile, sizeof p.first_tile);
-  for (int j = 0; j < all.num_jobs; ++j) {
-    const CopyJob<0>& from = all.job[j];
-    CopyJob<kDst>& to = p.job[j];
-    to.src = from.src, to.src_stride = from.src_stride, to.width = from.width, to.tiles_per_row = from.tiles_per_row;
-    to.div_mul = from.div_mul, to.div_shift = from.div_shift;
-    for (int k = 0; k < p.destinations(); ++k) to.dst[k] = from.dst[k], to.dst_stride[k] = from.dst_stride[k];
-  }
+  for (int j = 0; j < all.num_jobs; ++j) p.job[j] = job_for<kDst>(all.job[j], p.destinations());
   return p;
 }
 
@@ -122,22 +138,24 @@ void divisor_of(uint32_t d, uint32_t* mul, uint32_t* shift) {
   *shift = l;
 }
 
-// Copies elements [0, n) of one row slice to destinations [k_begin, k_end), with 16-byte accesses
-// when the source and those destinations share one alignment, else with 4-byte accesses.
-template <int kBlock, int kUnroll, int kDst>
-__device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row, int64_t col, int64_t n,
+// Copies elements [0, n) of one row slice (n <= one tile) to destinations [k_begin, k_end), with
+// 16-byte accesses when the source and those destinations share one alignment (known to be 16
+// bytes when kAligned), else with 4-byte accesses.
+template <int kBlock, int kUnroll, bool kAligned, int kDst>
+__device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row, int64_t col, int n,
                                           int k_begin, int k_end) {
   const int32_t* src = job.src + row * job.src_stride + col;
-  const uintptr_t misalignment = (uintptr_t)src & 15;
+  const uintptr_t misalignment = kAligned ? 0 : (uintptr_t)src & 15;
   bool vectorizable = (misalignment & 3) == 0;
-  for (int k = k_begin; k < k_end; ++k)
-    vectorizable &= ((uintptr_t)(job.dst[k] + row * job.dst_stride[k] + col) & 15) == misalignment;
-  int64_t head = vectorizable ? std::min<int64_t>(n, ((16 - misalignment) & 15) / 4) : n;
-  const int64_t vectors = vectorizable ? (n - head) / 4 : 0;
-  const int64_t tail_begin = head + vectors * 4;
+  if (!kAligned)
+    for (int k = k_begin; k < k_end; ++k)
+      vectorizable &= ((uintptr_t)(job.dst[k] + row * job.dst_stride[k] + col) & 15) == misalignment;
+  const int head = kAligned ? 0 : vectorizable ? std::min(n, (int)(((16 - misalignment) & 15) / 4)) : n;
+  const int vectors = vectorizable ? (n - head) >> 2 : 0;
+  const int tail_begin = head + vectors * 4;
 
   // Scalar head (or the whole span when not vectorizable) and tail.
-  for (int64_t i0 = threadIdx.x; i0 < head; i0 += kBlock * kUnroll) {
+  for (int i0 = threadIdx.x; !kAligned && i0 < head; i0 += kBlock * kUnroll) {
     int32_t v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
@@ -151,7 +169,7 @@ __device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row,
   }
   if (!vectorizable) return;
   const int4* src4 = reinterpret_cast<const int4*>(src + head);
-  for (int64_t i0 = threadIdx.x; i0 < vectors; i0 += kBlock * kUnroll) {
+  for (int i0 = threadIdx.x; i0 < vectors; i0 += kBlock * kUnroll) {
     int4 v[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
@@ -163,7 +181,7 @@ __device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row,
         if (i0 + u * kBlock < vectors) dst4[i0 + u * kBlock] = v[u];
     }
   }
-  const int64_t i = tail_begin + threadIdx.x;
+  const int i = tail_begin + threadIdx.x;
   if (i < n) {
     const int32_t v = __ldg(src + i);
     for (int k = k_begin; k < k_end; ++k) job.dst[k][row * job.dst_stride[k] + col + i] = v;
@@ -171,15 +189,15 @@ __device__ __forceinline__ void copy_span(const CopyJob<kDst>& job, int64_t row,
 }
 
 // Copies tile `local` of `job` (its row from the multiplier, its columns from the remainder) to
-// destinations [k_begin, k_end).
-template <int kBlock, int kUnroll, int kDst>
-__device__ __forceinline__ void copy_tile(const CopyJob<kDst>& job, int64_t local, int k_begin, int k_end) {
+// destinations [k_begin, k_end). kAligned: the direct job (every row aligned).
+template <int kBlock, int kUnroll, bool kAligned, int kDst>
+__device__ __forceinline__ void copy_tile(const CopyJob<kDst>& job, uint32_t local, int k_begin, int k_end) {
   constexpr int64_t kTileElements = tile_elements(kBlock, kUnroll);
-  const int64_t row = job.div_mul != 0 ? (int64_t)quotient((uint32_t)local, job.div_mul, job.div_shift)
-                                       : local / job.tiles_per_row;
-  const int64_t col = (local - row * job.tiles_per_row) * kTileElements;
+  const uint32_t row = quotient(local, job.div_mul, job.div_shift);
+  const int64_t col = (int64_t)(local - row * (uint32_t)job.tiles_per_row) * kTileElements;
   const int64_t remaining = job.width - col;
-  copy_span<kBlock, kUnroll>(job, row, col, remaining < kTileElements ? remaining : kTileElements, k_begin, k_end);
+  copy_span<kBlock, kUnroll, kAligned>(job, row, col, (int)(remaining < kTileElements ? remaining : kTileElements),
+                                       k_begin, k_end);
 }
 
 // Each block takes work items of the grid stride: a tile, or with kPerDst a tile and one of its
@@ -188,12 +206,19 @@ template <int kBlock, int kUnroll, int kDst, bool kPerDst>
 __global__ void __launch_bounds__(kBlock) metadata_copy_kernel(const __grid_constant__ CopyPlan<kDst> plan) {
   wait_for_producers();
   allow_dependents();
-  constexpr int kPerTile = kPerDst ? kDst : 1;  // work items per tile
-  const int64_t items = plan.first_tile[kMaxJobs] * kPerTile;  // the host repeats the total after the last job
-  for (int64_t item = blockIdx.x; item < items; item += gridDim.x) {
-    const int64_t tile = kPerDst ? item / kPerTile : item;
+  constexpr unsigned kPerTile = kPerDst ? kDst : 1;  // work items per tile
+  // The host repeats the total after the last job; per destination only while items <= SMs.
+  const uint32_t items = plan.first_tile[kMaxJobs] * kPerTile;
+  uint32_t item = blockIdx.x;  // the grid never exceeds the items: no check before the first
+  do {
+    const uint32_t tile = kPerDst ? item / kPerTile : item;
     const int k_begin = kPerDst ? (int)(item - tile * kPerTile) : 0;
     const int k_end = kPerDst ? k_begin + 1 : plan.destinations();
+    if (tile - plan.direct_first < plan.direct_end - plan.direct_first) {
+      copy_tile<kBlock, kUnroll, true>(plan.direct, tile - plan.direct_first, k_begin, k_end);
+      item += gridDim.x;
+      continue;
+    }
     // The tile's job: compares against every job boundary at fixed parameter offsets, all issued
     // at once. A search loop read the boundaries one after another, each at a computed offset; H200,
     // C harness, graph us, loop / compares (median of four): K = 3 128 x 4096 3.189 / 3.133,
@@ -201,12 +226,13 @@ __global__ void __launch_bounds__(kBlock) metadata_copy_kernel(const __grid_cons
     // that also reads the job's fields at fixed offsets was slower (3.312 at 128 x 4096;
     // sweep "Metadata copy: finding a tile's job" of variant-sweeps-nvidia-h200-2026-11-30-split.txt).
     int j = 0;
-    int64_t first = 0;
+    uint32_t first = 0;
 #pragma unroll
     for (int k = 1; k < kMaxJobs; ++k)
       if (plan.first_tile[k] <= tile) j = k, first = plan.first_tile[k];
-    copy_tile<kBlock, kUnroll>(plan.job[j], tile - first, k_begin, k_end);
-  }
+    copy_tile<kBlock, kUnroll, false>(plan.job[j], tile - first, k_begin, k_end);
+    item += gridDim.x;
+  } while (item < items);
 }
 
 void host_copy(const Jobs& jobs) {
@@ -245,30 +271,40 @@ dsa_status check_capacity(int k, const char* name, int64_t have, int64_t need) {
 }
 
 // Cuts job j's rows into tiles of `elements`, after the tiles of jobs 0..j-1; false when the
-// launch would exceed 2^62 tiles (only for corrupt sizes).
+// launch would reach 2^31 tiles (at least 16 TB copied: only for corrupt sizes).
 bool tile_job(Jobs& jobs, int j, int64_t elements) {
   CopyPlan<0>& plan = jobs.plan;
   CopyJob<0>& job = plan.job[j];
   job.tiles_per_row = (job.width + elements - 1) / elements;
-  if (jobs.rows[j] > (INT64_C(1) << 62) / job.tiles_per_row) return false;
-  plan.first_tile[j + 1] = plan.first_tile[j] + jobs.rows[j] * job.tiles_per_row;
-  return plan.first_tile[j + 1] <= (INT64_C(1) << 62);
+  if (jobs.rows[j] >= INT32_MAX / job.tiles_per_row) return false;
+  const int64_t end = plan.first_tile[j] + jobs.rows[j] * job.tiles_per_row;
+  if (end >= INT32_MAX) return false;
+  plan.first_tile[j + 1] = (uint32_t)end;
+  return true;
 }
 
 // The fields only the kernel reads, for the final tiling: the total repeated in every first_tile
 // entry after the last job (the kernel reads it from first_tile[kMaxJobs] and finds a tile's job
-// without num_jobs), and every job's row multiplier.
+// without num_jobs), every job's row multiplier and the direct job.
 void set_device_fields(Jobs& jobs) {
-  for (int k = jobs.plan.num_jobs + 1; k <= kMaxJobs; ++k) jobs.plan.first_tile[k] = jobs.plan.first_tile[jobs.plan.num_jobs];
-  for (int j = 0; j < jobs.plan.num_jobs; ++j) {
-    CopyJob<0>& job = jobs.plan.job[j];
-    job.div_mul = job.div_shift = 0;
-    if (jobs.rows[j] * job.tiles_per_row < (INT64_C(1) << 32))  // the divisor and every local tile index fit 32 bits
-      divisor_of((uint32_t)job.tiles_per_row, &job.div_mul, &job.div_shift);
+  CopyPlan<0>& plan = jobs.plan;
+  for (int k = plan.num_jobs + 1; k <= kMaxJobs; ++k) plan.first_tile[k] = plan.first_tile[plan.num_jobs];
+  int most = 0;
+  for (int j = 0; j < plan.num_jobs; ++j) {
+    CopyJob<0>& job = plan.job[j];
+    divisor_of((uint32_t)job.tiles_per_row, &job.div_mul, &job.div_shift);  // < 2^31 (tile_job)
+    if (plan.first_tile[j + 1] - plan.first_tile[j] > plan.first_tile[most + 1] - plan.first_tile[most]) most = j;
   }
+  const CopyJob<0>& job = plan.job[most];
+  const bool strided = jobs.rows[most] > 1;  // its strides matter
+  bool aligned = (uintptr_t)job.src % 16 == 0 && (!strided || job.src_stride % 4 == 0);
+  for (int k = 0; k < plan.num_dst; ++k)
+    aligned &= (uintptr_t)job.dst[k] % 16 == 0 && (!strided || job.dst_stride[k] % 4 == 0);
+  plan.direct_first = plan.direct_end = 0;
+  if (aligned) plan.direct = job, plan.direct_first = plan.first_tile[most], plan.direct_end = plan.first_tile[most + 1];
 }
 
-// Appends a job in small tiles; false when the launch would exceed 2^62 tiles.
+// Appends a job in small tiles; false when the launch would reach 2^31 tiles.
 bool add_job(Jobs& jobs, const int32_t* src, int64_t src_stride, int64_t rows, int64_t width) {
   const int j = jobs.plan.num_jobs++;
   CopyJob<0>& job = jobs.plan.job[j];
