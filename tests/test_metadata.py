@@ -107,6 +107,22 @@ def test_copies_around_the_tile_size_switch(bs):
             assert torch.equal(got[key], ref[key]), key
 
 
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("shape", [(2, 16, None, 5001, 0), (1, 16, 5003, None, 0), (3, 9000, None, None, 1),
+                                   (3, 9000, None, None, 0)], ids=["flashmla", "real-one-row", "page-aligned",
+                                                                   "page-unaligned"])
+def test_largest_job_of_any_field(device, shape, k):
+    """The job with the most tiles is copied without a job lookup when each of its rows is 16-byte
+    aligned at the source and every destination: whichever field it is (the FlashMLA metadata, a
+    one-row real page table, the page table), with aligned destination strides or not (with K = 3
+    one destination's stride is always unaligned), every destination equals the per-field sequence."""
+    bs, width, real_cols, meta, extra = shape
+    dsts, want = run_case(device, ("decode", bs, width, 0, real_cols, meta, k, extra, 7))
+    for got, ref in zip(dsts, want):
+        for key in ref:
+            assert torch.equal(got[key], ref[key]), key
+
+
 def refill_and_check(src, dsts, mode, run, steps=3):
     """Refills the sources in place with new random contents, run()s the bound or captured copy
     and compares every destination with the per-field sequence."""
