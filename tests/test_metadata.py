@@ -1,10 +1,13 @@
 """Fused DSA metadata copy (SPEC 2): bit-exact equality with the per-field copy sequence, nothing
 outside the copied region touched, K destinations, graphs, and every error case."""
+import ctypes
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
 import pydsa
+from pydsa import _abi
 from conftest import DEVICES, examples, gpu
 from pydsa.baselines import metadata_copy_torch as metadata_copy_reference
 
@@ -249,6 +252,30 @@ def test_page_table_offsets_beyond_32_bits():
 
 def _decode_case(device, **kw):
     return make_case(device, "decode", 4, 16, 0, kw.get("real"), kw.get("meta"), kw.get("k", 1), 1, 0)
+
+
+def test_two_to_the_31_tiles_are_refused_before_anything_is_touched():
+    """A launch holds fewer than 2^31 tiles, each at least one row: a copy of 2^31 page-table rows
+    is refused through the C ABI with the field named, before any element is read or written (the
+    buffers behind the pointers are four elements long)."""
+    rows = 2**31
+    buf = torch.arange(4, dtype=torch.int32)
+    before = buf.clone()
+    addr = buf.data_ptr()
+    p = _abi.new(_abi.MetadataCopyParams)
+    p.device, p.mode, p.bs, p.page_rows, p.page_width = _abi.DEVICE_HOST, _abi.MODE_DECODE, rows, rows, 1
+    for name in ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
+        setattr(p.src, name, addr)
+    d = _abi.MetadataDestination()
+    for name in ("cache_seqlens", "cu_seqlens_k", "page_table", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
+        setattr(d, name, addr)
+    d.cache_seqlens_len = d.dsa_cache_seqlens_len = rows
+    d.cu_seqlens_k_len = d.dsa_cu_seqlens_k_len = rows + 1
+    d.page_table_rows, d.page_table_cols, d.page_table_stride = rows, 1, 1
+    p.num_destinations, p.destinations = 1, ctypes.addressof(d)
+    assert _abi.lib.dsa_metadata_copy(ctypes.byref(p), None) == 1
+    assert "page_table is too large to copy in one launch" in _abi.lib.dsa_last_error().decode()
+    assert torch.equal(buf, before)
 
 
 def test_wrong_dtype_is_named(device):

@@ -97,7 +97,7 @@ struct Jobs {
   int64_t rows[kMaxJobs];
 };
 
-// The plan for a launch whose K destinations are kDst.
+// A job's fields, and the plan, for a launch whose K destinations are kDst.
 template <int kDst>
 CopyJob<kDst> job_for(const CopyJob<0>& from, int destinations) {
   CopyJob<kDst> to;
@@ -271,7 +271,8 @@ dsa_status check_capacity(int k, const char* name, int64_t have, int64_t need) {
 }
 
 // Cuts job j's rows into tiles of `elements`, after the tiles of jobs 0..j-1; false when the
-// launch would reach 2^31 tiles (at least 16 TB copied: only for corrupt sizes).
+// launch would reach 2^31 tiles (each row is at least one: 2^31 rows or 16 TB of full tiles, far
+// beyond any batch's metadata).
 bool tile_job(Jobs& jobs, int j, int64_t elements) {
   CopyPlan<0>& plan = jobs.plan;
   CopyJob<0>& job = plan.job[j];
