@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #include "c128_math.h"
@@ -134,23 +133,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
   S* state = static_cast<S*>(p.state) + (int64_t)slot * (3 * D) + ch;
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((int64_t)c * D + ch));
   Lanes<VEC> m, s, k;
-  // A chunk's first token starts from nothing, every other folds into the stored state: one branch
-  // per request around all the thread's channels, so that their arithmetic runs side by side.
-  const auto fold = [&](auto first) {
+  if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) {
-      const float t = to_log2(score.v[i] + bias.v[i]);
-      Partial r;
-      if constexpr (decltype(first)::value) r = partial_of(t, kv.v[i]);
-      else r = absorb_one(from_state(m.v[i], s.v[i], k.v[i]), t, kv.v[i]);
-      m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
-    }
-  };
-  if (c == 0) {
-    fold(std::true_type{});
-  } else {
-    m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
-    fold(std::false_type{});
+  for (int i = 0; i < VEC; ++i) {
+    const float t = to_log2(score.v[i] + bias.v[i]);
+    const Partial r = c == 0 ? partial_of(t, kv.v[i]) : absorb_one(from_state(m.v[i], s.v[i], k.v[i]), t, kv.v[i]);
+    m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
   }
   if (c == DSA_CHUNK - 1) {
     store_lanes<VEC>(p.out + ((int64_t)b * D + ch), k);
