@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kBlock) metadata_copy_kernel(const __grid_cons
     const uint32_t tile = kPerDst ? item / kPerTile : item;
     const int k_begin = kPerDst ? (int)(item - tile * kPerTile) : 0;
     const int k_end = kPerDst ? k_begin + 1 : plan.destinations();
-    if (tile - plan.direct_first < plan.direct_end - plan.direct_first) {
+    if (tile - plan.direct_first < plan.direct_end - plan.direct_first) {  // the direct job (CopyPlan)
       copy_tile<kBlock, kUnroll, true>(plan.direct, tile - plan.direct_first, k_begin, k_end);
       item += gridDim.x;
       continue;
