@@ -302,7 +302,10 @@ void set_device_fields(Jobs& jobs) {
   for (int k = 0; k < plan.num_dst; ++k)
     aligned &= (uintptr_t)job.dst[k] % 16 == 0 && (!strided || job.dst_stride[k] % 4 == 0);
   plan.direct_first = plan.direct_end = 0;
-  if (aligned) plan.direct = job, plan.direct_first = plan.first_tile[most], plan.direct_end = plan.first_tile[most + 1];
+  if (aligned) {
+    plan.direct = job;
+    plan.direct_first = plan.first_tile[most], plan.direct_end = plan.first_tile[most + 1];
+  }
 }
 
 // Appends a job in small tiles; false when the launch would reach 2^31 tiles.
