@@ -558,8 +558,6 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::v
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by both ops.
 
-bool aligned(const void* ptr, int bytes) { return ((uintptr_t)ptr % bytes) == 0; }
-
 int state_bytes(int32_t state_dtype) { return state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4; }
 
 // Channels per access the buffers allow: 4 (16-byte float accesses), 2 (8-byte) or 0.

@@ -32,6 +32,9 @@ inline dsa_status check_struct(const T* p, const char* op) {
     if (dsa_try_status_ != DSA_STATUS_OK) return dsa_try_status_; \
   } while (0)
 
+// Whether `ptr` is a multiple of `bytes` (host-side choice of vector widths).
+inline bool aligned(const void* ptr, int bytes) { return (uintptr_t)ptr % bytes == 0; }
+
 // Devices the library serves (ids 0 .. kMaxDevices - 1); per-device caches are this long.
 constexpr int kMaxDevices = 64;
 

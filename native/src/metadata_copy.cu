@@ -298,11 +298,10 @@ void set_device_fields(Jobs& jobs) {
   }
   const CopyJob<0>& job = plan.job[most];
   const bool strided = jobs.rows[most] > 1;  // its strides matter
-  bool aligned = (uintptr_t)job.src % 16 == 0 && (!strided || job.src_stride % 4 == 0);
-  for (int k = 0; k < plan.num_dst; ++k)
-    aligned &= (uintptr_t)job.dst[k] % 16 == 0 && (!strided || job.dst_stride[k] % 4 == 0);
+  bool direct = aligned(job.src, 16) && (!strided || job.src_stride % 4 == 0);
+  for (int k = 0; k < plan.num_dst; ++k) direct &= aligned(job.dst[k], 16) && (!strided || job.dst_stride[k] % 4 == 0);
   plan.direct_first = plan.direct_end = 0;
-  if (aligned) {
+  if (direct) {
     plan.direct = job;
     plan.direct_first = plan.first_tile[most], plan.direct_end = plan.first_tile[most + 1];
   }
