@@ -2,6 +2,7 @@
 
 - online c128 KV compression (DeepSeek-V4): c128_decode, c128_prefill, DevicePlan;
   plans come from the Cython planner pyplan.plan_prefill;
+- speculative decoding (MTP): c128_verify over V drafts per request, c128_commit of the accepted ones;
 - fused DSA metadata copy for CUDA-graph replay: MetadataCopy, metadata_copy.
 
 Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
@@ -10,11 +11,12 @@ from ._abi import ABI_VERSION, DsaError, lib as _lib
 from ._tensors import error_count, reset_error_count
 from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill, plan_prefill_c
 from .metadata import MetadataCopy, metadata_copy
+from .speculative import C128Commit, C128Verify, bank_bytes, c128_commit, c128_verify
 
 __version__ = _lib.dsa_version_string().decode()
 
-__all__ = ["ABI_VERSION", "DsaError", "C128Decode", "C128Prefill", "DevicePlan", "MetadataCopy",
-           "c128_decode", "c128_prefill", "error_count", "library_path", "metadata_copy", "plan_prefill_c",
+__all__ = ["ABI_VERSION", "DsaError", "C128Commit", "C128Decode", "C128Prefill", "C128Verify", "DevicePlan",
+           "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify", "error_count", "library_path", "metadata_copy", "plan_prefill_c",
            "reset_error_count", "__version__"]
 
 

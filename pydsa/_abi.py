@@ -11,7 +11,7 @@ import struct
 import sys
 from importlib import resources
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
@@ -20,6 +20,8 @@ FLAG_HOST_PLAN = 2
 FLAG_NO_COOPERATIVE = 4
 INLINE_RECORDS = 256
 UPLOAD_RECORDS = 1024
+MAX_DRAFTS = 16
+COMMIT_LAYERS = 64
 STATE_FLOAT32, STATE_BFLOAT16 = 0, 1
 OUT_RAGGED, OUT_COMPACT = 0, 1
 
@@ -74,7 +76,32 @@ class DecodeParams(C.Structure):
         ("num_slots", C.c_int64), ("batch_size", C.c_int64),
         ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
         ("indices", C.c_void_p), ("seq_lens", C.c_void_p), ("error_count", C.c_void_p),
-        ("state_dtype", C.c_int32), ("reserved", C.c_int32),
+        ("state_dtype", C.c_int32), ("reserved", C.c_int32), ("load_indices", C.c_void_p),
+    ]
+
+
+class VerifyParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
+        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
+        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
+        ("seq_lens", C.c_void_p), ("verify_lens", C.c_void_p), ("indices", C.c_void_p),
+        ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64), ("error_count", C.c_void_p),
+    ]
+
+
+class CommitParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
+        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
+        ("seq_lens", C.c_void_p), ("accepted", C.c_void_p), ("verify_lens", C.c_void_p),
+        ("indices", C.c_void_p), ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64),
+        ("load_indices", C.c_void_p), ("num_layers", C.c_int32), ("reserved", C.c_int32),
+        ("states", C.c_void_p), ("error_count", C.c_void_p),
     ]
 
 
@@ -130,13 +157,16 @@ class MetadataCopyParams(C.Structure):
 
 
 # The same layouts as struct formats, for filling a params buffer in one call on hot paths.
-DECODE_FORMAT = struct.Struct("=IIiiqq7Qii")
+DECODE_FORMAT = struct.Struct("=IIiiqq7QiiQ")
+VERIFY_FORMAT = struct.Struct("=IIiiqqii8QqQ")
+COMMIT_FORMAT = struct.Struct("=IIiiqqii5QqQiiQQ")
 PREFILL_FORMAT = struct.Struct("=IIiiqqq8Qqq2Qii")
 METADATA_FORMAT = struct.Struct("=IIiiqqqqqq9QiiQ")
 
 # dsa_struct_id -> mirror
 STRUCTS = {0: Segment, 1: PlanParams, 2: DecodeParams, 3: PrefillParams, 4: MetadataSources,
-           5: MetadataDestination, 6: MetadataCopyParams, 7: PlanUploadParams}
+           5: MetadataDestination, 6: MetadataCopyParams, 7: PlanUploadParams,
+           8: VerifyParams, 9: CommitParams}
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
                "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
@@ -193,12 +223,14 @@ def _load() -> C.CDLL:
         fn.restype = C.c_int
         fn.argtypes = [C.POINTER(params)]
     for name, params in (("dsa_c128_decode", DecodeParams), ("dsa_c128_prefill", PrefillParams),
-                         ("dsa_metadata_copy", MetadataCopyParams), ("dsa_c128_upload_plan", PlanUploadParams)):
+                         ("dsa_metadata_copy", MetadataCopyParams), ("dsa_c128_upload_plan", PlanUploadParams),
+                         ("dsa_c128_verify", VerifyParams), ("dsa_c128_commit", CommitParams)):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream
     for fmt, mirror in ((DECODE_FORMAT, DecodeParams), (PREFILL_FORMAT, PrefillParams),
-                        (METADATA_FORMAT, MetadataCopyParams)):
+                        (METADATA_FORMAT, MetadataCopyParams), (VERIFY_FORMAT, VerifyParams),
+                        (COMMIT_FORMAT, CommitParams)):
         assert fmt.size == C.sizeof(mirror), mirror.__name__
     lib.path = path
     return lib

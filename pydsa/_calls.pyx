@@ -47,6 +47,48 @@ cdef extern from "dsa_kernels.h":
         uint32_t* error_count
         int32_t state_dtype
         int32_t reserved
+        const int32_t* load_indices
+
+    ctypedef struct dsa_c128_verify_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        int32_t num_drafts
+        int32_t state_dtype
+        void* state
+        const float* kv_score
+        float* out
+        const float* ape
+        const int32_t* seq_lens
+        const int32_t* verify_lens
+        const int32_t* indices
+        const int32_t* bank_indices
+        int64_t bank_stride
+        uint32_t* error_count
+
+    ctypedef struct dsa_c128_commit_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        int32_t num_drafts
+        int32_t state_dtype
+        const int32_t* seq_lens
+        const int32_t* accepted
+        const int32_t* verify_lens
+        const int32_t* indices
+        const int32_t* bank_indices
+        int64_t bank_stride
+        int32_t* load_indices
+        int32_t num_layers
+        int32_t reserved
+        void* const* states
+        uint32_t* error_count
 
     ctypedef struct dsa_c128_prefill_params:
         uint32_t struct_size
@@ -150,6 +192,8 @@ cdef Entry _decode_entry = NULL
 cdef Entry _prefill_entry = NULL
 cdef Entry _metadata_entry = NULL
 cdef Entry _upload_entry = NULL
+cdef Entry _verify_entry = NULL
+cdef Entry _commit_entry = NULL
 cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
 cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
 cdef const ExchangeAPI* _apis[MAX_TYPES]
@@ -174,12 +218,14 @@ cdef const ExchangeAPI* _table(object tensor_type):
     return api
 
 
-def init(tensor_type, uintptr_t decode, uintptr_t prefill, uintptr_t metadata, uintptr_t upload, device_plan_type,
-         ndarray_type, record_lists):
-    """Binds the library's four entry points (addresses), the framework's tensor type, and the
-    plan types with pyplan's reader of record arrays; sets and returns `available`."""
-    global _decode_entry, _prefill_entry, _metadata_entry, _upload_entry, _streams, _device_plan_type
-    global _ndarray_type, _record_lists, available
+def init(tensor_type, uintptr_t decode, uintptr_t prefill, uintptr_t metadata, uintptr_t upload, uintptr_t verify,
+         uintptr_t commit, device_plan_type, ndarray_type, record_lists):
+    """Binds the library's entry points (addresses), the framework's tensor type, and the plan
+    types with pyplan's reader of record arrays; sets and returns `available`."""
+    global _decode_entry, _prefill_entry, _metadata_entry, _upload_entry, _verify_entry, _commit_entry, _streams
+    global _device_plan_type, _ndarray_type, _record_lists, available
+    _verify_entry = <Entry>verify
+    _commit_entry = <Entry>commit
     _decode_entry = <Entry>decode
     _prefill_entry = <Entry>prefill
     _metadata_entry = <Entry>metadata
@@ -319,8 +365,8 @@ cdef int _launch(Entry entry, const void* params, int32_t dev, object stream) ex
 # ---- c128 decode ----------------------------------------------------------------------------
 
 cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indices, seq_lens,
-                      uint32_t flags, error_count) except -2:
-    cdef Arg st, kv, o, ap, ix, sl
+                      uint32_t flags, error_count, load_indices) except -2:
+    cdef Arg st, kv, o, ap, ix, sl, lx
     cdef int32_t sdt
     cdef uint32_t* errors
     if _state(state, &st, &sdt) < 0:
@@ -333,6 +379,9 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indi
     if (_matrix(out, &o, F32, dev, b, d) < 0 or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0
             or _vector(indices, &ix, I32, dev, b) < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0
             or _error_counter(error_count, dev, &errors) < 0):
+        return -1
+    lx.data = NULL
+    if load_indices is not None and _vector(load_indices, &lx, I32, dev, b) < 0:
         return -1
     p.struct_size = sizeof(dsa_c128_decode_params)
     p.flags = flags
@@ -349,21 +398,23 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indi
     p.error_count = errors
     p.state_dtype = sdt
     p.reserved = 0
+    p.load_indices = <const int32_t*>lx.data
     return 0
 
 
-def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags, error_count):
+def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags, error_count, load_indices=None):
     """One-shot c128 decode: the library's status, or DECLINED."""
     cdef dsa_c128_decode_params p
-    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count) < 0:
+    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices) < 0:
         return DECLINED
     return _launch(_decode_entry, &p, p.device, stream)
 
 
-def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, uint32_t flags, error_count):
+def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, uint32_t flags, error_count,
+                load_indices=None):
     """Fills the decode params at `address`: True, or False with nothing written."""
     cdef dsa_c128_decode_params p
-    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count) < 0:
+    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices) < 0:
         return False
     (<dsa_c128_decode_params*>address)[0] = p
     return True
@@ -459,6 +510,115 @@ def fill_prefill(uintptr_t address, state, kv_score, out, ape, indices, plan, lo
         return False
     (<dsa_c128_prefill_params*>address)[0] = p
     return True
+
+
+# ---- c128 verify and commit (speculative decoding) -------------------------------------------
+
+cdef int _optional_vector(object obj, Arg* a, int32_t dev, int64_t n) except -2:
+    a.data = NULL
+    if obj is None:
+        return 0
+    return _vector(obj, a, I32, dev, n)
+
+
+cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indices, seq_lens, bank_indices,
+                      int64_t bank_stride, verify_lens, uint32_t flags, error_count) except -2:
+    cdef Arg st, kv, o, ap, ix, sl, bk, vl
+    cdef int32_t sdt
+    cdef uint32_t* errors
+    if _state(state, &st, &sdt) < 0:
+        return -1
+    cdef int32_t dev = st.dev
+    cdef int64_t d = st.shape[2] // 3
+    if _tensor(seq_lens, &sl, I32, dev, 1) < 0:
+        return -1
+    cdef int64_t b = sl.shape[0]
+    if b <= 0 or _tensor(kv_score, &kv, F32, dev, 2) < 0 or kv.shape[1] != 2 * d or kv.shape[0] % b != 0:
+        return -1
+    cdef int64_t v = kv.shape[0] // b
+    o.data = NULL
+    if (v < 1 or v > 16 or bank_stride < 1 or (out is not None and _matrix(out, &o, F32, dev, b * v, d) < 0)
+            or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0 or _vector(indices, &ix, I32, dev, b) < 0
+            or _vector(bank_indices, &bk, I32, dev, b) < 0 or _optional_vector(verify_lens, &vl, dev, b) < 0
+            or _error_counter(error_count, dev, &errors) < 0):
+        return -1
+    p.struct_size = sizeof(dsa_c128_verify_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = <int32_t>d
+    p.num_slots = st.shape[0]
+    p.batch_size = b
+    p.num_drafts = <int32_t>v
+    p.state_dtype = sdt
+    p.state = st.data
+    p.kv_score = <const float*>kv.data
+    p.out = <float*>o.data
+    p.ape = <const float*>ap.data
+    p.seq_lens = <const int32_t*>sl.data
+    p.verify_lens = <const int32_t*>vl.data
+    p.indices = <const int32_t*>ix.data
+    p.bank_indices = <const int32_t*>bk.data
+    p.bank_stride = bank_stride
+    p.error_count = errors
+    return 0
+
+
+def verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, int64_t bank_stride, verify_lens, stream,
+           uint32_t flags, error_count):
+    """One-shot c128 verify: the library's status, or DECLINED."""
+    cdef dsa_c128_verify_params p
+    if _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
+                    error_count) < 0:
+        return DECLINED
+    return _launch(_verify_entry, &p, p.device, stream)
+
+
+def fill_verify(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, bank_indices, int64_t bank_stride,
+                verify_lens, uint32_t flags, error_count):
+    """Fills the verify params at `address`: True, or False with nothing written."""
+    cdef dsa_c128_verify_params p
+    if _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
+                    error_count) < 0:
+        return False
+    (<dsa_c128_verify_params*>address)[0] = p
+    return True
+
+
+def commit_slots(seq_lens, accepted, indices, bank_indices, load_indices, int64_t num_slots, int32_t num_drafts,
+                 int64_t bank_stride, verify_lens, stream, uint32_t flags, error_count):
+    """One-shot commit that writes load_indices: the library's status, or DECLINED."""
+    cdef dsa_c128_commit_params p
+    cdef Arg sl, ac, ix, bk, ld, vl
+    cdef uint32_t* errors
+    if _read(seq_lens, &sl) < 0 or sl.dev == -2:
+        return DECLINED
+    cdef int32_t dev = sl.dev
+    cdef int64_t b = sl.shape[0] if sl.ndim == 1 else -1
+    if (b < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0 or _vector(accepted, &ac, I32, dev, b) < 0
+            or _vector(indices, &ix, I32, dev, b) < 0 or _vector(bank_indices, &bk, I32, dev, b) < 0
+            or _vector(load_indices, &ld, I32, dev, b) < 0 or _optional_vector(verify_lens, &vl, dev, b) < 0
+            or _error_counter(error_count, dev, &errors) < 0):
+        return DECLINED
+    p.struct_size = sizeof(dsa_c128_commit_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = 0
+    p.num_slots = num_slots
+    p.batch_size = b
+    p.num_drafts = num_drafts
+    p.state_dtype = 0
+    p.seq_lens = <const int32_t*>sl.data
+    p.accepted = <const int32_t*>ac.data
+    p.verify_lens = <const int32_t*>vl.data
+    p.indices = <const int32_t*>ix.data
+    p.bank_indices = <const int32_t*>bk.data
+    p.bank_stride = bank_stride
+    p.load_indices = <int32_t*>ld.data
+    p.num_layers = 0
+    p.reserved = 0
+    p.states = NULL
+    p.error_count = errors
+    return _launch(_commit_entry, &p, dev, stream)
 
 
 # ---- metadata copy --------------------------------------------------------------------------
@@ -609,11 +769,19 @@ def upload(uintptr_t address, int64_t num_compress, int64_t num_write, int32_t d
     return _launch(_upload_entry, p, dev, stream)
 
 
-OP_DECODE, OP_PREFILL, OP_METADATA = 0, 1, 2
+OP_DECODE, OP_PREFILL, OP_METADATA, OP_VERIFY, OP_COMMIT = 0, 1, 2, 3, 4
 
 
 def launch(int op, uintptr_t address, int32_t dev, stream):
-    """Launches prepared params at `address` (OP_DECODE / OP_PREFILL / OP_METADATA): the
-    library's status, or DECLINED when the current stream could not be read."""
-    cdef Entry entry = _decode_entry if op == 0 else (_prefill_entry if op == 1 else _metadata_entry)
+    """Launches prepared params at `address` (one of the OP_ values): the library's status, or
+    DECLINED when the current stream could not be read."""
+    cdef Entry entry = _metadata_entry
+    if op == 0:
+        entry = _decode_entry
+    elif op == 1:
+        entry = _prefill_entry
+    elif op == 3:
+        entry = _verify_entry
+    elif op == 4:
+        entry = _commit_entry
     return _launch(entry, <const void*>address, dev, stream)

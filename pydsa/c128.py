@@ -77,27 +77,32 @@ def _launch_once(name: str, fmt, fn, fields: tuple, stream) -> None:
         _check_status(status)
 
 
-def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count) -> tuple:
+def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices=None) -> tuple:
     sp, dev, slots, d, sdt = _state(state)
     kp, b = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
     return (_DECODE_SIZE, FLAG_PDL if pdl else 0, dev, d, slots, b, sp, kp,
             ptr(out, "out", _float32, dev, (b, d)), ptr(ape, "ape", _float32, dev, (CHUNK, d)),
             ptr(indices, "indices", _int32, dev, (b,)), ptr(seq_lens, "seq_lens", _int32, dev, (b,)),
-            error_ptr(error_count, dev), sdt, 0)
+            error_ptr(error_count, dev), sdt, 0,
+            0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,)))
 
 
-def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, stream=None, pdl=False,
+def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, stream=None, pdl=False,
                 error_count=None) -> None:
     """One new token per request (SPEC 1.2). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
     out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
     int32 (one slot per live row: two rows updating one slot race on the GPU), seq_lens [B] int32
-    (<= 0: padding)."""
-    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, FLAG_PDL if pdl else 0, error_count)
+    (<= 0: padding). load_indices [B] int32: the slot each request's state is read from (e.g. the
+    accepted bank entry that c128_commit resolved; negative: not held on this GPU, skipped); the
+    new state is stored into `indices`. Default: `indices`."""
+    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, FLAG_PDL if pdl else 0, error_count,
+                          load_indices)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
         _launch_once("decode", DECODE_FORMAT, _decode_fn,
-                     _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count), stream)
+                     _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices),
+                     stream)
 
 
 class _Prepared:
@@ -131,9 +136,11 @@ class C128Decode(_Prepared):
     _format = DECODE_FORMAT
     _op = _calls.OP_DECODE
 
-    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, pdl=False, error_count=None):
-        self._bind_fields(_decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count))
-        self._keep = (state, kv_score, out, ape, indices, seq_lens, error_count)
+    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, pdl=False,
+                 error_count=None):
+        self._bind_fields(_decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count,
+                                         load_indices))
+        self._keep = (state, kv_score, out, ape, indices, seq_lens, error_count, load_indices)
 
 
 class DevicePlan:
@@ -273,6 +280,7 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
 # wrong, or a torch without the exchange API) the Python path above takes it.
 _calls.init(torch.Tensor, C.cast(_decode_fn, C.c_void_p).value, C.cast(_prefill_fn, C.c_void_p).value,
             C.cast(lib.dsa_metadata_copy, C.c_void_p).value, C.cast(lib.dsa_c128_upload_plan, C.c_void_p).value,
+            C.cast(lib.dsa_c128_verify, C.c_void_p).value, C.cast(lib.dsa_c128_commit, C.c_void_p).value,
             DevicePlan, np.ndarray, pyplan.record_lists)
 DECLINED = _calls.DECLINED
 _fast_decode = _calls.decode

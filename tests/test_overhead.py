@@ -56,8 +56,22 @@ def _ops(device):
         device_plan.plan(seq, ext, num_tokens=1024)
         pydsa.c128_prefill(state, kv_graph, out_graph, ape, pidx, device_plan)
 
+    v = 4  # speculative: b requests x v drafts; bank entries in slots 8.. of a larger state
+    spec = (torch.rand(8 + b * (v + 1), 1, 3 * D, generator=gen) + 1).to(dev)
+    drafts = torch.randn(b * v, 2 * D, generator=gen).to(dev)
+    out_drafts = torch.empty(b * v, D, **f32)
+    bank = torch.arange(8, 8 + b * (v + 1), v + 1, **i32)
+    accepted = torch.tensor([0, 4, 2, 1], **i32)
+    load = idx.clone()
+    layers = [spec, spec.clone(), spec.clone()]
+    spec_bf16 = spec.to(torch.bfloat16)
     return {
         "decode": lambda: pydsa.c128_decode(state, kv, out, ape, idx, seq_lens),
+        "decode from load_indices": lambda: pydsa.c128_decode(state, kv, out, ape, idx, seq_lens, load_indices=idx),
+        "verify": lambda: pydsa.c128_verify(spec, drafts, out_drafts, ape, idx, seq_lens, bank),
+        "verify bf16 state": lambda: pydsa.c128_verify(spec_bf16, drafts, out_drafts, ape, idx, seq_lens, bank),
+        "commit, load slots": lambda: pydsa.c128_commit(seq_lens, accepted, idx, bank, load_indices=load, num_drafts=v),
+        "commit, copy 3 layers": lambda: pydsa.c128_commit(seq_lens, accepted, idx, bank, states=layers, num_drafts=v),
         "decode bf16 state": lambda: pydsa.c128_decode(state_bf16, kv, out, ape, idx, seq_lens),
         "prefill, pyplan plan": lambda: pydsa.c128_prefill(state, kvp, outp, ape, pidx, plan),
         "prefill, compact output": lambda: pydsa.c128_prefill(state, kvp, compact, ape, pidx, plan, compact=True),

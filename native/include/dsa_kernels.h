@@ -39,13 +39,15 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 3
+#define DSA_ABI_VERSION 4
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
 #define DSA_SEGMENT_SENTINEL 0xFFFFFFFFu
 #define DSA_INLINE_RECORDS 256   /* plan records carried by one prefill launch (DSA_FLAG_HOST_PLAN) */
 #define DSA_UPLOAD_RECORDS 1024  /* plan records carried by one dsa_c128_upload_plan launch */
+#define DSA_MAX_DRAFTS 16        /* draft tokens per request in one verify (ABI 4) */
+#define DSA_COMMIT_LAYERS 64     /* state buffers carried by one copying commit launch (ABI 4) */
 
 typedef enum dsa_status {
   DSA_STATUS_OK = 0,
@@ -64,7 +66,9 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_METADATA_SOURCES = 4,
   DSA_STRUCT_METADATA_DESTINATION = 5,
   DSA_STRUCT_METADATA_PARAMS = 6,
-  DSA_STRUCT_PLAN_UPLOAD_PARAMS = 7 /* ABI 3 */
+  DSA_STRUCT_PLAN_UPLOAD_PARAMS = 7, /* ABI 3 */
+  DSA_STRUCT_VERIFY_PARAMS = 8,      /* ABI 4 */
+  DSA_STRUCT_COMMIT_PARAMS = 9       /* ABI 4 */
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -198,6 +202,9 @@ typedef struct dsa_c128_decode_params {
   uint32_t* error_count;    /* [1] incremented per skipped out-of-range slot; may be null */
   int32_t state_dtype;      /* dsa_state_dtype (ABI 2) */
   int32_t reserved;         /* 0 */
+  const int32_t* load_indices; /* [B] slot holding the state each request continues (read when the token
+                                  does not start a chunk), e.g. a verify's accepted bank entry
+                                  resolved by dsa_c128_commit; null: indices (ABI 4) */
 } dsa_c128_decode_params;
 
 typedef struct dsa_c128_prefill_params {
@@ -232,6 +239,84 @@ typedef struct dsa_c128_prefill_params {
 
 DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream);
 DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* Speculative decoding (SPEC 1.6), ABI 4.
+ *
+ * The bank: slots of the state buffer itself (so it has the state's dtype), V + 1 entries per
+ * request. Entry j of request b (0 <= j <= V) is slot bank_indices[b] + j * bank_stride and holds
+ * the state after the first j drafts, when seq + j is not a multiple of 128 (a chunk end leaves
+ * nothing to keep). Entry 0 is the state before the drafts: the verify copies it there from
+ * indices[b] unless the two are one slot. Bytes per layer: B * (V + 1) * 3 * D * sizeof(state).
+ *
+ * An engine's step (every slot array int32 on the device, nothing read back to the host):
+ *   dsa_c128_verify   per c128 layer: drafts through the decode arithmetic, bank written, main
+ *                     slots never written, out rows of chunk-closing drafts written;
+ *   (sampling: accepted [B] on the device)
+ *   dsa_c128_commit   once per step for every layer (slots are numbered alike in every layer's
+ *                     buffer): load_indices[b] = the slot holding the state after seq + a_b
+ *                     tokens. The next verify takes it as `indices`, the next decode or prefill as
+ *                     `load_indices`: no state is copied. Or, with `states`, the accepted entry of
+ *                     every listed layer is copied onto indices[b] in one launch (main slots stay
+ *                     current, as sglang keeps them).
+ * Within a request, reads precede writes channel by channel, so indices[b] may be an entry of
+ * the request's own bank (the previous step's accepted one). Requests must not share slots.
+ * A negative slot means "not held on this GPU": the request is skipped silently; a slot at or
+ * past num_slots is skipped and counted in error_count. */
+
+typedef struct dsa_c128_verify_params {
+  uint32_t struct_size;
+  uint32_t flags;               /* DSA_FLAG_PDL */
+  int32_t device;               /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t head_dim;             /* D */
+  int64_t num_slots;            /* rows of `state` (main slots and banks) */
+  int64_t batch_size;           /* B >= 0 */
+  int32_t num_drafts;           /* V, 1..DSA_MAX_DRAFTS: rows per request in kv_score and out */
+  int32_t state_dtype;          /* dsa_state_dtype; the bank has the same */
+  void* state;                  /* [num_slots, 1, 3D]: load slots read, bank entries written */
+  const float* kv_score;        /* [B * V, 2D]: draft j of request b at row b * V + j */
+  float* out;                   /* [B * V, D]: the vector of a chunk closed by draft j at row b * V + j;
+                                   other rows untouched; may be null (no vectors written) */
+  const float* ape;             /* [128, D] */
+  const int32_t* seq_lens;      /* [B] committed length before the drafts; <= 0 is padding */
+  const int32_t* verify_lens;   /* [B] drafts of each request, 0..V (others: skipped, counted);
+                                   null: V for every request */
+  const int32_t* indices;       /* [B] slot holding the state after seq tokens (read only when seq is
+                                   not a multiple of 128); never written */
+  const int32_t* bank_indices;  /* [B] slot of bank entry 0 */
+  int64_t bank_stride;          /* slots between a request's consecutive bank entries, >= 1 */
+  uint32_t* error_count;        /* [1] incremented per skipped request; may be null */
+} dsa_c128_verify_params;
+
+typedef struct dsa_c128_commit_params {
+  uint32_t struct_size;
+  uint32_t flags;               /* DSA_FLAG_PDL */
+  int32_t device;               /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t head_dim;             /* D (copying commit only) */
+  int64_t num_slots;            /* rows of every state buffer */
+  int64_t batch_size;           /* B >= 0 */
+  int32_t num_drafts;           /* V, 1..DSA_MAX_DRAFTS */
+  int32_t state_dtype;          /* dsa_state_dtype (copying commit only) */
+  const int32_t* seq_lens;      /* [B] committed length before the drafts, as given to the verify;
+                                   <= 0 is padding: nothing read or written */
+  const int32_t* accepted;      /* [B] drafts accepted, clamped to 0..v_b */
+  const int32_t* verify_lens;   /* [B] as given to the verify; null: V */
+  const int32_t* indices;       /* [B] as given to the verify (the copying commit's destination) */
+  const int32_t* bank_indices;  /* [B] as given to the verify */
+  int64_t bank_stride;          /* as given to the verify */
+  int32_t* load_indices;        /* [B] written: the slot holding the state after seq + a_b tokens
+                                   (indices[b] when that is a chunk end: the next token starts fresh);
+                                   may be `indices` itself. Null for a copying commit */
+  int32_t num_layers;           /* 0, or the state buffers of a copying commit, 1..: one launch per
+                                   DSA_COMMIT_LAYERS */
+  int32_t reserved;             /* 0 */
+  void* const* states;          /* [num_layers] host array of state buffers [num_slots, 1, 3D] alike;
+                                   null unless copying */
+  uint32_t* error_count;        /* [1] incremented per skipped request (and layer); may be null */
+} dsa_c128_commit_params;
+
+DSA_API dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void* stream);
+DSA_API dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Fused DSA metadata copy (SPEC 2). All buffers int32.                                        */

@@ -115,6 +115,8 @@ size_t dsa_struct_size(dsa_struct_id id) {
     case DSA_STRUCT_METADATA_DESTINATION: return sizeof(dsa_metadata_destination);
     case DSA_STRUCT_METADATA_PARAMS: return sizeof(dsa_metadata_copy_params);
     case DSA_STRUCT_PLAN_UPLOAD_PARAMS: return sizeof(dsa_plan_upload_params);
+    case DSA_STRUCT_VERIFY_PARAMS: return sizeof(dsa_c128_verify_params);
+    case DSA_STRUCT_COMMIT_PARAMS: return sizeof(dsa_c128_commit_params);
   }
   return 0;
 }

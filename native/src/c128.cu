@@ -105,6 +105,7 @@ struct DecodeLaunch {
   uint32_t slot_count;  // num_slots (<= INT32_MAX host check), for slot_ok
   float* out;
   uint32_t* error_count;
+  const int32_t* load_indices;  // null: the state is read from `indices`
 };
 
 template <int VEC, typename S>
@@ -123,21 +124,23 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
   const int32_t seq_len = __ldg(p.seq_lens + b);
   const int32_t slot = __ldg(p.indices + b);
+  const int32_t load_slot = p.load_indices != nullptr ? __ldg(p.load_indices + b) : slot;
   allow_dependents();
   if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
-  if (!slot_ok(slot, p.slot_count)) {
+  const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
+  if (c != 0 && load_slot < 0 && p.load_indices != nullptr) return;  // state not held on this GPU
+  if (!slot_ok(slot, p.slot_count) || (c != 0 && !slot_ok(load_slot, p.slot_count))) {
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
   S* state = static_cast<S*>(p.state) + (int64_t)slot * (3 * D) + ch;
+  const S* prior = static_cast<const S*>(p.state) + (int64_t)load_slot * (3 * D) + ch;
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((int64_t)c * D + ch));
   Lanes<VEC> m, s, k;
-  if (c != 0) m = load_state<VEC>(state), s = load_state<VEC>(state + D), k = load_state<VEC>(state + 2 * D);
+  if (c != 0) m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
-    const float t = to_log2(score.v[i] + bias.v[i]);
-    const Partial r = c == 0 ? partial_of(t, kv.v[i]) : absorb_one(from_state(m.v[i], s.v[i], k.v[i]), t, kv.v[i]);
+    const Partial r = token_into_state(m.v[i], s.v[i], k.v[i], to_log2(score.v[i] + bias.v[i]), kv.v[i], c);
     m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
   }
   if (c == DSA_CHUNK - 1) {
@@ -147,6 +150,182 @@ __global__ void __launch_bounds__(kDecodeThreads)
     store_state<VEC>(state + D, s);
     store_state<VEC>(state + 2 * D, k);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Verify (SPEC 1.6): the decode's geometry, and its arithmetic run over a request's drafts in order,
+// so a verified token leaves exactly the state a decoded one would. Two dependent memory trips, as
+// in the decode: the first kDraftBatch drafts with the request's length and slots, then the ape
+// rows and the loaded state; later batches of drafts load as the first is folded in.
+constexpr int kDraftBatch = 8;
+
+// Parameters in first-use order, as DecodeLaunch.
+struct VerifyLaunch {
+  int32_t head_dim;
+  uint32_t batch_size;  // <= INT32_MAX (host check)
+  const float* kv_score;
+  const int32_t* seq_lens;
+  const int32_t* indices;
+  const int32_t* bank_indices;
+  const int32_t* verify_lens;  // null: num_drafts
+  void* state;
+  const float* ape;
+  int64_t bank_stride;
+  int64_t num_slots;
+  float* out;  // null: no vectors written
+  uint32_t* error_count;
+  int32_t num_drafts;
+};
+
+template <int VEC>
+__device__ __forceinline__ void load_drafts(Lanes<VEC> (&kv)[kDraftBatch], Lanes<VEC> (&score)[kDraftBatch],
+                                            const float* draft, int D, int count) {
+#pragma unroll
+  for (int u = 0; u < kDraftBatch; ++u)
+    if (u < count) kv[u] = load_lanes<VEC>(draft + (int64_t)u * 2 * D), score[u] = load_lanes<VEC>(draft + (int64_t)u * 2 * D + D);
+}
+
+template <int VEC, typename S>
+__global__ void __launch_bounds__(kDecodeThreads)
+    c128_verify_kernel(const __grid_constant__ VerifyLaunch p) {
+  const int D = p.head_dim, V = p.num_drafts;
+  const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
+  const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+  if (b >= p.batch_size || ch >= D) return;
+  wait_for_producers();
+  const float* drafts = p.kv_score + ((int64_t)b * V * (2 * D) + ch);
+  Lanes<VEC> kv[kDraftBatch], score[kDraftBatch];
+  load_drafts<VEC>(kv, score, drafts, D, min(V, kDraftBatch));  // rows b*V .. b*V+V exist whatever v is
+  const int32_t seq = __ldg(p.seq_lens + b);
+  const int32_t load_slot = __ldg(p.indices + b);
+  const int32_t bank = __ldg(p.bank_indices + b);
+  const int32_t v = p.verify_lens != nullptr ? __ldg(p.verify_lens + b) : V;
+  allow_dependents();
+  if (seq <= 0) return;  // padding row
+  const int c0 = seq & (DSA_CHUNK - 1);
+  if (bank < 0 || (c0 != 0 && load_slot < 0)) return;  // not held on this GPU
+  if ((uint32_t)v > (uint32_t)V || (c0 != 0 && load_slot >= p.num_slots) ||
+      bank + (int64_t)v * p.bank_stride >= p.num_slots) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  S* const state = static_cast<S*>(p.state);
+  const int64_t entry_step = p.bank_stride * 3 * D;
+  S* entry = state + (int64_t)bank * 3 * D + ch;  // bank entry 0, then one entry per draft
+  Lanes<VEC> m, s, k;
+  if (c0 != 0) {
+    const S* prior = state + (int64_t)load_slot * 3 * D + ch;
+    m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
+    if (bank != load_slot) store_state<VEC>(entry, m), store_state<VEC>(entry + D, s), store_state<VEC>(entry + 2 * D, k);
+  }
+  for (int j0 = 0; j0 < v; j0 += kDraftBatch) {
+    const int count = min(v - j0, kDraftBatch);
+    if (j0 > 0) load_drafts<VEC>(kv, score, drafts + (int64_t)j0 * 2 * D, D, count);
+    Lanes<VEC> bias[kDraftBatch];
+#pragma unroll
+    for (int u = 0; u < kDraftBatch; ++u)
+      if (u < count) bias[u] = load_lanes<VEC>(p.ape + ((int64_t)((seq + j0 + u) & (DSA_CHUNK - 1)) * D + ch));
+#pragma unroll
+    for (int u = 0; u < kDraftBatch; ++u) {
+      if (u >= count) break;
+      const int j = j0 + u, c = (seq + j) & (DSA_CHUNK - 1);
+      entry += entry_step;
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        const Partial r = token_into_state(m.v[i], s.v[i], k.v[i], to_log2(score[u].v[i] + bias[u].v[i]), kv[u].v[i], c);
+        m.v[i] = as_stored<S>(state_max(r)), s.v[i] = as_stored<S>(r.sum), k.v[i] = mean_of(r);
+      }
+      if (c == DSA_CHUNK - 1) {  // the draft closes its chunk; the next one starts fresh
+        if (p.out != nullptr) store_lanes<VEC>(p.out + (((int64_t)b * V + j) * D + ch), k);
+      } else {
+        store_state<VEC>(entry, m), store_state<VEC>(entry + D, s), store_state<VEC>(entry + 2 * D, k);
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) k.v[i] = as_stored<S>(k.v[i]);
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commit (SPEC 1.6): the accepted prefix's slot written into load_indices (one thread per
+// request, for every layer at once), or the accepted bank entry copied onto the verify's source
+// slot in every listed layer (the decode's geometry, one layer per blockIdx.z).
+
+struct CommitLaunch {
+  int32_t head_dim;
+  uint32_t batch_size;
+  const int32_t* seq_lens;
+  const int32_t* accepted;
+  const int32_t* verify_lens;  // null: num_drafts
+  const int32_t* indices;
+  const int32_t* bank_indices;
+  int64_t bank_stride;
+  int64_t num_slots;
+  int32_t* load_indices;
+  uint32_t* error_count;
+  int32_t num_drafts;
+  int32_t first_layer;  // 0 in the launch that counts errors
+};
+
+template <int kLayers>
+struct CommitStates {
+  void* s[kLayers];
+};
+
+constexpr int kCommitThreads = 128;
+
+__global__ void __launch_bounds__(kCommitThreads) c128_commit_slots_kernel(const __grid_constant__ CommitLaunch p) {
+  const uint32_t b = blockIdx.x * kCommitThreads + threadIdx.x;
+  if (b >= p.batch_size) return;
+  wait_for_producers();
+  const int32_t seq = __ldg(p.seq_lens + b), accepted = __ldg(p.accepted + b);
+  const int32_t v = p.verify_lens != nullptr ? __ldg(p.verify_lens + b) : p.num_drafts;
+  const int32_t load = __ldg(p.indices + b), bank = __ldg(p.bank_indices + b);
+  allow_dependents();
+  if (seq <= 0) return;
+  if ((uint32_t)v > (uint32_t)p.num_drafts) {
+    count_error(p.error_count);
+    return;
+  }
+  int64_t slot = accepted_slot(seq, accepted, v, load, bank, p.bank_stride);
+  if (slot >= p.num_slots) {
+    count_error(p.error_count);
+    slot = -1;
+  }
+  p.load_indices[b] = (int32_t)slot;
+}
+
+template <int VEC, typename S>
+__global__ void __launch_bounds__(kDecodeThreads)
+    c128_commit_copy_kernel(const __grid_constant__ CommitLaunch p, const __grid_constant__ CommitStates<DSA_COMMIT_LAYERS> states) {
+  const int D = p.head_dim;
+  const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
+  const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+  if (b >= p.batch_size || ch >= D) return;
+  wait_for_producers();
+  const int32_t seq = __ldg(p.seq_lens + b), accepted = __ldg(p.accepted + b);
+  const int32_t v = p.verify_lens != nullptr ? __ldg(p.verify_lens + b) : p.num_drafts;
+  const int32_t main = __ldg(p.indices + b), bank = __ldg(p.bank_indices + b);
+  allow_dependents();
+  const bool report = ch == 0 && blockIdx.z == 0 && p.first_layer == 0;
+  if (seq <= 0) return;
+  if ((uint32_t)v > (uint32_t)p.num_drafts) {
+    if (report) count_error(p.error_count);
+    return;
+  }
+  const int32_t a = min(max(accepted, 0), v);
+  if (a == 0 || ((int64_t)seq + a) % DSA_CHUNK == 0 || main < 0 || bank < 0) return;
+  const int64_t from = bank + a * p.bank_stride;
+  if (main >= p.num_slots || from >= p.num_slots) {
+    if (report) count_error(p.error_count);
+    return;
+  }
+  S* const state = static_cast<S*>(states.s[blockIdx.z]);
+  const Pack<S, VEC>* src = reinterpret_cast<const Pack<S, VEC>*>(state + from * 3 * D + ch);
+  Pack<S, VEC>* dst = reinterpret_cast<Pack<S, VEC>*>(state + (int64_t)main * 3 * D + ch);
+  const int step = D / VEC;
+  const Pack<S, VEC> x0 = src[0], x1 = src[step], x2 = src[2 * step];
+  dst[0] = x0, dst[step] = x1, dst[2 * step] = x2;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -482,18 +661,22 @@ void host_decode(const dsa_c128_decode_params& p) {
   const int D = p.head_dim;
   for (int64_t b = 0; b < p.batch_size; ++b) {
     const int32_t seq_len = p.seq_lens[b], slot = p.indices[b];
+    const int32_t load_slot = p.load_indices != nullptr ? p.load_indices[b] : slot;
     if (seq_len <= 0) continue;
-    if (!slot_ok(slot, p.num_slots)) {
+    const int c = (seq_len - 1) % DSA_CHUNK;
+    if (c != 0 && load_slot < 0 && p.load_indices != nullptr) continue;  // state not held here
+    if (!slot_ok(slot, p.num_slots) || (c != 0 && !slot_ok(load_slot, p.num_slots))) {
       if (p.error_count) ++*p.error_count;
       continue;
     }
-    const int c = (seq_len - 1) % DSA_CHUNK;
     const float* token = p.kv_score + b * 2 * D;
     S* state = static_cast<S*>(p.state) + (int64_t)slot * 3 * D;
+    const S* prior = static_cast<const S*>(p.state) + (int64_t)load_slot * 3 * D;
     for (int d = 0; d < D; ++d) {
       const float t = to_log2(token[D + d] + p.ape[(int64_t)c * D + d]);
-      const Partial r = c == 0 ? partial_of(t, token[d])
-                               : absorb_one(from_state(widen(state[d]), widen(state[D + d]), widen(state[2 * D + d])), t, token[d]);
+      float m = 0.0f, s = 0.0f, k = 0.0f;
+      if (c != 0) m = widen(prior[d]), s = widen(prior[D + d]), k = widen(prior[2 * D + d]);
+      const Partial r = token_into_state(m, s, k, t, token[d], c);
       if (c == DSA_CHUNK - 1) {
         p.out[b * D + d] = mean_of(r);
       } else {
@@ -555,6 +738,87 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::v
   }
 }
 
+template <typename S>
+void host_verify(const dsa_c128_verify_params& p) {
+  const int D = p.head_dim, V = p.num_drafts;
+  S* const state = static_cast<S*>(p.state);
+  for (int64_t b = 0; b < p.batch_size; ++b) {
+    const int32_t seq = p.seq_lens[b], load_slot = p.indices[b], bank = p.bank_indices[b];
+    const int32_t v = p.verify_lens != nullptr ? p.verify_lens[b] : V;
+    if (seq <= 0) continue;
+    const int c0 = seq % DSA_CHUNK;
+    if (bank < 0 || (c0 != 0 && load_slot < 0)) continue;
+    if (v < 0 || v > V || (c0 != 0 && load_slot >= p.num_slots) || bank + (int64_t)v * p.bank_stride >= p.num_slots) {
+      if (p.error_count) ++*p.error_count;
+      continue;
+    }
+    for (int d = 0; d < D; ++d) {
+      float m = 0.0f, s = 0.0f, k = 0.0f;
+      if (c0 != 0) {
+        const S* prior = state + (int64_t)load_slot * 3 * D + d;
+        m = widen(prior[0]), s = widen(prior[D]), k = widen(prior[2 * D]);
+        S* entry = state + (int64_t)bank * 3 * D + d;
+        if (bank != load_slot) narrow(m, entry), narrow(s, entry + D), narrow(k, entry + 2 * D);
+      }
+      for (int j = 0; j < v; ++j) {
+        const int c = (seq + j) % DSA_CHUNK;
+        const float* token = p.kv_score + (b * V + j) * 2 * D;
+        const Partial r = token_into_state(m, s, k, to_log2(token[D + d] + p.ape[(int64_t)c * D + d]), token[d], c);
+        m = as_stored<S>(state_max(r)), s = as_stored<S>(r.sum), k = mean_of(r);
+        if (c == DSA_CHUNK - 1) {
+          if (p.out != nullptr) p.out[(b * V + j) * D + d] = k;
+        } else {
+          S* entry = state + (bank + (j + 1) * p.bank_stride) * 3 * D + d;
+          narrow(m, entry), narrow(s, entry + D), narrow(k, entry + 2 * D);
+          k = as_stored<S>(k);
+        }
+      }
+    }
+  }
+}
+
+template <typename S>
+void host_commit_copy(const dsa_c128_commit_params& p) {
+  const int D = p.head_dim;
+  for (int64_t b = 0; b < p.batch_size; ++b) {
+    const int32_t seq = p.seq_lens[b], main = p.indices[b], bank = p.bank_indices[b];
+    const int32_t v = p.verify_lens != nullptr ? p.verify_lens[b] : p.num_drafts;
+    if (seq <= 0) continue;
+    if (v < 0 || v > p.num_drafts) {
+      if (p.error_count) ++*p.error_count;
+      continue;
+    }
+    const int32_t a = std::min(std::max(p.accepted[b], 0), v);
+    if (a == 0 || ((int64_t)seq + a) % DSA_CHUNK == 0 || main < 0 || bank < 0) continue;
+    const int64_t from = bank + a * p.bank_stride;
+    if (main >= p.num_slots || from >= p.num_slots) {
+      if (p.error_count) ++*p.error_count;
+      continue;
+    }
+    for (int32_t layer = 0; layer < p.num_layers; ++layer) {
+      S* const state = static_cast<S*>(p.states[layer]);
+      std::memmove(state + (int64_t)main * 3 * D, state + from * 3 * D, sizeof(S) * 3 * D);
+    }
+  }
+}
+
+void host_commit_slots(const dsa_c128_commit_params& p) {
+  for (int64_t b = 0; b < p.batch_size; ++b) {
+    const int32_t seq = p.seq_lens[b], v = p.verify_lens != nullptr ? p.verify_lens[b] : p.num_drafts;
+    if (seq <= 0) continue;
+    if (v < 0 || v > p.num_drafts) {
+      if (p.error_count) ++*p.error_count;
+      continue;
+    }
+    int64_t slot = accepted_slot(seq, p.accepted[b], v, p.indices[b], p.bank_indices[b], p.bank_stride);
+    if (slot >= p.num_slots) {
+      if (p.error_count) ++*p.error_count;
+      slot = -1;
+    }
+    p.load_indices[b] = (int32_t)slot;
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by both ops.
 
@@ -595,6 +859,22 @@ dsa_status check_common(const P& p, const char* op) {
 
 // ---------------------------------------------------------------------------------------------
 // Device launches.
+
+// The geometry of the per-request kernels (decode, verify, copying commit): D / vec threads per
+// request in column tiles of at most kDecodeThreads (blockIdx.y), as many requests per block as
+// fill it (threadIdx.y), `layers` along blockIdx.z.
+dsa_status request_grid(int head_dim, int vec, int64_t batch_size, int layers, dim3* grid, dim3* block, const char* op) {
+  const int lanes = head_dim / vec;
+  const int tiles = (lanes + kDecodeThreads - 1) / kDecodeThreads;
+  const int tile_lanes = (lanes + tiles - 1) / tiles;
+  const int rows = std::max(1, kDecodeThreads / tile_lanes);
+  const int64_t blocks = (batch_size + rows - 1) / rows;
+  if (batch_size > INT32_MAX || tiles > 65535)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
+  *grid = dim3((unsigned)blocks, (unsigned)tiles, (unsigned)layers);
+  *block = dim3((unsigned)tile_lanes, (unsigned)rows);
+  return DSA_STATUS_OK;
+}
 
 // Tile layout for a pass of `records` segments, from the blocks (items) each layout gives:
 //   tiny   (2 threads x 4 = 8 channels, 128 token rows)  while 16-channel tiles leave half the SMs idle;
@@ -1002,22 +1282,17 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   // against 2.8 us).
   const int vec4 = vector_width(p);
   const int vec = bf16 && vec4 == 4 && aligned(p.state, 16) && p.head_dim % 8 == 0 && p.batch_size >= 1024 ? 8 : vec4;
-  const int lanes = p.head_dim / vec;
-  const int tiles = (lanes + kDecodeThreads - 1) / kDecodeThreads;
-  const int tile_lanes = (lanes + tiles - 1) / tiles;
-  const int rows = std::max(1, kDecodeThreads / tile_lanes);
-  const int64_t blocks = (p.batch_size + rows - 1) / rows;
-  if (p.batch_size > INT32_MAX || tiles > 65535)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
+  dim3 grid, block;
+  DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op));
   DeviceGuard guard(p.device);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaStream_t s = (cudaStream_t)stream;
-  const dim3 grid((unsigned)blocks, (unsigned)tiles), block((unsigned)tile_lanes, (unsigned)rows);
   DecodeLaunch a = {};
   a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size;
   a.slot_count = (uint32_t)p.num_slots;  // 1..INT32_MAX (check_common)
   a.kv_score = p.kv_score, a.seq_lens = p.seq_lens, a.indices = p.indices;
   a.state = p.state, a.ape = p.ape, a.out = p.out, a.error_count = p.error_count;
+  a.load_indices = p.load_indices;
   const cudaError_t err =
       vec == 8   ? launch(c128_decode_kernel<8, Bf16>, grid, block, s, mode, a)
       : vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16>, grid, block, s, mode, a)
@@ -1063,4 +1338,134 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   DeviceGuard guard(p.device);
   const cudaStream_t s = (cudaStream_t)stream;
   return bf16 ? prefill_device<Bf16>(p, sms, s, op) : prefill_device<float>(p, sms, s, op);
+}
+
+namespace dsa {
+namespace {
+
+template <typename P>
+dsa_status check_speculative(const P& p, const char* op) {
+  if (p.num_drafts < 1 || p.num_drafts > DSA_MAX_DRAFTS)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_drafts is %d; expected 1..%d", op, p.num_drafts, DSA_MAX_DRAFTS);
+  if (p.bank_stride < 1 || p.bank_stride > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: bank_stride is %lld; expected 1..%d", op, (long long)p.bank_stride,
+                INT32_MAX);
+  if (p.batch_size > 0 && (p.seq_lens == nullptr || p.bank_indices == nullptr))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens and bank_indices must be non-null", op);
+  if (p.batch_size > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected at most %d", op,
+                (long long)p.batch_size, INT32_MAX);
+  return DSA_STATUS_OK;
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c128_verify";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c128_verify_params& p = *params;
+  if (p.batch_size < 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
+  DSA_TRY(check_speculative(p, op));
+  if (p.batch_size == 0) return ok();
+  DSA_TRY(check_common(p, op));
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
+  if (p.device == DSA_DEVICE_HOST) {
+    bf16 ? host_verify<Bf16>(p) : host_verify<float>(p);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  const int vec = vector_width(p);
+  dim3 grid, block;
+  DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op));
+  DeviceGuard guard(p.device);
+  VerifyLaunch a = {};
+  a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size, a.num_drafts = p.num_drafts;
+  a.kv_score = p.kv_score, a.seq_lens = p.seq_lens, a.indices = p.indices, a.bank_indices = p.bank_indices;
+  a.verify_lens = p.verify_lens, a.state = p.state, a.ape = p.ape, a.bank_stride = p.bank_stride;
+  a.num_slots = p.num_slots, a.out = p.out, a.error_count = p.error_count;
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const cudaStream_t s = (cudaStream_t)stream;
+  const cudaError_t err = vec == 4 ? (bf16 ? launch(c128_verify_kernel<4, Bf16>, grid, block, s, mode, a)
+                                           : launch(c128_verify_kernel<4, float>, grid, block, s, mode, a))
+                                   : (bf16 ? launch(c128_verify_kernel<2, Bf16>, grid, block, s, mode, a)
+                                           : launch(c128_verify_kernel<2, float>, grid, block, s, mode, a));
+  DSA_TRY(launch_status(err, op));
+  return ok();
+}
+
+extern "C" dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c128_commit";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c128_commit_params& p = *params;
+  if (p.batch_size < 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
+  DSA_TRY(check_speculative(p, op));
+  if (p.num_slots <= 0 || p.num_slots > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_slots is %lld; expected 1..%d", op, (long long)p.num_slots,
+                INT32_MAX);
+  if (p.batch_size > 0 && (p.accepted == nullptr || p.indices == nullptr))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: accepted and indices must be non-null", op);
+  const bool copying = p.num_layers != 0;
+  if (p.num_layers < 0 || (copying == (p.load_indices != nullptr) && p.batch_size > 0))
+    return fail(DSA_STATUS_INVALID_ARGUMENT,
+                "%s: give either load_indices (num_layers 0) or num_layers >= 1 state buffers (got load_indices %s, "
+                "num_layers %d)", op, p.load_indices != nullptr ? "set" : "null", p.num_layers);
+  const int sb = p.state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4;
+  if (copying) {
+    if (p.head_dim <= 0 || p.head_dim % 64 != 0)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected a positive multiple of 64", op,
+                  p.head_dim);
+    if (p.state_dtype != DSA_STATE_FLOAT32 && p.state_dtype != DSA_STATE_BFLOAT16)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
+                  p.state_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
+    if (p.states == nullptr) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: states is null with num_layers %d", op, p.num_layers);
+    for (int32_t i = 0; i < p.num_layers; ++i)
+      if (p.states[i] == nullptr || !aligned(p.states[i], 2 * sb))
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: states[%d] is null or not %d-byte aligned", op, i, 2 * sb);
+  }
+  if (p.batch_size == 0) return ok();
+  if (p.device == DSA_DEVICE_HOST) {
+    if (!copying) host_commit_slots(p);
+    else if (p.state_dtype == DSA_STATE_BFLOAT16) host_commit_copy<Bf16>(p);
+    else host_commit_copy<float>(p);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  DeviceGuard guard(p.device);
+  CommitLaunch a = {};
+  a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size, a.num_drafts = p.num_drafts;
+  a.seq_lens = p.seq_lens, a.accepted = p.accepted, a.verify_lens = p.verify_lens, a.indices = p.indices;
+  a.bank_indices = p.bank_indices, a.bank_stride = p.bank_stride, a.num_slots = p.num_slots;
+  a.load_indices = p.load_indices, a.error_count = p.error_count;
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const cudaStream_t s = (cudaStream_t)stream;
+  if (!copying) {
+    const unsigned blocks = (unsigned)((p.batch_size + kCommitThreads - 1) / kCommitThreads);
+    DSA_TRY(launch_status(launch(c128_commit_slots_kernel, blocks, kCommitThreads, s, mode, a), op));
+    return ok();
+  }
+  bool wide = true;
+  for (int32_t i = 0; i < p.num_layers; ++i) wide = wide && aligned(p.states[i], 4 * sb);
+  const int vec = wide ? 4 : 2;
+  for (int32_t first = 0; first < p.num_layers; first += DSA_COMMIT_LAYERS) {
+    const int layers = std::min<int32_t>(DSA_COMMIT_LAYERS, p.num_layers - first);
+    dim3 grid, block;
+    DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, layers, &grid, &block, op));
+    CommitStates<DSA_COMMIT_LAYERS> states = {};
+    for (int i = 0; i < layers; ++i) states.s[i] = p.states[first + i];
+    a.first_layer = first;
+    const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
+    const cudaError_t err = vec == 4 ? (bf16 ? launch(c128_commit_copy_kernel<4, Bf16>, grid, block, s, mode, a, states)
+                                             : launch(c128_commit_copy_kernel<4, float>, grid, block, s, mode, a, states))
+                                     : (bf16 ? launch(c128_commit_copy_kernel<2, Bf16>, grid, block, s, mode, a, states)
+                                             : launch(c128_commit_copy_kernel<2, float>, grid, block, s, mode, a, states));
+    DSA_TRY(launch_status(err, op));
+  }
+  return ok();
 }

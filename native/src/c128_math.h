@@ -124,10 +124,26 @@ DSA_HD void narrow(float x, Bf16* to) {
   to->bits = (uint16_t)(u >> 16);
 }
 
+// A value as a state slot of element type S holds it: bf16 rounds to nearest even, float is exact.
+template <typename S>
+DSA_HD float as_stored(float x) {
+  S y;
+  narrow(x, &y);
+  return widen(y);
+}
+
 // A slot's stored state (m in natural units, s, k the normalized mean) as a Partial, and back.
 DSA_HD Partial from_state(float m, float s, float k) { return Partial{to_log2(m), s, k * s}; }
 
 DSA_HD float state_max(Partial p) { return p.max * kLn2; }
+
+// One token (biased score t in base 2, value kv) at in-chunk position c into a stored state
+// (m, s, k): the decode's arithmetic (SPEC 1.1), which a verify repeats draft by draft so that a
+// request's state never depends on whether its tokens were verified or decoded. c == 0 starts
+// fresh and ignores the state.
+DSA_HD Partial token_into_state(float m, float s, float k, float t, float kv, int c) {
+  return c == 0 ? partial_of(t, kv) : absorb_one(from_state(m, s, k), t, kv);
+}
 
 // On the GPU a fast division: 2 ulp, and it differs from the exact one beyond that only for divisors
 // above 2^126 (every sum this library produces is >= 1).
@@ -138,6 +154,17 @@ DSA_HD float mean_of(Partial p) {
   return p.acc / p.sum;
 #endif
 }
+// Speculative decoding (SPEC 1.6): the slot that holds a request's state once `accepted` of its
+// `drafts` drafts (clamped to 0..drafts) are accepted after `seq` committed tokens: bank entry a,
+// or `load` (the verify's source, any slot) when seq + a is a chunk end and the next token starts
+// fresh. A negative bank base stays negative (the state is not held on this GPU).
+DSA_HD int64_t accepted_slot(int32_t seq, int32_t accepted, int32_t drafts, int32_t load, int32_t bank,
+                             int64_t stride) {
+  const int32_t a = accepted < 0 ? 0 : accepted > drafts ? drafts : accepted;
+  if (((int64_t)seq + a) % DSA_CHUNK == 0) return load;
+  return bank < 0 ? -1 : bank + a * stride;
+}
+
 // A plan record is usable when it lies inside the input and inside one chunk, and its chunk
 // position matches the list it came from. Sentinels are recognised separately.
 DSA_HD bool is_sentinel(const dsa_segment& s) {
