@@ -1,5 +1,5 @@
-/* A C99 consumer of libdsa_kernels: plans a prefill, runs c128 prefill and decode and a metadata
- * copy through the host backend on built-in data, checks every result against values computed
+/* A C99 consumer of libdsa_kernels: plans a prefill, runs c128 prefill, decode, a speculative
+ * verify and commit, and a metadata copy through the host backend on built-in data, checks every result against values computed
  * here, and prints a one-line verdict. Exit status 0 only if every check passed. */
 #include <math.h>
 #include <stdio.h>
@@ -200,6 +200,93 @@ static void check_c128(void) {
   expect(dsa_c128_decode(&bad, NULL) == DSA_STATUS_ABI_MISMATCH, "a wrong struct_size is refused");
 }
 
+/* One plain decode of token `pos` (row `row`) from slot `load` into slot `store`. */
+static dsa_status decode_one(float* state, int64_t slots, const float* row, const float* ape, int32_t store,
+                             int32_t load, int32_t pos, float* out) {
+  const int32_t seq_len = pos + 1;
+  dsa_c128_decode_params q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  q.device = DSA_DEVICE_HOST;
+  q.head_dim = D;
+  q.num_slots = slots;
+  q.batch_size = 1;
+  q.state = state;
+  q.kv_score = row;
+  q.out = out;
+  q.ape = ape;
+  q.indices = &store;
+  q.load_indices = &load;
+  q.seq_lens = &seq_len;
+  return dsa_c128_decode(&q, NULL);
+}
+
+/* Speculative step: V drafts from position 125 (the third one closes the chunk), 5 accepted. The
+ * state after the commit must equal five plain decodes of the accepted drafts, bit for bit.
+ * Slots: 0 the request's main slot, 1 the plain-decode twin, 2.. the bank (V + 1 entries). */
+static void check_speculative(void) {
+  enum { V = 8, START = 125, ACCEPT = 5, SLOTS = 2 + V + 1 };
+  static float rows[(START + V) * 2 * D], ape[DSA_CHUNK * D], state[SLOTS * 3 * D], out[V * D], twin_out[D];
+  for (int i = 0; i < (START + V) * 2 * D; ++i) rows[i] = next_float();
+  for (int i = 0; i < DSA_CHUNK * D; ++i) ape[i] = next_float();
+  for (int i = 0; i < SLOTS * 3 * D; ++i) state[i] = 1e30f;
+  for (int pos = 0; pos < START; ++pos)
+    for (int32_t slot = 0; slot < 2; ++slot)
+      expect(decode_one(state, SLOTS, &rows[pos * 2 * D], ape, slot, slot, pos, twin_out) == DSA_STATUS_OK, "decode");
+  for (int i = 0; i < V * D; ++i) out[i] = NAN;
+  const int32_t seq = START, main_slot = 0, bank = 2, accepted = ACCEPT;
+  dsa_c128_verify_params v;
+  memset(&v, 0, sizeof v);
+  v.struct_size = sizeof v;
+  v.device = DSA_DEVICE_HOST;
+  v.head_dim = D;
+  v.num_slots = SLOTS;
+  v.batch_size = 1;
+  v.num_drafts = V;
+  v.state = state;
+  v.kv_score = &rows[START * 2 * D];
+  v.out = out;
+  v.ape = ape;
+  v.seq_lens = &seq;
+  v.indices = &main_slot;
+  v.bank_indices = &bank;
+  v.bank_stride = 1;
+  expect(dsa_c128_verify(&v, NULL) == DSA_STATUS_OK, "verify");
+  int32_t load = -7;
+  dsa_c128_commit_params c;
+  memset(&c, 0, sizeof c);
+  c.struct_size = sizeof c;
+  c.device = DSA_DEVICE_HOST;
+  c.num_slots = SLOTS;
+  c.batch_size = 1;
+  c.num_drafts = V;
+  c.seq_lens = &seq;
+  c.accepted = &accepted;
+  c.indices = &main_slot;
+  c.bank_indices = &bank;
+  c.bank_stride = 1;
+  c.load_indices = &load;
+  expect(dsa_c128_commit(&c, NULL) == DSA_STATUS_OK && load == bank + ACCEPT, "commit resolves bank entry 5");
+  for (int j = 0; j < ACCEPT; ++j) {
+    expect(decode_one(state, SLOTS, &rows[(START + j) * 2 * D], ape, 1, 1, START + j, twin_out) == DSA_STATUS_OK,
+           "twin decode");
+    if ((START + j) % DSA_CHUNK == DSA_CHUNK - 1)
+      expect(memcmp(&out[j * D], twin_out, D * sizeof(float)) == 0, "the verify's chunk vector equals the decode's");
+  }
+  expect(memcmp(&state[load * 3 * D], &state[1 * 3 * D], 3 * D * sizeof(float)) == 0,
+         "accepted state equals plain decodes");
+  /* The copying commit puts the same entry onto the main slot. */
+  void* layers[1] = {state};
+  c.load_indices = NULL;
+  c.num_layers = 1;
+  c.head_dim = D;
+  c.states = layers;
+  expect(dsa_c128_commit(&c, NULL) == DSA_STATUS_OK, "copying commit");
+  expect(memcmp(&state[0], &state[1 * 3 * D], 3 * D * sizeof(float)) == 0, "main slot holds the accepted state");
+  c.num_layers = 0;
+  expect(dsa_c128_commit(&c, NULL) == DSA_STATUS_INVALID_ARGUMENT, "a commit with neither mode is refused");
+}
+
 static void check_metadata_copy(void) {
   enum { BS = 3, WIDTH = 5, STRIDE = 8 };
   int32_t cache[BS], cu[BS + 1], pages[BS * WIDTH], dsa_cache[BS], dsa_cu[BS + 1];
@@ -252,6 +339,7 @@ int main(void) {
   }
   check_plan();
   check_c128();
+  check_speculative();
   check_metadata_copy();
   printf("dsa_kernels C consumer: %s (library %s, ABI %d, host backend)\n", failures ? "FAIL" : "OK",
          dsa_version_string(), dsa_abi_version());

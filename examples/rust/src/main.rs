@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_void};
 use std::ptr::{null, null_mut};
 
-const ABI_VERSION: i32 = 3;
+const ABI_VERSION: i32 = 4;
 const DEVICE_HOST: i32 = -1;
 const CHUNK: usize = 128;
 const STATUS_OK: i32 = 0;
@@ -53,6 +53,7 @@ struct DecodeParams {
     error_count: *mut u32,
     state_dtype: i32,
     reserved: i32,
+    load_indices: *const i32,
 }
 
 #[repr(C)]
@@ -254,7 +255,7 @@ fn main() {
             struct_size: std::mem::size_of::<DecodeParams>() as u32, flags: 0, device: DEVICE_HOST, head_dim: d as i32,
             num_slots: 2, batch_size: 1, state: state.as_mut_ptr(), kv_score: rows[pos * 2 * d..].as_ptr(),
             out: decoded.as_mut_ptr(), ape: ape.as_ptr(), indices: slot.as_ptr(), seq_lens: seq_len.as_ptr(),
-            error_count: null_mut(), state_dtype: 0, reserved: 0,
+            error_count: null_mut(), state_dtype: 0, reserved: 0, load_indices: null(),
         };
         checks.expect(unsafe { dsa_c128_decode(&q, null_mut()) } == STATUS_OK, "decode");
     }
