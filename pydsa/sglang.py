@@ -2,6 +2,8 @@
 
     from pydsa.sglang import fused_metadata_copy_cuda, fused_metadata_copy_multi_cuda
     from pydsa.sglang import c128_online_decode, c128_online_prefill, plan_compress_online_prefill
+    from pydsa.sglang import (online_c128_mtp_write_prefix_states, online_c128_mtp_mark_pending,
+                              online_c128_mtp_commit_pending)
 
 Each function is a thin layer over the library's ops (the same C entry points and kernels): it
 turns sglang's positional arguments and conventions into the op's sizes and launches. CUDA
@@ -28,9 +30,11 @@ from ._abi import MODE_DECODE
 from ._tensors import _int32, device_name
 from .c128 import c128_decode, c128_prefill
 from .metadata import MetadataCopy
+from .speculative import c128_commit, c128_verify
 
 __all__ = ["fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda", "c128_online_decode",
-           "c128_online_prefill", "plan_compress_online_prefill"]
+           "c128_online_prefill", "plan_compress_online_prefill", "online_c128_mtp_write_prefix_states",
+           "online_c128_mtp_mark_pending", "online_c128_mtp_commit_pending"]
 
 _SOURCE_NAMES = ("cache_seqlens_src", "cu_seqlens_k_src", "page_indices_src", "nsa_cache_seqlens_src",
                  "seqlens_expanded_src", "nsa_cu_seqlens_k_src", "real_page_table_src", "flashmla_num_splits_src",
@@ -209,3 +213,75 @@ def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_pla
         return nc, nw
     pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=m, graph=True, out=(compress_plan, write_plan))
     return m, m
+
+
+# ---- sglang 0.5.23's online_c128_mtp (speculative decoding, SPEC 1.6) ----------------------------
+# sglang keeps main slots current: the verify writes bank entry k (the state after k drafts) at row
+# req + k * state_slot_stride, mark_pending records each request's length before its drafts, and the
+# next step's commit copies the accepted entry onto the main slot. Here the verify is c128_verify
+# with bank entry 0 = the main slot (so only entries 1..V are written) and no output rows, and the
+# commit is c128_commit's copying form. Differences from sglang's kernels, on input they do not
+# guard: a request whose length before the drafts is <= 0 is padding (nothing written), and slots
+# outside the state buffer are skipped and counted instead of accessed. int64 index tensors are
+# converted to int32 (one small device op each).
+
+def _slots(t, batch_size: int):
+    """The first batch_size entries of an index tensor, as int32."""
+    t = t[:batch_size]
+    return t if t.dtype is torch.int32 else t.to(torch.int32)
+
+
+def _state_rows(state):
+    """sglang's state [rows, 3D] (or pydsa's [rows, 1, 3D]) as [rows, 1, 3D], a view."""
+    return state.view(state.shape[0], 1, state.shape[-1]) if state.dim() == 2 else state
+
+
+def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indices, req_to_token, ape, state,
+                                        batch_size, num_verify_tokens, state_slot_stride, *, head_dim=None) -> None:
+    """Stores the state after each of the num_verify_tokens drafts of request b (rows
+    b*num_verify_tokens.. of kv_score_input) at row req + (k+1) * state_slot_stride; main slots are
+    only read. req_to_token is accepted and unused, as in sglang 0.5.23."""
+    if batch_size <= 0:
+        return
+    if head_dim is not None and state.shape[-1] != 3 * head_dim:
+        raise ValueError(f"head_dim is {head_dim} but state rows hold {state.shape[-1]} = 3 * {state.shape[-1] // 3}")
+    req = _slots(req_pool_indices, batch_size)
+    c128_verify(_state_rows(state), kv_score_input[:batch_size * num_verify_tokens], None, ape, req,
+                _slots(seq_lens, batch_size), req, bank_stride=state_slot_stride)
+
+
+def online_c128_mtp_mark_pending(seq_lens, req_pool_indices, pending_seq_lens, batch_size, num_req_slots, *,
+                                 head_dim=None, state_dtype=None) -> None:
+    """pending_seq_lens[0:num_req_slots] = -1, then pending_seq_lens[req] = seq_lens[b] for the
+    batch's requests with 0 <= req < num_req_slots (int64; rows past num_req_slots untouched)."""
+    if batch_size <= 0:
+        return
+    if pending_seq_lens.dtype is not torch.int64:
+        raise RuntimeError(f"pending_seq_lens must have dtype int64 (got {pending_seq_lens.dtype})")
+    if num_req_slots > pending_seq_lens.shape[0]:
+        raise ValueError(f"num_req_slots {num_req_slots} exceeds pending_seq_lens rows {pending_seq_lens.shape[0]}")
+    pending = pending_seq_lens[:num_req_slots]
+    pending.fill_(-1)
+    req = req_pool_indices[:batch_size].to(torch.int64)
+    valid = (req >= 0) & (req < num_req_slots)
+    # Requests outside the table land on row 0 as -1, which the maximum ignores (lengths are >= 0).
+    pending.scatter_reduce_(0, torch.where(valid, req, 0),
+                            torch.where(valid, seq_lens[:batch_size].to(torch.int64), -1), "amax")
+
+
+def online_c128_mtp_commit_pending(seq_lens, req_pool_indices, req_to_token, pending_seq_lens, state, batch_size,
+                                   num_verify_tokens, state_slot_stride, num_req_slots, *, head_dim=None) -> None:
+    """For each request with a pending length: accept = clamp(seq_lens[b] - pending, 0,
+    num_verify_tokens); bank entry `accept` is copied onto the main slot req unless accept is 0 or
+    pending + accept ends a chunk. pending_seq_lens is not cleared."""
+    if batch_size <= 0:
+        return
+    req = req_pool_indices[:batch_size].to(torch.int64)
+    valid = (req >= 0) & (req < num_req_slots)
+    before = pending_seq_lens[torch.where(valid, req, 0)]
+    live = valid & (before >= 0)
+    accepted = torch.where(live, (seq_lens[:batch_size].to(torch.int64) - before).clamp(0, num_verify_tokens), 0)
+    before = torch.where(live, before, 0)  # length 0: padding, nothing copied
+    slots = _slots(req_pool_indices, batch_size)
+    c128_commit(before.to(torch.int32), accepted.to(torch.int32), slots, slots, num_drafts=num_verify_tokens,
+                bank_stride=state_slot_stride, states=[_state_rows(state)])

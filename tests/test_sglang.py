@@ -213,3 +213,85 @@ def test_planner_refuses_a_token_count_that_disagrees(device):
     assert bool((plans[0] == 0).all()), "nothing written on refusal"
     with pytest.raises(RuntimeError, match="extend_lens must have dtype int64"):
         sglang.plan_compress_online_prefill(ext.int(), ext, *plans, False)
+
+
+# ---- online_c128_mtp (speculative decoding) ---------------------------------------------------
+
+def _reference_write_prefix(kv, seq, req, ape, state, bs, v, stride):
+    """sglang 0.5.23's write_prefix_states as documented, in float64: the running state from the
+    main slot (fresh at a chunk start), bank k+1 written after draft k unless it ends a chunk."""
+    d = ape.shape[1]
+    out = state.clone().double()
+    for b in range(bs):
+        s0, r = int(seq[b]), int(req[b])
+        start = s0 & 127
+        if s0 > 0 and start != 0:
+            m, s, k = (out[r, :d].clone(), out[r, d:2 * d].clone(), out[r, 2 * d:].clone())
+        else:
+            m = s = k = torch.zeros(d, dtype=torch.float64)
+        for j in range(v):
+            pos = (start + j) & 127
+            x = kv[b * v + j].double()
+            t = x[d:] + ape[pos].double()
+            if pos == 0:
+                m, s, k = t, torch.ones(d, dtype=torch.float64), x[:d]
+            else:
+                mm = torch.maximum(m, t)
+                a, e = s * torch.exp(m - mm), torch.exp(t - mm)
+                k, s, m = (k * a + x[:d] * e) / (a + e), a + e, mm
+            if (s0 + j + 1) & 127:
+                out[r + (j + 1) * stride] = torch.cat([m, s, k])
+            else:
+                m = s = k = torch.zeros(d, dtype=torch.float64)
+    return out
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["i32", "i64"])
+@settings(max_examples=examples(10))
+@given(bs=st.integers(1, 6), v=st.integers(1, 8), seed=st.integers(0, 2**16))
+def test_online_c128_mtp_against_sglang_semantics(device_name, state_dtype, index_dtype, bs, v, seed):
+    """write_prefix_states, mark_pending and commit_pending with sglang's signatures equal a per-field
+    torch reference of sglang 0.5.23's documented semantics: bank rows within fp32 rounding (bf16: one
+    rounding), pending lengths and committed main slots exactly."""
+    dev = torch.device(device_name)
+    gen = torch.Generator().manual_seed(seed)
+    d, pool = 64, bs + 3
+    stride = pool
+    state = torch.randn(stride * (v + 1), 3 * d, generator=gen)
+    state[:, d:2 * d] = torch.rand(stride * (v + 1), d, generator=gen) + 1
+    state = state.to(state_dtype)
+    req = torch.randperm(pool, generator=gen)[:bs].to(index_dtype)
+    seq = torch.randint(1, 700, (bs,), generator=gen)
+    seq[0] = 128 * int(torch.randint(1, 4, (1,), generator=gen)) - int(torch.randint(0, v + 1, (1,), generator=gen))
+    seq = seq.clamp(min=1).to(index_dtype)
+    kv = torch.randn(bs * v + 2, 2 * d, generator=gen)
+    ape = torch.randn(128, d, generator=gen)
+    r2t = torch.zeros(pool, 4, dtype=torch.int32)
+    want = _reference_write_prefix(kv, seq, req, ape, state.float(), bs, v, stride)
+    st_ = state.to(dev)
+    sglang.online_c128_mtp_write_prefix_states(kv.to(dev), seq.to(dev), req.to(dev), r2t.to(dev), ape.to(dev), st_,
+                                               bs, v, stride, head_dim=d)
+    tol = dict(rtol=2e-5, atol=2e-5) if state_dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(st_.cpu().double(), want.to(state_dtype).double(), **tol)
+    # mark_pending: every row cleared, then this batch's lengths.
+    pending = torch.full((pool + 2,), 99, dtype=torch.int64)
+    sglang.online_c128_mtp_mark_pending(seq.to(dev), req.to(dev), pending_dev := pending.to(dev), bs, pool,
+                                        head_dim=d, state_dtype=state_dtype)
+    want_pending = torch.full((pool + 2,), 99, dtype=torch.int64)
+    want_pending[:pool] = -1
+    want_pending[req.long()] = seq.long()
+    assert torch.equal(pending_dev.cpu(), want_pending)
+    # commit_pending: the next step's lengths, some requests not in the verify batch.
+    cur = seq.long() + torch.randint(-1, v + 2, (bs,), generator=gen)
+    before = st_.clone()
+    sglang.online_c128_mtp_commit_pending(cur.to(index_dtype).to(dev), req.to(dev), r2t.to(dev), pending_dev, st_, bs,
+                                          v, stride, pool, head_dim=d)
+    want_state = before.cpu().clone()
+    for b in range(bs):
+        r = int(req[b])
+        accept = max(0, min(v, int(cur[b]) - int(want_pending[r])))
+        if accept and (int(want_pending[r]) + accept) & 127:
+            want_state[r] = before.cpu()[r + accept * stride]
+    assert torch.equal(st_.cpu(), want_state)
