@@ -1,13 +1,16 @@
 """`python -m pydsa demo`: a simulated DeepSeek-V4-style serving loop on built-in data.
 
 Requests arrive with random prompt lengths (some over 10 K tokens), are prefilled in chunks of
-random size (so chunks start mid-way through 128-token chunks), decode token by token and
-finish; state slots are reused; every few steps a speculative-verify step extends some requests
-by several tokens through copy-on-write slots (load_indices != indices). Each step plans with
-pyplan, runs the c128 prefill and decode kernels and refreshes the static DSA metadata buffers
-of K backends with the fused copy (replayed in a CUDA graph on the GPU). Every compressed
-vector is checked against the float64 offline formula, every metadata buffer against its
-source. Exit status 1 if any check failed.
+random size (so chunks start mid-way through 128-token chunks), decode and finish; state slots
+are reused. Decoding alternates between plain decode steps and speculative steps: V = 4 drafts
+per request are verified in one launch (the state after every draft prefix kept in a bank), a
+random number of them (0..V, often across a chunk end) is accepted, and the commit resolves
+on the device where each request's state now is; the next op reads it from there. Each step
+plans with pyplan, runs the c128 kernels and refreshes the static DSA metadata buffers of K
+backends with the fused copy (replayed in a CUDA graph on the GPU). Every compressed vector is
+checked against the float64 offline formula over the accepted tokens only (a rejected draft that
+leaked into a state would fail it), every metadata buffer against its source. Exit status 1 if
+any check failed.
 """
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ import pyplan
 from . import baselines
 from .c128 import C128Decode, C128Prefill, DevicePlan
 from .metadata import MetadataCopy
+from .speculative import C128Commit, C128Verify
 
 CHUNK = 128
 TOLERANCE = 1e-5
+DRAFTS = 4  # V: draft tokens per request in a speculative step
 
 
 @dataclass
@@ -35,7 +40,8 @@ class Request:
     rid: int
     prompt: int
     output: int
-    slot: int
+    slot: int  # main slot; its bank follows the main slots
+    load: int = -1  # the slot holding the state after `done` tokens (the main slot or a bank entry)
     done: int = 0  # tokens absorbed so far
     rows: list = field(default_factory=list)  # this request's rows of the chunk in progress
 
@@ -177,7 +183,10 @@ def _bucket(n: int) -> int:
     return b
 
 
-def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=False, progress=True) -> dict:
+def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=False, leak=False,
+        progress=True) -> dict:
+    """corrupt: perturb emitted vectors before the check; leak: commit every verified draft on the
+    device while the checker accepts only some (both must make the demo fail)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -185,7 +194,8 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     max_running, max_tokens, max_chunk = 16, 8192, 2048
-    num_slots = 2 * max_running + 4
+    num_main = max_running + 4
+    num_slots = num_main * (DRAFTS + 2)  # main slots, then V + 1 bank entries per main slot
     ape = torch.randn(CHUNK, d, device=device, generator=gen)
     state = torch.randn(num_slots, 1, 3 * d, device=device, generator=gen)  # stale contents: must never leak in
     kv_buf = torch.empty(max_tokens, 2 * d, device=device)
@@ -198,21 +208,26 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     timer = Timer(device)
     checker = Checker(ape.cpu().numpy(), d, corrupt)
     meta = MetadataBackends(device, backends, max_running, 1024, timer)
-    free = list(range(num_slots))
+    verify_ops: dict = {}
+    free = list(range(num_main))
     running: list = []
-    arrived = finished = tokens = verify_steps = 0
+    arrived = finished = tokens = verify_steps = accepted_drafts = rejected_drafts = 0
 
     def new_request() -> Request:
         nonlocal arrived
         long = rng.random() < 0.2
         prompt = int(rng.integers(10_000, 16_000) if long else rng.integers(1, 3000))
         req = Request(arrived, prompt, int(rng.integers(20, 300)), free.pop(0))
+        req.load = req.slot
         arrived += 1
         return req
 
-    def run_prefill(batch: list, extends: list, cow: bool) -> None:
-        """Extends `batch` by `extends` tokens; with cow, continues from each request's slot and
-        stores the new state into a fresh slot, which the request then owns."""
+    def bank_of(slot: int) -> int:
+        return num_main + slot * (DRAFTS + 1)
+
+    def run_prefill(batch: list, extends: list) -> None:
+        """Extends `batch` by `extends` tokens, continuing from each request's load slot and storing
+        into its main slot."""
         nonlocal tokens
         seq = np.array([r.done + e for r, e in zip(batch, extends)], np.int64)
         ext = np.array(extends, np.int64)
@@ -220,11 +235,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         t0 = time.perf_counter()
         plan.plan(seq, ext, num_tokens=max_tokens)
         timer.add_host("plan", (time.perf_counter() - t0) * 1e6)
-        loads = [r.slot for r in batch]
-        if cow:
-            for r in batch:
-                r.slot, old = free.pop(0), r.slot
-                free.append(old)
+        loads = [r.load for r in batch]
         stores = [r.slot for r in batch]
         idx_buf[:len(batch)].copy_(torch.tensor(stores, dtype=torch.int32))
         load_buf[:len(batch)].copy_(torch.tensor(loads, dtype=torch.int32))
@@ -245,6 +256,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         for j, (r, e) in enumerate(zip(batch, extends)):
             checker.absorb(r, rows[off:off + e], {pos: v for (b, pos), v in emitted.items() if b == j})
             r.done += e
+            r.load = r.slot
             off += e
         tokens += n
 
@@ -252,12 +264,14 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         nonlocal tokens
         bucket = _bucket(len(batch))
         if bucket not in decode_ops:
+            i32 = dict(dtype=torch.int32, device=device)
             bufs = (torch.empty(bucket, 2 * d, device=device), torch.empty(bucket, d, device=device),
-                    torch.zeros(bucket, dtype=torch.int32, device=device), torch.zeros(bucket, dtype=torch.int32, device=device))
-            decode_ops[bucket] = (bufs, C128Decode(state, bufs[0], bufs[1], ape, bufs[2], bufs[3]))
-        (kv, out, idx, seq), op = decode_ops[bucket]
+                    torch.zeros(bucket, **i32), torch.zeros(bucket, **i32), torch.zeros(bucket, **i32))
+            decode_ops[bucket] = (bufs, C128Decode(state, bufs[0], bufs[1], ape, bufs[2], bufs[3], load_indices=bufs[4]))
+        (kv, out, idx, seq, load), op = decode_ops[bucket]
         pad = bucket - len(batch)
         idx.copy_(torch.tensor([r.slot for r in batch] + [0] * pad, dtype=torch.int32))
+        load.copy_(torch.tensor([r.load for r in batch] + [0] * pad, dtype=torch.int32))
         seq.copy_(torch.tensor([r.done + 1 for r in batch] + [0] * pad, dtype=torch.int32))  # 0: padding
         kv.normal_(generator=gen)
         kv[:, d:].mul_(3.0)
@@ -272,7 +286,54 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         for j, r in enumerate(batch):
             checker.absorb(r, rows[j:j + 1], {r.done: got[j]})
             r.done += 1
+            r.load = r.slot
         tokens += len(batch)
+
+    def run_verify(batch: list) -> None:
+        """A speculative step: DRAFTS drafts per request verified, a random number accepted (some
+        requests verify fewer drafts), committed on the device; the checker sees accepted tokens only."""
+        nonlocal tokens, accepted_drafts, rejected_drafts
+        bucket = _bucket(len(batch))
+        if bucket not in verify_ops:
+            i32 = dict(dtype=torch.int32, device=device)
+            bufs = dict(drafts=torch.empty(bucket * DRAFTS, 2 * d, device=device),
+                        out=torch.empty(bucket * DRAFTS, d, device=device), seq=torch.zeros(bucket, **i32),
+                        load=torch.zeros(bucket, **i32), bank=torch.zeros(bucket, **i32),
+                        lens=torch.zeros(bucket, **i32), accepted=torch.zeros(bucket, **i32))
+            verify = C128Verify(state, bufs["drafts"], bufs["out"], ape, bufs["load"], bufs["seq"], bufs["bank"],
+                                verify_lens=bufs["lens"])
+            commit = C128Commit(bufs["seq"], bufs["accepted"], bufs["load"], bufs["bank"], num_drafts=DRAFTS,
+                                verify_lens=bufs["lens"], load_indices=bufs["load"], num_slots=num_slots)
+            verify_ops[bucket] = (bufs, verify, commit)
+        bufs, verify, commit = verify_ops[bucket]
+        pad = bucket - len(batch)
+        lens = [min(DRAFTS, r.prompt + r.output - r.done, int(rng.integers(0, DRAFTS + 1)) if rng.random() < 0.2
+                    else DRAFTS) for r in batch]
+        accepted = []
+        for r, v in zip(batch, lens):  # none, all, up to the chunk end, or any number
+            to_end = CHUNK - r.done % CHUNK
+            accepted.append(int(rng.choice([0, v, min(v, to_end), int(rng.integers(0, v + 1))])))
+        as_i32 = lambda xs: torch.tensor(xs + [0] * pad, dtype=torch.int32)  # noqa: E731
+        bufs["seq"].copy_(as_i32([r.done for r in batch]))  # 0: padding
+        bufs["load"].copy_(as_i32([r.load for r in batch]))
+        bufs["bank"].copy_(as_i32([bank_of(r.slot) for r in batch]))
+        bufs["lens"].copy_(as_i32(lens))
+        bufs["accepted"].copy_(as_i32(lens if leak else accepted))  # sampling's result; stays on the device
+        bufs["drafts"].normal_(generator=gen)
+        bufs["drafts"][:, d:].mul_(3.0)
+        bufs["out"].fill_(float("nan"))
+        timer.run("verify", verify.launch)
+        timer.run("commit", commit.launch)
+        rows, got = bufs["drafts"].cpu().numpy().copy(), bufs["out"].cpu().numpy()
+        loads = bufs["load"].cpu().tolist()
+        for j, (r, a) in enumerate(zip(batch, accepted)):
+            first = j * DRAFTS
+            checker.absorb(r, rows[first:first + a], {r.done + i: got[first + i] for i in range(a)})
+            r.done += a
+            r.load = loads[j]
+            accepted_drafts += a
+            rejected_drafts += lens[j] - a
+            tokens += a
 
     tty = sys.stderr.isatty()  # a live bar on a terminal, a line per 50 steps in logs
     started = time.perf_counter()
@@ -290,11 +351,11 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
                 extends.append(e)
                 budget -= e
         if batch:
-            run_prefill(batch, extends, cow=False)
+            run_prefill(batch, extends)
         dec = [r for r in running if not r.prefilling and not r.finished]
-        if dec and step % 7 == 6 and len(free) >= len(dec):
-            verify_steps += 1  # speculative verify: 3 draft tokens each, on copy-on-write slots
-            run_prefill(dec, [min(3, r.prompt + r.output - r.done) for r in dec], cow=True)
+        if dec and step % 3 != 0:
+            verify_steps += 1
+            run_verify(dec)
         elif dec:
             run_decode(dec)
         if dec:
@@ -314,10 +375,12 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0
     return dict(device=str(device), steps=steps, requests_arrived=arrived, requests_finished=finished,
                 tokens=tokens, chunks_emitted=checker.chunks, verify_steps=verify_steps,
+                drafts_accepted=accepted_drafts, drafts_rejected=rejected_drafts,
                 max_relative_error=checker.max_err, chunk_failures=checker.failures,
                 metadata_failures=meta.failures, backends=backends, head_dim=d,
                 plan_us=timer.mean("plan"), prefill_us=timer.mean("prefill"), prefill_torch_us=timer.mean("prefill_torch"),
-                decode_us=timer.mean("decode"), decode_torch_us=timer.mean("decode_torch"), metadata_us=timer.mean("metadata"),
+                decode_us=timer.mean("decode"), decode_torch_us=timer.mean("decode_torch"),
+                verify_us=timer.mean("verify"), commit_us=timer.mean("commit"), metadata_us=timer.mean("metadata"),
                 metadata_torch_us=timer.mean("metadata_torch"), wall_s=time.perf_counter() - started, ok=ok)
 
 
@@ -338,13 +401,16 @@ def main(argv=None) -> int:
     unit = "device" if device.type == "cuda" else "host"
     print(f"\n{'steps':<34}{r['steps']}\n{'requests arrived / finished':<34}{r['requests_arrived']} / {r['requests_finished']}\n"
           f"{'tokens compressed':<34}{r['tokens']}\n{'chunks emitted and checked':<34}{r['chunks_emitted']}\n"
-          f"{'speculative-verify steps (COW)':<34}{r['verify_steps']}\n"
+          f"{'speculative steps (V = ' + str(DRAFTS) + ')':<34}{r['verify_steps']}: "
+          f"{r['drafts_accepted']} drafts accepted, {r['drafts_rejected']} rejected\n"
           f"{'max relative error vs float64':<34}{r['max_relative_error']:.2e} (limit {TOLERANCE:g})\n"
           f"{'metadata buffers mismatched':<34}{r['metadata_failures']}\n")
     print(f"per call, {unit} us             pydsa   the torch way")
     print(f"  prefill planning (pyplan)  {r['plan_us']:>8.1f}   -")
     print(f"  c128 prefill               {r['prefill_us']:>8.1f}   {r['prefill_torch_us']:>8.1f}  (offline softmax over the whole chunks only)")
     print(f"  c128 decode                {r['decode_us']:>8.1f}   {r['decode_torch_us']:>8.1f}  (eager torch)")
+    print(f"  c128 verify, {DRAFTS} drafts     {r['verify_us']:>8.1f}   -")
+    print(f"  commit (every layer)       {r['commit_us']:>8.1f}   -")
     print(f"  metadata refresh, K={r['backends']}     {r['metadata_us']:>8.1f}   {r['metadata_torch_us']:>8.1f}  (per-field copy_)")
     print(f"\n{'PASS' if r['ok'] else 'FAIL'}: {r['chunk_failures']} chunk and {r['metadata_failures']} metadata check failures "
           f"in {r['wall_s']:.1f} s")

@@ -14,6 +14,13 @@ def test_demo_passes_on_defaults_briefly(capsys):
 def test_demo_summary_counts_its_checks():
     r = demo.run(steps=30, device="cpu", progress=False)
     assert r["ok"] and r["chunks_emitted"] > 10 and r["verify_steps"] > 0 and r["max_relative_error"] < 1e-5
+    assert r["drafts_accepted"] > 0 and r["drafts_rejected"] > 0
+
+
+def test_a_rejected_draft_leaking_into_a_state_fails_the_demo():
+    """Committing every verified draft while only some are accepted corrupts later chunk vectors."""
+    r = demo.run(steps=40, device="cpu", leak=True, progress=False)
+    assert not r["ok"] and r["chunk_failures"] > 0
 
 
 def test_a_broken_check_makes_the_demo_fail(monkeypatch):
