@@ -245,11 +245,12 @@ def test_bank_entries_hold_every_prefix_and_nothing_else(device_name, state_dtyp
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("d", [128, 192, 512])
-def test_gpu_matches_host_backend(state_dtype, d):
+@pytest.mark.parametrize("b", [37, 300])  # one and two or four channels per thread
+def test_gpu_matches_host_backend(state_dtype, d, b):
     """Verify and both commits on the GPU equal the host backend within fp32 rounding (bf16: one
     rounding step), for padding rows, partial draft counts and drafts across chunk ends."""
     gen = torch.Generator().manual_seed(d)
-    b, v = 37, 8
+    v = 8
     slots = b + b * (v + 1)
     state = torch.randn(slots, 1, 3 * d, generator=gen)
     state[:, :, d:2 * d] = torch.rand(slots, 1, d, generator=gen) + 1
@@ -361,10 +362,11 @@ def test_empty_batch_is_a_no_op():
 @gpu
 @pytest.mark.gpu
 @pytest.mark.parametrize("copying", [False, True], ids=["load-slots", "copying"])
-def test_verify_and_commit_replay_in_a_cuda_graph(copying):
+@pytest.mark.parametrize("b", [16, 200])
+def test_verify_and_commit_replay_in_a_cuda_graph(copying, b):
     """A speculative step (verify for 3 layers, commit) captured once, replayed with new drafts and
     acceptances written into the captured buffers, equals the same calls made eagerly."""
-    d, b, v, layers = 512, 16, 8, 3
+    d, v, layers = 512, 8, 3
     gen = torch.Generator().manual_seed(5)
     slots = b + b * (v + 1)
     base = torch.randn(slots, 1, 3 * d, generator=gen)

@@ -41,9 +41,11 @@ __device__ __forceinline__ Lanes<VEC> load_lanes(const float* p) {
   } else if constexpr (VEC == 4) {
     const float4 x = __ldg(reinterpret_cast<const float4*>(p));
     r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
-  } else {
+  } else if constexpr (VEC == 2) {
     const float2 x = __ldg(reinterpret_cast<const float2*>(p));
     r.v[0] = x.x, r.v[1] = x.y;
+  } else {
+    r.v[0] = __ldg(p);
   }
   return r;
 }
@@ -157,7 +159,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // so a verified token leaves exactly the state a decoded one would. Two dependent memory trips, as
 // in the decode: the first kDraftBatch drafts with the request's length and slots, then the ape
 // rows and the loaded state; later batches of drafts load as the first is folded in.
-constexpr int kDraftBatch = 8;
 
 // Parameters in first-use order, as DecodeLaunch.
 struct VerifyLaunch {
@@ -177,15 +178,15 @@ struct VerifyLaunch {
   int32_t num_drafts;
 };
 
-template <int VEC>
-__device__ __forceinline__ void load_drafts(Lanes<VEC> (&kv)[kDraftBatch], Lanes<VEC> (&score)[kDraftBatch],
-                                            const float* draft, int D, int count) {
+template <int VEC, int NB>
+__device__ __forceinline__ void load_drafts(Lanes<VEC> (&kv)[NB], Lanes<VEC> (&score)[NB], const float* draft, int D,
+                                            int count) {
 #pragma unroll
-  for (int u = 0; u < kDraftBatch; ++u)
+  for (int u = 0; u < NB; ++u)
     if (u < count) kv[u] = load_lanes<VEC>(draft + (int64_t)u * 2 * D), score[u] = load_lanes<VEC>(draft + (int64_t)u * 2 * D + D);
 }
 
-template <int VEC, typename S>
+template <int VEC, typename S, int kDraftBatch>
 __global__ void __launch_bounds__(kDecodeThreads)
     c128_verify_kernel(const __grid_constant__ VerifyLaunch p) {
   const int D = p.head_dim, V = p.num_drafts;
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   wait_for_producers();
   const float* drafts = p.kv_score + ((int64_t)b * V * (2 * D) + ch);
   Lanes<VEC> kv[kDraftBatch], score[kDraftBatch];
-  load_drafts<VEC>(kv, score, drafts, D, min(V, kDraftBatch));  // rows b*V .. b*V+V exist whatever v is
+  load_drafts<VEC, kDraftBatch>(kv, score, drafts, D, min(V, kDraftBatch));  // rows b*V .. b*V+V exist whatever v is
   const int32_t seq = __ldg(p.seq_lens + b);
   const int32_t load_slot = __ldg(p.indices + b);
   const int32_t bank = __ldg(p.bank_indices + b);
@@ -220,7 +221,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   for (int j0 = 0; j0 < v; j0 += kDraftBatch) {
     const int count = min(v - j0, kDraftBatch);
-    if (j0 > 0) load_drafts<VEC>(kv, score, drafts + (int64_t)j0 * 2 * D, D, count);
+    if (j0 > 0) load_drafts<VEC, kDraftBatch>(kv, score, drafts + (int64_t)j0 * 2 * D, D, count);
     Lanes<VEC> bias[kDraftBatch];
 #pragma unroll
     for (int u = 0; u < kDraftBatch; ++u)
@@ -863,11 +864,12 @@ dsa_status check_common(const P& p, const char* op) {
 // The geometry of the per-request kernels (decode, verify, copying commit): D / vec threads per
 // request in column tiles of at most kDecodeThreads (blockIdx.y), as many requests per block as
 // fill it (threadIdx.y), `layers` along blockIdx.z.
-dsa_status request_grid(int head_dim, int vec, int64_t batch_size, int layers, dim3* grid, dim3* block, const char* op) {
+dsa_status request_grid(int head_dim, int vec, int64_t batch_size, int layers, dim3* grid, dim3* block, const char* op,
+                        int max_lanes = kDecodeThreads) {
   const int lanes = head_dim / vec;
-  const int tiles = (lanes + kDecodeThreads - 1) / kDecodeThreads;
+  const int tiles = (lanes + max_lanes - 1) / max_lanes;
   const int tile_lanes = (lanes + tiles - 1) / tiles;
-  const int rows = std::max(1, kDecodeThreads / tile_lanes);
+  const int rows = (int)std::max<int64_t>(1, std::min<int64_t>(kDecodeThreads / tile_lanes, batch_size));
   const int64_t blocks = (batch_size + rows - 1) / rows;
   if (batch_size > INT32_MAX || tiles > 65535)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
@@ -1378,7 +1380,13 @@ extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void
   }
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
-  const int vec = vector_width(p);
+  // Channels per thread and drafts per load batch by batch size. H200, graph us, V = 8, D = 512, fp32 /
+  // bf16 state (1, 2 or 4 channels per thread; 8 or 4 drafts per batch): B = 1 1 ch 2.85 / 2.99, 2 ch
+  // 2.85 / 3.62, 4 ch 3.70 / 4.91; B = 32 1 ch 3.08 / 3.24, 4 ch 4.13 / 5.68: small batches are bound by
+  // each thread's serial chain of drafts, so fewer channels per thread is faster. B = 256 2 ch x 4
+  // drafts 5.63 / 6.74, 4 ch x 8 drafts 6.14 / 7.11; B = 1024 2 ch x 4 drafts 27.71 / 24.31, 4 ch x 4
+  // drafts 27.99 / 22.93, 4 ch x 8 drafts 28.76 / 27.17 (fewer registers, more requests in flight).
+  const int vec = p.batch_size < 128 ? 1 : std::min(vector_width(p), bf16 ? 4 : 2);
   dim3 grid, block;
   DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op));
   DeviceGuard guard(p.device);
@@ -1389,10 +1397,12 @@ extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void
   a.num_slots = p.num_slots, a.out = p.out, a.error_count = p.error_count;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaStream_t s = (cudaStream_t)stream;
-  const cudaError_t err = vec == 4 ? (bf16 ? launch(c128_verify_kernel<4, Bf16>, grid, block, s, mode, a)
-                                           : launch(c128_verify_kernel<4, float>, grid, block, s, mode, a))
-                                   : (bf16 ? launch(c128_verify_kernel<2, Bf16>, grid, block, s, mode, a)
-                                           : launch(c128_verify_kernel<2, float>, grid, block, s, mode, a));
+  const cudaError_t err =
+      vec == 1   ? (bf16 ? launch(c128_verify_kernel<1, Bf16, 8>, grid, block, s, mode, a)
+                         : launch(c128_verify_kernel<1, float, 8>, grid, block, s, mode, a))
+      : vec == 4 ? launch(c128_verify_kernel<4, Bf16, 4>, grid, block, s, mode, a)
+                 : (bf16 ? launch(c128_verify_kernel<2, Bf16, 4>, grid, block, s, mode, a)
+                         : launch(c128_verify_kernel<2, float, 4>, grid, block, s, mode, a));
   DSA_TRY(launch_status(err, op));
   return ok();
 }
