@@ -212,7 +212,8 @@ def _load() -> C.CDLL:
                               f"has {C.sizeof(mirror)} (a stale build); {_BUILD_HINT}")
     for name, restype in (("dsa_version_string", C.c_char_p), ("dsa_status_string", C.c_char_p),
                           ("dsa_last_error", C.c_char_p), ("dsa_cuda_architectures", C.c_char_p),
-                          ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64)):
+                          ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64),
+                          ("dsa_cuda_runtime_version", C.c_int32), ("dsa_driver_version", C.c_int32)):
         getattr(lib, name).restype = restype
     lib.dsa_status_string.argtypes = [C.c_int]
     lib.dsa_empty_launch.restype = C.c_int

@@ -14,7 +14,16 @@ def main(argv=None) -> int:
     print(f"pydsa {lib.dsa_version_string().decode()} (ABI {lib.dsa_abi_version()})")
     print(f"library: {lib.path}")
     archs = lib.dsa_cuda_architectures().decode()
-    print(f"compiled CUDA architectures: {archs or 'none'}")
+    real = [a.split("-")[0] for a in archs.split(",") if a and not a.endswith("-virtual")]
+    ptx = [a.split("-")[0] for a in archs.split(",") if a and not a.endswith("-real")]
+    print(f"compiled CUDA architectures: {archs or 'none'} (machine code: "
+          f"{', '.join('sm_' + a for a in real) or 'none'}; PTX, JIT-compiled by newer GPUs: "
+          f"{', '.join('compute_' + a for a in ptx) or 'none'})")
+    runtime, driver = lib.dsa_cuda_runtime_version(), lib.dsa_driver_version()
+    fmt = lambda v: f"{v // 1000}.{v % 1000 // 10}"  # noqa: E731
+    if runtime:
+        print(f"CUDA runtime {fmt(runtime)}, linked statically: needs an NVIDIA driver for CUDA {fmt(runtime)} or "
+              f"newer; driver found: {fmt(driver) if driver else 'none'}")
     n = lib.dsa_device_count()
     if n == 0:
         print("GPU: none found (ops run on the host backend for CPU tensors)")

@@ -95,8 +95,14 @@ def test_c_consumer_builds_against_the_installed_package(tmp_path):
     for f in ("include/dsa_kernels.h", "libdsa_kernels.so", "lib/cmake/dsa_kernels/dsa_kernelsConfig.cmake",
               "lib/pkgconfig/dsa_kernels.pc"):
         assert (pkg / f).exists(), f
+    _consume(pkg, tmp_path)
+
+
+def _consume(prefix: Path, tmp_path: Path) -> None:
+    """Builds and runs the C99 consumer against the package at `prefix` through its CMake package
+    and through pkg-config."""
     build = tmp_path / "consumer"
-    r = run(["cmake", "-S", str(ROOT / "examples" / "c"), "-B", str(build), f"-DCMAKE_PREFIX_PATH={pkg}"])
+    r = run(["cmake", "-S", str(ROOT / "examples" / "c"), "-B", str(build), f"-DCMAKE_PREFIX_PATH={prefix}"])
     assert r.returncode == 0, r.stdout + r.stderr
     r = run(["cmake", "--build", str(build)])
     assert r.returncode == 0, r.stdout + r.stderr
@@ -104,12 +110,23 @@ def test_c_consumer_builds_against_the_installed_package(tmp_path):
     assert r.returncode == 0 and "dsa_kernels C consumer: OK" in r.stdout, r.stdout + r.stderr
     if shutil.which("pkg-config"):
         flags = run(["pkg-config", "--cflags", "--libs", "dsa_kernels"],
-                    env={**os.environ, "PKG_CONFIG_PATH": str(pkg / "lib" / "pkgconfig")}).stdout.split()
+                    env={**os.environ, "PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}).stdout.split()
         exe = tmp_path / "consumer_pc"
         r = run(["gcc", "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", str(ROOT / "examples" / "c" / "consumer.c"),
-                 *flags, f"-Wl,-rpath,{pkg}", "-lm", "-o", str(exe)])
+                 *flags, f"-Wl,-rpath,{prefix}", "-lm", "-o", str(exe)])
         assert r.returncode == 0, r.stderr
         assert "OK" in run([str(exe)]).stdout
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+def test_c_consumer_builds_against_the_package_in_site_packages(tmp_path):
+    """The installed package itself (wheel or editable install) is a CMake and pkg-config prefix:
+    CMAKE_PREFIX_PATH=<site-packages>/pydsa finds the header, the library and the package files."""
+    prefix = LIB.parent
+    if not (prefix / "lib" / "cmake" / "dsa_kernels" / "dsa_kernelsConfig.cmake").exists():
+        pytest.skip(f"the library at {LIB} was not installed as a package (PYDSA_LIBRARY or a bare build)")
+    assert (prefix / "include" / "dsa_kernels.h").exists()
+    _consume(prefix, tmp_path)
 
 
 @pytest.mark.skipif(shutil.which("cargo") is None, reason="cargo is not installed")

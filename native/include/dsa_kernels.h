@@ -116,6 +116,11 @@ DSA_API const char* dsa_last_error(void);
 DSA_API size_t dsa_struct_size(dsa_struct_id id);
 /* Comma-separated CUDA architectures compiled in (e.g. "90"), or "" in a host-only build. */
 DSA_API const char* dsa_cuda_architectures(void);
+/* CUDA runtime version the library was built with and links statically (e.g. 13000), 0 in a
+ * host-only build; the NVIDIA driver must support at least this version. ABI 4. */
+DSA_API int32_t dsa_cuda_runtime_version(void);
+/* CUDA version the installed driver supports (e.g. 13000), 0 without a driver. ABI 4. */
+DSA_API int32_t dsa_driver_version(void);
 /* Number of CUDA devices usable by this library (0 without a GPU or driver). */
 DSA_API int32_t dsa_device_count(void);
 /* Launches one empty kernel (1 block, 32 threads) on `device`: the launch-overhead floor that

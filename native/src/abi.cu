@@ -91,6 +91,17 @@ const char* dsa_cuda_architectures(void) { return DSA_CUDA_ARCHITECTURES; }
 
 int32_t dsa_device_count(void) { return dsa::device_count(); }
 
+int32_t dsa_cuda_runtime_version(void) { return CUDART_VERSION; }
+
+int32_t dsa_driver_version(void) {
+  int version = 0;
+  if (cudaDriverGetVersion(&version) != cudaSuccess) {
+    cudaGetLastError();
+    version = 0;
+  }
+  return version;
+}
+
 const char* dsa_last_error(void) { return dsa::last_error; }
 
 const char* dsa_status_string(dsa_status status) {
