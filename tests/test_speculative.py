@@ -380,7 +380,7 @@ def test_verify_and_commit_replay_in_a_cuda_graph(copying, b):
                     out=[torch.zeros(b * v, d).cuda() for _ in range(layers)], seq=torch.zeros(b, dtype=torch.int32).cuda(),
                     acc=torch.zeros(b, dtype=torch.int32).cuda(), load=main.clone())
 
-    def step(x, verifies, commit):
+    def step(verifies, commit):
         for op in verifies:
             op.launch()
         commit.launch()
@@ -403,7 +403,7 @@ def test_verify_and_commit_replay_in_a_cuda_graph(copying, b):
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step(graph_bufs, *g_ops)
+        step(*g_ops)
     torch.cuda.current_stream().wait_stream(side)
     for x in (graph_bufs, eager_bufs):
         for st_ in x["states"]:
@@ -411,7 +411,7 @@ def test_verify_and_commit_replay_in_a_cuda_graph(copying, b):
         x["load"].copy_(main)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step(graph_bufs, *g_ops)
+        step(*g_ops)
     for x in (graph_bufs, eager_bufs):
         for st_ in x["states"]:
             st_.copy_(base.cuda())
@@ -425,7 +425,7 @@ def test_verify_and_commit_replay_in_a_cuda_graph(copying, b):
             x["seq"].copy_(seq)
             x["acc"].copy_(acc)
         graph.replay()
-        step(eager_bufs, *e_ops)
+        step(*e_ops)
         torch.cuda.synchronize()
         for key in ("states", "out"):
             for g_t, e_t in zip(graph_bufs[key], eager_bufs[key]):

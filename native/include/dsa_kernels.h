@@ -317,7 +317,7 @@ typedef struct dsa_c128_commit_params {
   int32_t reserved;             /* 0 */
   void* const* states;          /* [num_layers] host array of state buffers [num_slots, 1, 3D] alike;
                                    null unless copying */
-  uint32_t* error_count;        /* [1] incremented per skipped request (and layer); may be null */
+  uint32_t* error_count;        /* [1] incremented once per skipped request; may be null */
 } dsa_c128_commit_params;
 
 DSA_API dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void* stream);
