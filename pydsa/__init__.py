@@ -3,6 +3,8 @@
 - online c128 KV compression (DeepSeek-V4): c128_decode, c128_prefill, DevicePlan;
   plans come from the Cython planner pyplan.plan_prefill;
 - speculative decoding (MTP): c128_verify over V drafts per request, c128_commit of the accepted ones;
+- the KV-cache store (RMSNorm, fp8 with power-of-two scales, rotated rope tail, paged): KVCache, kv_store,
+  and store= on the ops that close chunks;
 - fused DSA metadata copy for CUDA-graph replay: MetadataCopy, metadata_copy.
 
 Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
@@ -12,11 +14,13 @@ from ._tensors import error_count, reset_error_count
 from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill, plan_prefill_c
 from .metadata import MetadataCopy, metadata_copy
 from .speculative import C128Commit, C128Verify, bank_bytes, c128_commit, c128_verify
+from .store import KVCache, kv_page_bytes, kv_store
 
 __version__ = _lib.dsa_version_string().decode()
 
 __all__ = ["ABI_VERSION", "DsaError", "C128Commit", "C128Decode", "C128Prefill", "C128Verify", "DevicePlan",
-           "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify", "error_count", "library_path", "metadata_copy", "plan_prefill_c",
+           "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify",
+           "error_count", "kv_page_bytes", "kv_store", "library_path", "metadata_copy", "plan_prefill_c",
            "reset_error_count", "__version__"]
 
 

@@ -11,7 +11,7 @@ import struct
 import sys
 from importlib import resources
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
@@ -23,6 +23,7 @@ UPLOAD_RECORDS = 1024
 MAX_DRAFTS = 16
 COMMIT_LAYERS = 64
 STATE_FLOAT32, STATE_BFLOAT16 = 0, 1
+CACHE_V4 = 0
 OUT_RAGGED, OUT_COMPACT = 0, 1
 
 STATUS_OK = 0
@@ -77,6 +78,7 @@ class DecodeParams(C.Structure):
         ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
         ("indices", C.c_void_p), ("seq_lens", C.c_void_p), ("error_count", C.c_void_p),
         ("state_dtype", C.c_int32), ("reserved", C.c_int32), ("load_indices", C.c_void_p),
+        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
     ]
 
 
@@ -89,6 +91,7 @@ class VerifyParams(C.Structure):
         ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
         ("seq_lens", C.c_void_p), ("verify_lens", C.c_void_p), ("indices", C.c_void_p),
         ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64), ("error_count", C.c_void_p),
+        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
     ]
 
 
@@ -116,6 +119,23 @@ class PrefillParams(C.Structure):
         ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
         ("counts", C.c_void_p), ("error_count", C.c_void_p),
         ("state_dtype", C.c_int32), ("out_layout", C.c_int32),
+        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
+    ]
+
+
+class KvCache(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("layout", C.c_int32),
+        ("cache", C.c_void_p), ("num_pages", C.c_int64), ("page_size", C.c_int32), ("eps", C.c_float),
+        ("norm_weight", C.c_void_p), ("rotary", C.c_void_p), ("num_positions", C.c_int64),
+    ]
+
+
+class KvStoreParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_vectors", C.c_int64), ("vectors", C.c_void_p), ("positions", C.c_void_p),
+        ("cache_slots", C.c_void_p), ("cache", C.c_void_p), ("error_count", C.c_void_p),
     ]
 
 
@@ -157,16 +177,17 @@ class MetadataCopyParams(C.Structure):
 
 
 # The same layouts as struct formats, for filling a params buffer in one call on hot paths.
-DECODE_FORMAT = struct.Struct("=IIiiqq7QiiQ")
-VERIFY_FORMAT = struct.Struct("=IIiiqqii8QqQ")
+DECODE_FORMAT = struct.Struct("=IIiiqq7QiiQQQ")
+VERIFY_FORMAT = struct.Struct("=IIiiqqii8QqQQQ")
 COMMIT_FORMAT = struct.Struct("=IIiiqqii5QqQiiQQ")
-PREFILL_FORMAT = struct.Struct("=IIiiqqq8Qqq2Qii")
+PREFILL_FORMAT = struct.Struct("=IIiiqqq8Qqq2QiiQQ")
+STORE_FORMAT = struct.Struct("=IIiiq5Q")
 METADATA_FORMAT = struct.Struct("=IIiiqqqqqq9QiiQ")
 
 # dsa_struct_id -> mirror
 STRUCTS = {0: Segment, 1: PlanParams, 2: DecodeParams, 3: PrefillParams, 4: MetadataSources,
            5: MetadataDestination, 6: MetadataCopyParams, 7: PlanUploadParams,
-           8: VerifyParams, 9: CommitParams}
+           8: VerifyParams, 9: CommitParams, 10: KvCache, 11: KvStoreParams}
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
                "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
@@ -213,31 +234,51 @@ def _load() -> C.CDLL:
     for name, restype in (("dsa_version_string", C.c_char_p), ("dsa_status_string", C.c_char_p),
                           ("dsa_last_error", C.c_char_p), ("dsa_cuda_architectures", C.c_char_p),
                           ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64),
-                          ("dsa_cuda_runtime_version", C.c_int32), ("dsa_driver_version", C.c_int32)):
+                          ("dsa_cuda_runtime_version", C.c_int32), ("dsa_driver_version", C.c_int32),
+                          ("dsa_kv_page_bytes", C.c_int64)):
         getattr(lib, name).restype = restype
     lib.dsa_status_string.argtypes = [C.c_int]
     lib.dsa_empty_launch.restype = C.c_int
     lib.dsa_empty_launch.argtypes = [C.c_int32, C.c_void_p]
     lib.dsa_c128_compress_capacity.argtypes = [C.c_int64, C.c_int64]
+    lib.dsa_kv_page_bytes.argtypes = [C.c_int32, C.c_int32]
     for name, params in (("dsa_c128_plan_prefill", PlanParams),):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.POINTER(params)]
     for name, params in (("dsa_c128_decode", DecodeParams), ("dsa_c128_prefill", PrefillParams),
                          ("dsa_metadata_copy", MetadataCopyParams), ("dsa_c128_upload_plan", PlanUploadParams),
-                         ("dsa_c128_verify", VerifyParams), ("dsa_c128_commit", CommitParams)):
+                         ("dsa_c128_verify", VerifyParams), ("dsa_c128_commit", CommitParams),
+                         ("dsa_kv_store", KvStoreParams)):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream
     for fmt, mirror in ((DECODE_FORMAT, DecodeParams), (PREFILL_FORMAT, PrefillParams),
                         (METADATA_FORMAT, MetadataCopyParams), (VERIFY_FORMAT, VerifyParams),
-                        (COMMIT_FORMAT, CommitParams)):
+                        (COMMIT_FORMAT, CommitParams), (STORE_FORMAT, KvStoreParams)):
         assert fmt.size == C.sizeof(mirror), mirror.__name__
     lib.path = path
     return lib
 
 
 lib = _load()
+
+
+def _pdl_everywhere() -> bool:
+    """Whether every architecture the library holds launches with programmatic dependent launch
+    (sm_90 and newer): then ops use it unless told otherwise. Every kernel waits for the previous
+    kernel's writes before its first read, so PDL only lets its launch overlap the tail of the
+    kernel before it."""
+    archs = [a for a in lib.dsa_cuda_architectures().decode().replace("-real", "").replace("-virtual", "").split(",") if a]
+    return bool(archs) and all(int("".join(ch for ch in a if ch.isdigit()) or 0) >= 90 for a in archs)
+
+
+PDL_DEFAULT = _pdl_everywhere()
+
+
+def pdl_flag(pdl) -> int:
+    """FLAG_PDL for pdl=True, 0 for False; None: PDL_DEFAULT."""
+    return FLAG_PDL if (PDL_DEFAULT if pdl is None else pdl) else 0
 
 
 class DsaError(RuntimeError):

@@ -48,6 +48,8 @@ cdef extern from "dsa_kernels.h":
         int32_t state_dtype
         int32_t reserved
         const int32_t* load_indices
+        const void* store
+        const int64_t* cache_slots
 
     ctypedef struct dsa_c128_verify_params:
         uint32_t struct_size
@@ -68,6 +70,8 @@ cdef extern from "dsa_kernels.h":
         const int32_t* bank_indices
         int64_t bank_stride
         uint32_t* error_count
+        const void* store
+        const int64_t* cache_slots
 
     ctypedef struct dsa_c128_commit_params:
         uint32_t struct_size
@@ -112,6 +116,8 @@ cdef extern from "dsa_kernels.h":
         uint32_t* error_count
         int32_t state_dtype
         int32_t out_layout
+        const void* store
+        const int64_t* cache_slots
 
     ctypedef struct dsa_plan_upload_params:
         int64_t num_compress
@@ -399,6 +405,8 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indi
     p.state_dtype = sdt
     p.reserved = 0
     p.load_indices = <const int32_t*>lx.data
+    p.store = NULL
+    p.cache_slots = NULL
     return 0
 
 
@@ -490,6 +498,8 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, in
     p.error_count = errors
     p.state_dtype = sdt
     p.out_layout = DSA_OUT_COMPACT if compact else DSA_OUT_RAGGED
+    p.store = NULL
+    p.cache_slots = NULL
     return 0
 
 
@@ -560,6 +570,8 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indi
     p.bank_indices = <const int32_t*>bk.data
     p.bank_stride = bank_stride
     p.error_count = errors
+    p.store = NULL
+    p.cache_slots = NULL
     return 0
 
 

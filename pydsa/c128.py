@@ -21,7 +21,8 @@ import pyplan
 
 from . import _abi, _calls
 from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_NO_COOPERATIVE, FLAG_PDL, OUT_COMPACT, OUT_RAGGED,
-                   PREFILL_FORMAT, check as _check_status, lib, new)
+                   PREFILL_FORMAT, check as _check_status, lib, new, pdl_flag)
+from .store import store_fields
 from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, launch_stream, ptr, resolve_device,
                        rows_ptr, shaped_ptr)
 
@@ -77,31 +78,43 @@ def _launch_once(name: str, fmt, fn, fields: tuple, stream) -> None:
         _check_status(status)
 
 
-def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices=None) -> tuple:
+def _out_ptr(out, store, dev: int, shape: tuple) -> int:
+    """`out`'s pointer; None is allowed (0) when the op stores its vectors into a cache."""
+    if out is None and store is not None:
+        return 0
+    return ptr(out, "out", _float32, dev, shape)
+
+
+def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices=None, store=None,
+                   cache_slots=None) -> tuple:
     sp, dev, slots, d, sdt = _state(state)
     kp, b = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
-    return (_DECODE_SIZE, FLAG_PDL if pdl else 0, dev, d, slots, b, sp, kp,
-            ptr(out, "out", _float32, dev, (b, d)), ptr(ape, "ape", _float32, dev, (CHUNK, d)),
+    return (_DECODE_SIZE, pdl_flag(pdl), dev, d, slots, b, sp, kp,
+            _out_ptr(out, store, dev, (b, d)), ptr(ape, "ape", _float32, dev, (CHUNK, d)),
             ptr(indices, "indices", _int32, dev, (b,)), ptr(seq_lens, "seq_lens", _int32, dev, (b,)),
             error_ptr(error_count, dev), sdt, 0,
-            0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,)))
+            0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,)),
+            *store_fields(store, cache_slots, dev, d, b))
 
 
-def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, stream=None, pdl=False,
-                error_count=None) -> None:
+def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
+                stream=None, pdl=None, error_count=None) -> None:
     """One new token per request (SPEC 1.2). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
     out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
     int32 (one slot per live row: two rows updating one slot race on the GPU), seq_lens [B] int32
     (<= 0: padding). load_indices [B] int32: the slot each request's state is read from (e.g. the
     accepted bank entry that c128_commit resolved; negative: not held on this GPU, skipped); the
-    new state is stored into `indices`. Default: `indices`."""
-    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, FLAG_PDL if pdl else 0, error_count,
-                          load_indices)
+    new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
+    vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
+    launches with programmatic dependent launch where every compiled architecture supports it."""
+    status = DECLINED if store is not None else _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream,
+                                                             pdl_flag(pdl), error_count, load_indices)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
         _launch_once("decode", DECODE_FORMAT, _decode_fn,
-                     _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices),
+                     _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices,
+                                    store, cache_slots),
                      stream)
 
 
@@ -136,11 +149,11 @@ class C128Decode(_Prepared):
     _format = DECODE_FORMAT
     _op = _calls.OP_DECODE
 
-    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, pdl=False,
-                 error_count=None):
+    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None,
+                 cache_slots=None, pdl=None, error_count=None):
         self._bind_fields(_decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count,
-                                         load_indices))
-        self._keep = (state, kv_score, out, ape, indices, seq_lens, error_count, load_indices)
+                                         load_indices, store, cache_slots))
+        self._keep = (state, kv_score, out, ape, indices, seq_lens, error_count, load_indices, store, cache_slots)
 
 
 class DevicePlan:
@@ -208,10 +221,11 @@ class DevicePlan:
 
 
 def _prefill_flags(pdl, cooperative) -> int:
-    return (FLAG_PDL if pdl else 0) | (0 if cooperative else FLAG_NO_COOPERATIVE)
+    return pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
 
 
-def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact) -> tuple:
+def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, store=None,
+                    cache_slots=None) -> tuple:
     sp, dev, slots, d, sdt = _state(state)
     kp, n = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
     try:
@@ -245,16 +259,17 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flag
     else:
         if type(plan) is list and len(plan) == 2:
             return _prefill_fields(state, kv_score, out, ape, indices, tuple(plan), load_indices, flags,
-                                   error_count, compact)
+                                   error_count, compact, store, cache_slots)
         raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
                         "record tensors) or a DevicePlan")
-    op = ptr(out, "out", _float32, dev, (nc if compact else n, d))
+    op = _out_ptr(out, store, dev, (nc if compact else n, d))
     return (_PREFILL_SIZE, flags, dev, d, slots, b, n, sp, kp, op, ptr(ape, "ape", _float32, dev, (CHUNK, d)),
-            ip, lp, cp, wp, nc, nw, counts, error_ptr(error_count, dev), sdt, OUT_COMPACT if compact else OUT_RAGGED)
+            ip, lp, cp, wp, nc, nw, counts, error_ptr(error_count, dev), sdt, OUT_COMPACT if compact else OUT_RAGGED,
+            *store_fields(store, cache_slots, dev, d, n))
 
 
-def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, stream=None,
-                 pdl=False, error_count=None, cooperative=True) -> None:
+def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
+                 cache_slots=None, stream=None, pdl=None, error_count=None, cooperative=True) -> None:
     """Many new tokens per request (SPEC 1.3). kv_score [N,2D] ragged; indices / load_indices [B]
     int32 (requests that store a trailing partial need distinct `indices`: stores into one slot
     race on the GPU); plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
@@ -263,16 +278,18 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     cooperative=False: never the one cooperative launch a small eager pyplan plan takes, always
     ordinary launches (for engines that run kernels on other streams alongside: a cooperative grid
     waits until all its blocks fit; and for device-bound eager steps: the ordinary launches cost
-    more host time but, for plans of many whole chunks, less device time)."""
-    flags = (FLAG_PDL if pdl else 0) | (0 if cooperative else FLAG_NO_COOPERATIVE)  # _prefill_flags, inline
-    status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count,
-                           compact)
+    more host time but, for plans of many whole chunks, less device time).
+    store / cache_slots (int64 [N], the slot of the vector a ragged row closes): store every closed
+    vector into a pydsa.KVCache as well (host backend; on the GPU, pass `out` and call kv_store)."""
+    flags = pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)  # _prefill_flags, inline
+    status = DECLINED if store is not None else _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices,
+                                                              stream, flags, error_count, compact)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
         _launch_once("prefill", PREFILL_FORMAT, _prefill_fn,
                      _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flags, error_count,
-                                     compact), stream)
+                                     compact, store, cache_slots), stream)
 
 
 # The compiled call path (pydsa/_calls.pyx): tensors read through the DLPack C exchange API, the
@@ -301,10 +318,10 @@ class C128Prefill(_Prepared):
     _format = PREFILL_FORMAT
     _op = _calls.OP_PREFILL
 
-    def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, pdl=False,
-                 error_count=None, cooperative=True):
+    def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
+                 cache_slots=None, pdl=None, error_count=None, cooperative=True):
         self._bind_fields(_prefill_fields(state, kv_score, out, ape, indices, plan, load_indices,
-                                          _prefill_flags(pdl, cooperative), error_count, compact))
+                                          _prefill_flags(pdl, cooperative), error_count, compact, store, cache_slots))
         self._keep = (state, kv_score, out, ape, indices, plan, load_indices, error_count)
 
 

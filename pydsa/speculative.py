@@ -20,9 +20,10 @@ from __future__ import annotations
 import ctypes as C
 
 from . import _calls
-from ._abi import COMMIT_FORMAT, FLAG_PDL, MAX_DRAFTS, VERIFY_FORMAT, check as _check_status, lib
+from ._abi import COMMIT_FORMAT, FLAG_PDL, MAX_DRAFTS, VERIFY_FORMAT, check as _check_status, lib, pdl_flag
 from ._tensors import _float32, _int32, error_ptr, ptr, rows_ptr
 from .c128 import CHUNK, DECLINED, _launch_once, _Prepared, _state
+from .store import store_fields
 
 __all__ = ["c128_verify", "c128_commit", "C128Verify", "C128Commit", "bank_bytes"]
 
@@ -44,7 +45,7 @@ def _stride(bank_stride) -> int:
 
 
 def _verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, pdl,
-                   error_count) -> tuple:
+                   error_count, store=None, cache_slots=None) -> tuple:
     sp, dev, slots, d, sdt = _state(state)
     try:
         b = seq_lens.shape[0]
@@ -56,15 +57,15 @@ def _verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, b
         raise ValueError(f"kv_score must have B * V rows with B = seq_lens.shape[0] = {b} and V in 1..{MAX_DRAFTS} "
                          f"(got {rows} rows)")
     v = rows // b
-    return (_VERIFY_SIZE, FLAG_PDL if pdl else 0, dev, d, slots, b, v, sdt, sp, kp,
+    return (_VERIFY_SIZE, pdl_flag(pdl), dev, d, slots, b, v, sdt, sp, kp,
             0 if out is None else ptr(out, "out", _float32, dev, (rows, d)), ptr(ape, "ape", _float32, dev, (CHUNK, d)),
             sl, 0 if verify_lens is None else ptr(verify_lens, "verify_lens", _int32, dev, (b,)),
             ptr(indices, "indices", _int32, dev, (b,)), ptr(bank_indices, "bank_indices", _int32, dev, (b,)),
-            _stride(bank_stride), error_ptr(error_count, dev))
+            _stride(bank_stride), error_ptr(error_count, dev), *store_fields(store, cache_slots, dev, d, rows))
 
 
 def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1, verify_lens=None,
-                stream=None, pdl=False, error_count=None) -> None:
+                store=None, cache_slots=None, stream=None, pdl=None, error_count=None) -> None:
     """Runs each request's drafts through the decode arithmetic (SPEC 1.6) and stores the state after
     every draft prefix in the bank; main slots are never written.
 
@@ -72,10 +73,12 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     at row b*V+j (V = rows / B, 1..16); out [B*V,D] f32 or None: a chunk closed by draft j goes to row
     b*V+j, other rows untouched; ape [128,D]; indices [B] int32: slot holding the state after seq
     tokens (read when seq is not a multiple of 128); seq_lens [B] int32: committed length before the
-    drafts (<= 0: padding); bank_indices [B] int32: slot of bank entry 0, entry j at + j*bank_stride;
-    verify_lens [B] int32: drafts of each request (0..V), default V. Nothing with B == 0 rows."""
-    flags = FLAG_PDL if pdl else 0
-    if type(bank_stride) is int and 1 <= bank_stride < 2**31:
+    drafts (< 0: padding; 0: a request with no committed tokens); bank_indices [B] int32: slot of bank
+    entry 0, entry j at + j*bank_stride; verify_lens [B] int32: drafts of each request (0..V), default V.
+    store: a pydsa.KVCache that the vector a draft closes is stored into, at cache_slots[b*V+j] (int64
+    [B*V]); an engine ignores the entries of rejected drafts. Nothing with B == 0 rows."""
+    flags = pdl_flag(pdl)
+    if store is None and type(bank_stride) is int and 1 <= bank_stride < 2**31:
         status = _calls.verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
                                stream, flags, error_count)
         if status != DECLINED:
@@ -86,7 +89,7 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
         return
     _launch_once("verify", VERIFY_FORMAT, _verify_fn,
                  _verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
-                                pdl, error_count), stream)
+                                pdl, error_count, store, cache_slots), stream)
 
 
 class C128Verify(_Prepared):
@@ -97,10 +100,11 @@ class C128Verify(_Prepared):
     _op = _calls.OP_VERIFY
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1,
-                 verify_lens=None, pdl=False, error_count=None):
+                 verify_lens=None, store=None, cache_slots=None, pdl=None, error_count=None):
         self._bind_fields(_verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride,
-                                         verify_lens, pdl, error_count))
-        self._keep = (state, kv_score, out, ape, indices, seq_lens, bank_indices, verify_lens, error_count)
+                                         verify_lens, pdl, error_count, store, cache_slots))
+        self._keep = (state, kv_score, out, ape, indices, seq_lens, bank_indices, verify_lens, error_count, store,
+                      cache_slots)
 
 
 def _commit_fields(seq_lens, accepted, indices, bank_indices, bank_stride, num_drafts, verify_lens, load_indices,

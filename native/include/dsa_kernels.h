@@ -39,7 +39,7 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 4
+#define DSA_ABI_VERSION 5
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
@@ -68,7 +68,9 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_METADATA_PARAMS = 6,
   DSA_STRUCT_PLAN_UPLOAD_PARAMS = 7, /* ABI 3 */
   DSA_STRUCT_VERIFY_PARAMS = 8,      /* ABI 4 */
-  DSA_STRUCT_COMMIT_PARAMS = 9       /* ABI 4 */
+  DSA_STRUCT_COMMIT_PARAMS = 9,      /* ABI 4 */
+  DSA_STRUCT_KV_CACHE = 10,          /* ABI 5 */
+  DSA_STRUCT_KV_STORE_PARAMS = 11    /* ABI 5 */
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -186,6 +188,55 @@ typedef struct dsa_plan_upload_params {
 DSA_API dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
+/* The KV-cache store (docs/spec.md, "The store"), ABI 5.
+ *
+ * A chunk's compressed vector x [D] becomes one cache entry: RMSNorm y = x / sqrt(mean(x^2) + eps) * w;
+ * channels 0 .. D-65 rounded to bf16 and quantized to fp8 e4m3 in groups of 64, each group with a
+ * power-of-two scale (its biased exponent byte: the smallest 2^e >= max(amax, 1e-4) / 448); the
+ * last 64 channels (32 pairs) rotated by the rotary table's row for the chunk's first position and
+ * stored as bf16. Layout (DSA_CACHE_V4): an entry is D - 64 fp8 bytes then 64 bf16 (D + 64 bytes),
+ * plus a scale row of D/64 - 1 bytes padded to 8 (the pad is never written). A page holds page_size
+ * data rows, then their scale rows, padded to a multiple of D + 64 bytes (D = 512, page 2: 1728 B).
+ * Cache slot `loc` lives in page loc / page_size, entry loc % page_size. Slots are data: a negative
+ * slot is skipped silently (not held on this GPU), one past the cache (or a rotary row outside the
+ * table) is skipped and counted in error_count. Nothing else in the cache is written.
+ *
+ * The decode, prefill and verify take an optional `store` and store every vector they close in the
+ * same launch (`out` may then be null); dsa_kv_store stores given vectors. */
+
+#define DSA_CACHE_V4 0   /* the only layout: fp8 nope + bf16 rope + ue8m0 scales */
+
+typedef struct dsa_kv_cache {
+  uint32_t struct_size;
+  int32_t layout;              /* DSA_CACHE_V4 */
+  uint8_t* cache;              /* [num_pages, dsa_kv_page_bytes(D, page_size)] on the op's device, written */
+  int64_t num_pages;           /* pages in `cache` (slots: num_pages * page_size) */
+  int32_t page_size;           /* entries per page, a power of two, 1..1024 */
+  float eps;                   /* RMSNorm epsilon, >= 0 */
+  const float* norm_weight;    /* [D] fp32 */
+  const float* rotary;         /* [num_positions, 64] fp32: (cos, sin) of pair l at 2l, 2l+1 */
+  int64_t num_positions;       /* rows of `rotary` */
+} dsa_kv_cache;
+
+/* Bytes of one page of the cache for head dim D (a multiple of 64, >= 128). */
+DSA_API int64_t dsa_kv_page_bytes(int32_t head_dim, int32_t page_size);
+
+typedef struct dsa_kv_store_params {
+  uint32_t struct_size;
+  uint32_t flags;              /* DSA_FLAG_PDL */
+  int32_t device;              /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t head_dim;            /* D: a multiple of 64, >= 128 */
+  int64_t num_vectors;         /* N >= 0 */
+  const float* vectors;        /* [N, D] fp32 */
+  const int32_t* positions;    /* [N] rotary row of each vector (its chunk's first position) */
+  const int64_t* cache_slots;  /* [N] cache slot of each vector */
+  const dsa_kv_cache* cache;   /* host memory, read during the call */
+  uint32_t* error_count;       /* [1] incremented per skipped vector; may be null */
+} dsa_kv_store_params;
+
+DSA_API dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream);
+
+/* ------------------------------------------------------------------------------------------ */
 /* Online c128 compression (SPEC 1). kv_score, ape and out are fp32, the state fp32 or bf16
  * (state_dtype); D = head_dim, a positive multiple of 64.
  * state row of a slot: [m (D) | s (D) | k (D)]; kv_score row: [kv (D) | score (D)].             */
@@ -199,7 +250,7 @@ typedef struct dsa_c128_decode_params {
   int64_t batch_size;       /* B >= 0 */
   void* state;              /* [num_slots, 1, 3D] of state_dtype, read and written */
   const float* kv_score;    /* [B, 2D] */
-  float* out;               /* [B, D], written only for requests that close a chunk */
+  float* out;               /* [B, D], written only for requests that close a chunk; may be null with a store */
   const float* ape;         /* [128, D] */
   const int32_t* indices;   /* [B] slot of each request (distinct among live rows: two rows updating
                                one slot race) */
@@ -210,6 +261,9 @@ typedef struct dsa_c128_decode_params {
   const int32_t* load_indices; /* [B] slot holding the state each request continues (read when the token
                                   does not start a chunk), e.g. a verify's accepted bank entry
                                   resolved by dsa_c128_commit; null: indices (ABI 4) */
+  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store (ABI 5) */
+  const int64_t* cache_slots;  /* [B] cache slot of the vector closed at each row (read only for rows that close a
+                                  chunk); required with `store` (ABI 5) */
 } dsa_c128_decode_params;
 
 typedef struct dsa_c128_prefill_params {
@@ -240,6 +294,9 @@ typedef struct dsa_c128_prefill_params {
   uint32_t* error_count;        /* [1] incremented per skipped record or slot; may be null */
   int32_t state_dtype;          /* dsa_state_dtype (ABI 2) */
   int32_t out_layout;           /* dsa_out_layout (ABI 2) */
+  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store (ABI 5) */
+  const int64_t* cache_slots;  /* [N] (ragged rows) cache slot of the vector closed at each row (read only for rows that close a
+                                  chunk); required with `store` (ABI 5) */
 } dsa_c128_prefill_params;
 
 DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream);
@@ -283,7 +340,8 @@ typedef struct dsa_c128_verify_params {
   float* out;                   /* [B * V, D]: the vector of a chunk closed by draft j at row b * V + j;
                                    other rows untouched; may be null (no vectors written) */
   const float* ape;             /* [128, D] */
-  const int32_t* seq_lens;      /* [B] committed length before the drafts; <= 0 is padding */
+  const int32_t* seq_lens;      /* [B] committed length before the drafts; < 0 is padding, 0 a request
+                                   with no committed tokens (ABI 5; earlier: <= 0 was padding) */
   const int32_t* verify_lens;   /* [B] drafts of each request, 0..V (others: skipped, counted);
                                    null: V for every request */
   const int32_t* indices;       /* [B] slot holding the state after seq tokens (read only when seq is
@@ -291,6 +349,9 @@ typedef struct dsa_c128_verify_params {
   const int32_t* bank_indices;  /* [B] slot of bank entry 0 */
   int64_t bank_stride;          /* slots between a request's consecutive bank entries, >= 1 */
   uint32_t* error_count;        /* [1] incremented per skipped request; may be null */
+  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store (ABI 5) */
+  const int64_t* cache_slots;  /* [B * V] cache slot of the vector closed at each row (read only for rows that close a
+                                  chunk); required with `store` (ABI 5) */
 } dsa_c128_verify_params;
 
 typedef struct dsa_c128_commit_params {
@@ -303,7 +364,7 @@ typedef struct dsa_c128_commit_params {
   int32_t num_drafts;           /* V, 1..DSA_MAX_DRAFTS */
   int32_t state_dtype;          /* dsa_state_dtype (copying commit only) */
   const int32_t* seq_lens;      /* [B] committed length before the drafts, as given to the verify;
-                                   <= 0 is padding: nothing read or written */
+                                   < 0 is padding: nothing read or written */
   const int32_t* accepted;      /* [B] drafts accepted, clamped to 0..v_b */
   const int32_t* verify_lens;   /* [B] as given to the verify; null: V */
   const int32_t* indices;       /* [B] as given to the verify (the copying commit's destination) */

@@ -128,6 +128,8 @@ size_t dsa_struct_size(dsa_struct_id id) {
     case DSA_STRUCT_PLAN_UPLOAD_PARAMS: return sizeof(dsa_plan_upload_params);
     case DSA_STRUCT_VERIFY_PARAMS: return sizeof(dsa_c128_verify_params);
     case DSA_STRUCT_COMMIT_PARAMS: return sizeof(dsa_c128_commit_params);
+    case DSA_STRUCT_KV_CACHE: return sizeof(dsa_kv_cache);
+    case DSA_STRUCT_KV_STORE_PARAMS: return sizeof(dsa_kv_store_params);
   }
   return 0;
 }

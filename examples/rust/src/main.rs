@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_void};
 use std::ptr::{null, null_mut};
 
-const ABI_VERSION: i32 = 4;
+const ABI_VERSION: i32 = 5;
 const DEVICE_HOST: i32 = -1;
 const CHUNK: usize = 128;
 const STATUS_OK: i32 = 0;
@@ -54,6 +54,8 @@ struct DecodeParams {
     state_dtype: i32,
     reserved: i32,
     load_indices: *const i32,
+    store: *const c_void,
+    cache_slots: *const i64,
 }
 
 #[repr(C)]
@@ -79,6 +81,8 @@ struct PrefillParams {
     error_count: *mut u32,
     state_dtype: i32,
     out_layout: i32,
+    store: *const c_void,
+    cache_slots: *const i64,
 }
 
 #[repr(C)]
@@ -242,6 +246,7 @@ fn main() {
         out: out.as_mut_ptr(), ape: ape.as_ptr(), indices: slot.as_ptr(), load_indices: null(),
         compress: compress.as_ptr(), write: write.as_ptr(), compress_capacity: compress.len() as i64,
         write_capacity: write.len() as i64, counts: null(), error_count: null_mut(), state_dtype: 0, out_layout: 0,
+        store: null(), cache_slots: null(),
     };
     checks.expect(unsafe { dsa_c128_prefill(&p, null_mut()) } == STATUS_OK, "prefill");
     for chunk in 0..2 {
@@ -256,6 +261,7 @@ fn main() {
             num_slots: 2, batch_size: 1, state: state.as_mut_ptr(), kv_score: rows[pos * 2 * d..].as_ptr(),
             out: decoded.as_mut_ptr(), ape: ape.as_ptr(), indices: slot.as_ptr(), seq_lens: seq_len.as_ptr(),
             error_count: null_mut(), state_dtype: 0, reserved: 0, load_indices: null(),
+            store: null(), cache_slots: null(),
         };
         checks.expect(unsafe { dsa_c128_decode(&q, null_mut()) } == STATUS_OK, "decode");
     }

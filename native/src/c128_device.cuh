@@ -1,0 +1,93 @@
+// Device helpers of the per-request c128 kernels (decode, verify, commit) and the prefill: vector
+// loads and stores of channels and state elements, the error counter, the per-request geometry.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "c128_math.h"
+#include "common.h"
+#include "cuda_launch.cuh"
+
+namespace dsa {
+
+constexpr int kDecodeThreads = 128;
+
+// VEC consecutive channels per thread as floats.
+template <int VEC>
+struct Lanes {
+  float v[VEC];
+};
+// kv_score and ape are never written by the op: read-only path.
+template <int VEC>
+__device__ __forceinline__ Lanes<VEC> load_lanes(const float* p) {
+  Lanes<VEC> r;
+  if constexpr (VEC == 8) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(p)), y = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w, r.v[4] = y.x, r.v[5] = y.y, r.v[6] = y.z, r.v[7] = y.w;
+  } else if constexpr (VEC == 4) {
+    const float4 x = __ldg(reinterpret_cast<const float4*>(p));
+    r.v[0] = x.x, r.v[1] = x.y, r.v[2] = x.z, r.v[3] = x.w;
+  } else if constexpr (VEC == 2) {
+    const float2 x = __ldg(reinterpret_cast<const float2*>(p));
+    r.v[0] = x.x, r.v[1] = x.y;
+  } else {
+    r.v[0] = __ldg(p);
+  }
+  return r;
+}
+// VEC state elements (float or Bf16) moved as one access.
+template <typename S, int VEC>
+struct alignas(sizeof(S) * VEC) Pack {
+  S e[VEC];
+};
+// State may be written by this launch (another segment's slot), so it bypasses the read-only path.
+template <int VEC, typename S>
+__device__ __forceinline__ Lanes<VEC> load_state(const S* p) {
+  const Pack<S, VEC> x = *reinterpret_cast<const Pack<S, VEC>*>(p);
+  Lanes<VEC> r;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) r.v[i] = widen(x.e[i]);
+  return r;
+}
+template <int VEC, typename S>
+__device__ __forceinline__ void store_state(S* p, const Lanes<VEC>& r) {
+  Pack<S, VEC> x;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) narrow(r.v[i], &x.e[i]);
+  *reinterpret_cast<Pack<S, VEC>*>(p) = x;
+}
+template <int VEC>
+__device__ __forceinline__ void store_lanes(float* p, const Lanes<VEC>& r) {
+  if constexpr (VEC == 8) {
+    store_state<4, float>(p, reinterpret_cast<const Lanes<4>&>(r.v[0]));
+    store_state<4, float>(p + 4, reinterpret_cast<const Lanes<4>&>(r.v[4]));
+  } else {
+    store_state<VEC, float>(p, r);
+  }
+}
+
+__device__ __forceinline__ void count_error(uint32_t* error_count) {
+  if (error_count != nullptr) atomicAdd(error_count, 1u);
+}
+
+// The geometry of the per-request kernels (decode, verify, copying commit): D / vec threads per
+// request in column tiles of at most kDecodeThreads (blockIdx.y), as many requests per block as
+// fill it (threadIdx.y), `layers` along blockIdx.z.
+inline dsa_status request_grid(int head_dim, int vec, int64_t batch_size, int layers, dim3* grid, dim3* block, const char* op,
+                        int max_lanes = kDecodeThreads) {
+  const int lanes = head_dim / vec;
+  const int tiles = (lanes + max_lanes - 1) / max_lanes;
+  const int tile_lanes = (lanes + tiles - 1) / tiles;
+  const int rows = (int)std::max<int64_t>(1, std::min<int64_t>(kDecodeThreads / tile_lanes, batch_size));
+  const int64_t blocks = (batch_size + rows - 1) / rows;
+  if (batch_size > INT32_MAX || tiles > 65535)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
+  *grid = dim3((unsigned)blocks, (unsigned)tiles, (unsigned)layers);
+  *block = dim3((unsigned)tile_lanes, (unsigned)rows);
+  return DSA_STATUS_OK;
+}
+
+}  // namespace dsa

@@ -1,0 +1,19 @@
+// The host backend of the c128 ops and the store (device == DSA_DEVICE_HOST): the same results as
+// the kernels, on the calling thread, for arguments the entry points have checked.
+#pragma once
+
+#include <cstdint>
+
+#include "dsa_kernels.h"
+
+namespace dsa {
+
+void host_decode(const dsa_c128_decode_params& p);
+void host_prefill(const dsa_c128_prefill_params& p);
+void host_verify(const dsa_c128_verify_params& p);
+void host_commit(const dsa_c128_commit_params& p);
+void host_store(const dsa_kv_store_params& p);
+// One vector x [D] into the cache (the epilogue of every storing host op).
+void host_store_vector(const float* x, int D, const dsa_kv_cache& c, int64_t loc, int64_t pos, uint32_t* error_count);
+
+}  // namespace dsa

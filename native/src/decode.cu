@@ -1,0 +1,155 @@
+// c128 decode (docs/spec.md, "Decode"): the kernel, its launch and the entry point.
+#include "c128_checks.h"
+#include "c128_device.cuh"
+#include "c128_host.h"
+#include "store.cuh"
+
+namespace dsa {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Decode: one request per block row (threadIdx.y), D / VEC threads across its channels, in
+// column tiles of at most 128 threads (blockIdx.y) for wide heads. Two dependent memory round
+// trips: the token with the request's length and slot, then its ape row and the slot's state.
+
+// The decode kernel's parameters, ordered by first use: what a block needs up to its second loads
+// (head size, request count, the token, length, slot, state and ape pointers) in the first 48
+// bytes, where the ABI struct spread it over more of the parameter space. H200, C harness, graph
+// us, the ABI struct / this (five interleaved runs, median): B = 256 2.037 / 1.978, bf16 state
+// B = 8192 23.84 / 23.29; B = 1, 32 and fp32 B = 8192 unchanged. The same fields behind 48 bytes of
+// padding (so that they start a 64-byte line) gained only at B = 8192 bf16 (sweep "Decode kernel
+// parameters in first-use order" of variant-sweeps-nvidia-h200-2026-11-30-split.txt).
+struct DecodeLaunch {
+  int32_t head_dim;
+  uint32_t batch_size;  // <= INT32_MAX (host check)
+  const float* kv_score;
+  const int32_t* seq_lens;
+  const int32_t* indices;
+  void* state;
+  const float* ape;
+  uint32_t slot_count;  // num_slots (<= INT32_MAX host check), for slot_ok
+  float* out;
+  uint32_t* error_count;
+  const int32_t* load_indices;  // null: the state is read from `indices`
+  StoreLaunch store;            // kStore only
+};
+
+// kLoadSlots: the state is read from load_indices (a template flag rather than a branch on the
+// pointer: its parameter sits past the first constant line, and reading it cost every decode
+// 0.1-0.15 us at B <= 256 on an H200, side-by-side-nvidia-h200-2026-12-01.json).
+// kStore: a closed vector is also stored into the cache (store.cuh); `out` may then be null.
+template <int VEC, typename S, bool kLoadSlots, bool kStore>
+__global__ void __launch_bounds__(kDecodeThreads)
+    c128_decode_kernel(const __grid_constant__ DecodeLaunch p) {
+  const int D = p.head_dim;
+  // 32-bit request index and offsets where they fit (batch_size <= INT32_MAX, head_dim < 2^27: host
+  // checks). H200, C harness, graph us, 64-bit / 32-bit (minimum of five rounds; B = 256 median):
+  // B = 1 1.51 / 1.47, B = 32 1.63 / 1.59, B = 256 2.04 / 2.04, bf16 state B = 8192 23.79 / 23.10
+  // (variant-sweeps-nvidia-h200-2026-11-30-fit.txt, sweeps 5-6).
+  const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
+  const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+  if (b >= p.batch_size || ch >= D) return;
+  wait_for_producers();
+  const float* token = p.kv_score + ((int64_t)b * (2 * D) + ch);
+  const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
+  const int32_t seq_len = __ldg(p.seq_lens + b);
+  const int32_t slot = __ldg(p.indices + b);
+  const int32_t load_slot = kLoadSlots ? __ldg(p.load_indices + b) : slot;
+  const int64_t loc = kStore ? __ldg(p.store.cache_slots + b) : 0;
+  allow_dependents();
+  if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
+  const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
+  if (kLoadSlots && c != 0 && load_slot < 0) return;  // state not held on this GPU
+  if (!slot_ok(slot, p.slot_count) || (kLoadSlots && c != 0 && !slot_ok(load_slot, p.slot_count))) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  S* state = static_cast<S*>(p.state) + (int64_t)slot * (3 * D) + ch;
+  const S* prior = static_cast<const S*>(p.state) + (int64_t)load_slot * (3 * D) + ch;
+  const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((int64_t)c * D + ch));
+  Lanes<VEC> m, s, k;
+  if (c != 0) m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
+  [[maybe_unused]] float w[VEC];
+  if (kStore && c == DSA_CHUNK - 1) load_floats<VEC>(w, p.store.norm_weight + ch);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) {
+    const Partial r = token_into_state(m.v[i], s.v[i], k.v[i], to_log2(score.v[i] + bias.v[i]), kv.v[i], c);
+    m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
+  }
+  if (c == DSA_CHUNK - 1) {
+    if (!kStore || p.out != nullptr) store_lanes<VEC>(p.out + ((int64_t)b * D + ch), k);
+    if constexpr (kStore) store_vector<VEC>(p.store, k.v, w, D, ch, (int)blockDim.x, loc, seq_len - DSA_CHUNK, p.error_count);
+  } else {
+    store_state<VEC>(state, m);
+    store_state<VEC>(state + D, s);
+    store_state<VEC>(state + 2 * D, k);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device launches.
+
+template <bool kLoadSlots, bool kStore>
+cudaError_t launch_decode(int vec, bool bf16, dim3 grid, dim3 block, cudaStream_t s, unsigned mode, const DecodeLaunch& a) {
+  if constexpr (!kStore) {
+    if (vec == 8) return launch(c128_decode_kernel<8, Bf16, kLoadSlots, false>, grid, block, s, mode, a);
+  }
+  return vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16, kLoadSlots, kStore>, grid, block, s, mode, a)
+                          : launch(c128_decode_kernel<4, float, kLoadSlots, kStore>, grid, block, s, mode, a))
+                  : (bf16 ? launch(c128_decode_kernel<2, Bf16, kLoadSlots, kStore>, grid, block, s, mode, a)
+                          : launch(c128_decode_kernel<2, float, kLoadSlots, kStore>, grid, block, s, mode, a));
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c128_decode";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c128_decode_params& p = *params;
+  if (p.batch_size < 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
+  if (p.batch_size == 0) return ok();
+  DSA_TRY(check_common(p, op));
+  if (p.seq_lens == nullptr || (p.out == nullptr && p.store == nullptr))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens must be non-null, and out unless there is a store", op);
+  StoreLaunch st = {};
+  if (p.store != nullptr) DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &st));
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
+  if (p.device == DSA_DEVICE_HOST) {
+    host_decode(p);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  // Large bf16-state batches: 8 channels per thread, so state accesses stay 16 bytes wide
+  // (docs/performance.md, "Decode"). A storing decode keeps a request's channels in one block.
+  const int vec4 = vector_width(p);
+  int vec = bf16 && vec4 == 4 && aligned(p.state, 16) && p.head_dim % 8 == 0 && p.batch_size >= 4096 ? 8 : vec4;
+  if (p.store != nullptr) {
+    vec = store_vector_width(p.head_dim, vec4);
+    if (vec == 0 || p.head_dim / vec > kDecodeThreads)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing decode on the GPU needs 16-byte aligned buffers and "
+                  "head_dim <= %d (got %d)", op, 4 * kDecodeThreads, p.head_dim);
+  }
+  dim3 grid, block;
+  DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op));
+  DeviceGuard guard(p.device);
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const cudaStream_t s = (cudaStream_t)stream;
+  DecodeLaunch a = {};
+  a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size;
+  a.slot_count = (uint32_t)p.num_slots;  // 1..INT32_MAX (check_common)
+  a.kv_score = p.kv_score, a.seq_lens = p.seq_lens, a.indices = p.indices;
+  a.state = p.state, a.ape = p.ape, a.out = p.out, a.error_count = p.error_count;
+  a.load_indices = p.load_indices, a.store = st;
+  const bool loads = p.load_indices != nullptr;
+  const cudaError_t err = p.store != nullptr
+                              ? (loads ? launch_decode<true, true>(vec, bf16, grid, block, s, mode, a)
+                                       : launch_decode<false, true>(vec, bf16, grid, block, s, mode, a))
+                              : (loads ? launch_decode<true, false>(vec, bf16, grid, block, s, mode, a)
+                                       : launch_decode<false, false>(vec, bf16, grid, block, s, mode, a));
+  DSA_TRY(launch_status(err, op));
+  return ok();
+}

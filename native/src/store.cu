@@ -1,0 +1,116 @@
+// The standalone KV-cache store (docs/spec.md, "The store"): vectors and slots in, cache entries out;
+// and the check of a dsa_kv_cache that every storing op shares.
+#include "c128_checks.h"
+#include "c128_host.h"
+#include "store.cuh"
+
+namespace dsa {
+
+dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int head_dim, int device,
+                        const char* op, StoreLaunch* out) {
+  DSA_TRY(check_struct(c, op));
+  if (c->layout != DSA_CACHE_V4)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.layout is %d; expected %d (DSA_CACHE_V4)", op, c->layout,
+                DSA_CACHE_V4);
+  if (head_dim < 2 * kStoreGroup || head_dim % kStoreGroup != 0 || head_dim / kStoreGroup > kStoreMaxGroups)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; a store needs a multiple of 64 in 128..%d", op,
+                head_dim, kStoreMaxGroups * kStoreGroup);
+  const int32_t ps = c->page_size;
+  if (ps < 1 || ps > 1024 || (ps & (ps - 1)) != 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.page_size is %d; expected a power of two in 1..1024", op, ps);
+  if (c->num_pages < 1 || c->num_pages > INT64_MAX / page_bytes(head_dim, ps))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.num_pages is %lld; expected >= 1 (and a cache below 2^63 bytes)",
+                op, (long long)c->num_pages);
+  if (c->num_positions < 1)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.num_positions is %lld; expected >= 1", op,
+                (long long)c->num_positions);
+  if (!(c->eps >= 0.0f) || c->eps == INFINITY)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.eps is %g; expected a finite value >= 0", op, (double)c->eps);
+  if (c->cache == nullptr || c->norm_weight == nullptr || c->rotary == nullptr || cache_slots == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.cache, store.norm_weight, store.rotary and cache_slots must be "
+                "non-null", op);
+  const int align = device == DSA_DEVICE_HOST ? 1 : 16;
+  if (!aligned(c->cache, align) || !aligned(c->norm_weight, align) || !aligned(c->rotary, align) ||
+      !aligned(cache_slots, device == DSA_DEVICE_HOST ? 1 : 8))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, store.cache, store.norm_weight and store.rotary must be "
+                "16-byte aligned and cache_slots 8-byte aligned", op);
+  out->cache = c->cache, out->cache_slots = cache_slots;
+  out->norm_weight = c->norm_weight, out->rotary = c->rotary;
+  out->num_positions = c->num_positions, out->capacity = c->num_pages * ps;
+  out->page_stride = page_bytes(head_dim, ps), out->eps = c->eps;
+  int log2 = 0;
+  while ((1 << log2) < ps) ++log2;
+  out->page_log2 = log2;
+  return DSA_STATUS_OK;
+}
+
+namespace {
+
+struct StoreOpLaunch {
+  int32_t head_dim;
+  uint32_t num_vectors;
+  const float* vectors;
+  const int32_t* positions;
+  uint32_t* error_count;
+  StoreLaunch store;
+};
+
+template <int VEC>
+__global__ void __launch_bounds__(1024) kv_store_kernel(const __grid_constant__ StoreOpLaunch p) {
+  const int D = p.head_dim;
+  const uint32_t v = blockIdx.x * blockDim.y + threadIdx.y;
+  const int ch = (int)threadIdx.x * VEC;
+  if (v >= p.num_vectors) return;
+  wait_for_producers();
+  float x[VEC], w[VEC];
+  load_floats<VEC>(x, p.vectors + (int64_t)v * D + ch);
+  load_floats<VEC>(w, p.store.norm_weight + ch);
+  const int64_t loc = __ldg(p.store.cache_slots + v);
+  const int32_t pos = __ldg(p.positions + v);
+  allow_dependents();
+  store_vector<VEC>(p.store, x, w, D, ch, (int)blockDim.x, loc, pos, p.error_count);
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" int64_t dsa_kv_page_bytes(int32_t head_dim, int32_t page_size) {
+  if (head_dim < 128 || head_dim % 64 != 0 || page_size < 1) return 0;
+  return dsa::page_bytes(head_dim, page_size);
+}
+
+extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_kv_store";
+  DSA_TRY(check_struct(params, op));
+  const dsa_kv_store_params& p = *params;
+  if (p.num_vectors < 0 || p.num_vectors > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_vectors is %lld; expected 0..%d", op, (long long)p.num_vectors,
+                INT32_MAX);
+  StoreLaunch st = {};
+  DSA_TRY(store_launch(p.cache, p.cache_slots, p.head_dim, p.device, op, &st));
+  if (p.num_vectors == 0) return ok();
+  if (p.vectors == nullptr || p.positions == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors and positions must be non-null", op);
+  if (p.device == DSA_DEVICE_HOST) {
+    host_store(p);
+    return ok();
+  }
+  const int vec = store_vector_width(p.head_dim, aligned(p.vectors, 16) ? 4 : aligned(p.vectors, 8) ? 2 : 0);
+  if (vec == 0) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be 8-byte aligned on the GPU", op);
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  dim3 grid, block;
+  const int lanes = p.head_dim / vec;
+  DSA_TRY(request_grid(p.head_dim, vec, p.num_vectors, 1, &grid, &block, op, lanes));
+  DeviceGuard guard(p.device);
+  StoreOpLaunch a = {};
+  a.head_dim = p.head_dim, a.num_vectors = (uint32_t)p.num_vectors, a.vectors = p.vectors;
+  a.positions = p.positions, a.error_count = p.error_count, a.store = st;
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const cudaStream_t s = (cudaStream_t)stream;
+  const cudaError_t err = vec == 4 ? launch(kv_store_kernel<4>, grid, block, s, mode, a)
+                                   : launch(kv_store_kernel<2>, grid, block, s, mode, a);
+  DSA_TRY(launch_status(err, op));
+  return ok();
+}

@@ -1,0 +1,123 @@
+// The KV-cache store as a device epilogue: the threads of one request (or one vector) hold its D
+// channels, VEC consecutive ones each, and write its cache entry together. Used by the standalone
+// store and by every kernel that closes a chunk (decode, verify), so fused and standalone stores
+// are one code and give the same bytes.
+#pragma once
+
+#include "c128_device.cuh"
+#include "store_math.h"
+
+namespace dsa {
+
+constexpr int kStoreMaxRows = 4;      // requests per block that may store (threadIdx.y)
+constexpr int kStoreMaxGroups = 64;   // D / 64 up to 4096 channels
+
+// The store's parameters inside a kernel launch (from dsa_kv_cache and the op's slots).
+struct StoreLaunch {
+  uint8_t* cache;
+  const int64_t* cache_slots;  // per row of the op
+  const float* norm_weight;    // [D]
+  const float* rotary;         // [num_positions, 64]
+  int64_t num_positions;
+  int64_t capacity;            // num_pages * page_size
+  int64_t page_stride;         // bytes per page
+  float eps;
+  int32_t page_log2;
+};
+
+// Host side: checks a dsa_kv_cache for head dim D and fills `out` (cache_slots left to the caller).
+dsa_status store_launch(const dsa_kv_cache* cache, const int64_t* cache_slots, int head_dim, int device,
+                        const char* op, StoreLaunch* out);
+
+// Channels per thread of a storing kernel, and whether D / vec threads of one request fit a block in
+// whole warps: 4 with 16-byte aligned buffers and D a multiple of 128, else 2 (8-byte alignment).
+inline int store_vector_width(int head_dim, int aligned_vec) {
+  return aligned_vec >= 4 && head_dim % 128 == 0 ? 4 : aligned_vec >= 2 ? 2 : 0;
+}
+
+#if defined(__CUDACC__)
+// Blocks until the warps of request row `row` (lanes threads) reach it; one warp syncs itself.
+__device__ __forceinline__ void request_barrier(int row, int lanes) {
+  if (lanes <= 32) {
+    __syncwarp();
+  } else {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + row), "r"(lanes) : "memory");
+  }
+}
+
+template <int VEC>
+__device__ __forceinline__ void load_floats(float (&v)[VEC], const float* p) {
+  const Lanes<VEC> x = load_lanes<VEC>(p);
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) v[i] = x.v[i];
+}
+
+// Writes the cache entry of vector x (this thread's VEC channels from `ch`; w: the norm weights of
+// the same channels) to slot `loc` with rotary row `pos`. Every thread of the request row calls it
+// with the same loc and pos; `lanes` = D / VEC threads, a multiple of 32, lane = threadIdx.x.
+template <int VEC>
+__device__ __forceinline__ void store_vector(const StoreLaunch& st, const float (&x)[VEC], const float (&w)[VEC],
+                                             int D, int ch, int lanes, int64_t loc, int64_t pos,
+                                             uint32_t* error_count) {
+  static_assert(VEC == 2 || VEC == 4 || VEC == 8, "pairs of channels per thread");
+  __shared__ float group_sums[kStoreMaxRows][kStoreMaxGroups];
+  constexpr int kGroupLanes = kStoreGroup / VEC;
+  const int check = store_check(loc, st.capacity, pos, st.num_positions);
+  if (check != kStoreWrite) {
+    if (check == kStoreCount && ch == 0) count_error(error_count);
+    return;
+  }
+  const int row = threadIdx.y, group = ch / kStoreGroup;
+  const bool rope = ch >= D - kStoreGroup;
+  float rot[VEC];
+  if (rope) load_floats<VEC>(rot, st.rotary + pos * kStoreGroup + (ch - (D - kStoreGroup)));
+  // Sum of squares in the defined order: pairs, the tree inside the thread, the tree across the
+  // group's lanes, then the groups left to right.
+  float p[VEC / 2];
+#pragma unroll
+  for (int i = 0; i < VEC / 2; ++i) p[i] = pair_square(x[2 * i], x[2 * i + 1]);
+#pragma unroll
+  for (int step = 1; step < VEC / 2; step <<= 1)
+#pragma unroll
+    for (int i = 0; i < VEC / 2; i += 2 * step) p[i] = add_rn(p[i], p[i + step]);
+  float sum = p[0];
+#pragma unroll
+  for (int offset = 1; offset < kGroupLanes; offset <<= 1) sum = add_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, offset));
+  if (threadIdx.x % kGroupLanes == 0) group_sums[row][group] = sum;
+  request_barrier(row, lanes);
+  float total = group_sums[row][0];
+  for (int g = 1; g < D / kStoreGroup; ++g) total = add_rn(total, group_sums[row][g]);
+  const float r = rms_factor(total, D, st.eps);
+  float y[VEC];
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) y[i] = normed(x[i], r, w[i]);
+
+  const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
+  uint8_t* const data = st.cache + at.data;
+  if (rope) {  // a whole group: the rotated tail as bf16
+    Pack<Bf16, VEC> out;
+#pragma unroll
+    for (int i = 0; i < VEC; i += 2) {
+      float a, b;
+      rotate(y[i], y[i + 1], rot[i], rot[i + 1], &a, &b);
+      narrow(a, &out.e[i]), narrow(b, &out.e[i + 1]);
+    }
+    *reinterpret_cast<Pack<Bf16, VEC>*>(data + (D - kStoreGroup) + 2 * (ch - (D - kStoreGroup))) = out;
+  } else {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) y[i] = bf16_rounded(y[i]), amax = fmaxf(amax, fabsf(y[i]));
+#pragma unroll
+    for (int offset = 1; offset < kGroupLanes; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+    const uint32_t e = scale_exponent(amax);
+    const float inv = inverse_scale(e);
+    Pack<uint8_t, VEC> codes;
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) codes.e[i] = (uint8_t)fp8_e4m3(y[i] * inv);
+    *reinterpret_cast<Pack<uint8_t, VEC>*>(data + ch) = codes;
+    if (threadIdx.x % kGroupLanes == 0) st.cache[at.scale + group] = (uint8_t)e;
+  }
+}
+#endif
+
+}  // namespace dsa

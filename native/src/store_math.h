@@ -1,0 +1,121 @@
+// Arithmetic of the KV-cache store (docs/spec.md, "The store"), shared verbatim by the CUDA kernels
+// and the host backend, so that both produce the same bytes: RMSNorm, the bf16 rounding of the
+// quantized part, power-of-two ("ue8m0") scales per 64 values, fp8 e4m3 codes, the rotation of the
+// rope tail, and the paged cache layout.
+//
+// The norm's sum of squares has one defined order, whatever the thread layout that computes it:
+// pair sums p_i = x_{2i+1}^2 + x_{2i}^2 (one fma), a butterfly tree over the 32 pairs of each
+// 64-channel group (pair offsets 1, 2, 4, 8, 16), then the group sums added left to right.
+#pragma once
+
+#include "c128_math.h"
+
+namespace dsa {
+
+constexpr int kStoreGroup = 64;     // channels per fp8 scale, and the rope tail's width
+constexpr float kFp8Max = 448.0f;   // largest finite e4m3 value
+constexpr float kScaleFloor = 1e-4f;
+
+DSA_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+DSA_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// x_b^2 + x_a^2 of one channel pair (a = even channel, b = odd), rounded once after the add.
+DSA_HD float pair_square(float a, float b) { return fmaf(b, b, mul_rn(a, a)); }
+
+// 1 / sqrt(mean + eps), correctly rounded at every step on both backends.
+DSA_HD float rms_factor(float sum_of_squares, int head_dim, float eps) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(sum_of_squares, (float)head_dim), eps)));
+#else
+  return 1.0f / sqrtf(sum_of_squares / (float)head_dim + eps);
+#endif
+}
+
+// The normed value y = x * r * w.
+DSA_HD float normed(float x, float r, float w) { return mul_rn(mul_rn(x, r), w); }
+
+// y rounded to bf16 and widened back (round to nearest even).
+DSA_HD float bf16_rounded(float y) { return as_stored<Bf16>(y); }
+
+// The biased exponent byte of the scale of a group whose largest |bf16 value| is amax: the smallest
+// power of two >= max(amax, 1e-4) / 448.
+DSA_HD uint32_t scale_exponent(float amax) {
+#if defined(__CUDA_ARCH__)
+  const float s = __fdiv_rn(fmaxf(amax, kScaleFloor), kFp8Max);
+#else
+  const float s = fmaxf(amax, kScaleFloor) / kFp8Max;
+#endif
+  const uint32_t u = float_bits(s);
+  return ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) != 0u);
+}
+
+// 1 / scale for a scale exponent byte (exact: a power of two).
+DSA_HD float inverse_scale(uint32_t exponent) { return bits_float((254u - exponent) << 23); }
+
+// fp8 e4m3 code of v, saturated to +-448 (NaN saturates too), rounded to nearest even.
+DSA_HD uint32_t fp8_e4m3(float v) {
+  const float c = fmaxf(fminf(v, kFp8Max), -kFp8Max);
+  const uint32_t sign = (float_bits(c) >> 24) & 0x80u;
+  const float a = fabsf(c);
+  if (a < 0.015625f) {  // below 2^-6: subnormal codes, steps of 2^-9
+#if defined(__CUDA_ARCH__)
+    return sign | (uint32_t)__float2int_rn(a * 512.0f);
+#else
+    return sign | (uint32_t)(int32_t)rintf(a * 512.0f);
+#endif
+  }
+  uint32_t u = float_bits(a);
+  u += 0x7FFFFu + ((u >> 20) & 1u);  // round the mantissa to 3 bits, nearest even
+  return sign | ((u >> 20) - (120u << 3));
+}
+
+// One rope pair (a, b) rotated by (cos, sin): (a c - b s, a s + b c).
+DSA_HD void rotate(float a, float b, float c, float s, float* x, float* y) {
+  *x = fmaf(a, c, -mul_rn(b, s));
+  *y = fmaf(a, s, mul_rn(b, c));
+}
+
+// Cache layout: an entry is (D - 64) fp8 bytes then 64 bf16 (D + 64 data bytes) and one scale row
+// of D / 64 - 1 exponent bytes padded to a multiple of 8 (never written past the scales). A page
+// holds page_size data rows, then their scale rows, padded to a multiple of the data row.
+DSA_HD int64_t entry_data_bytes(int head_dim) { return head_dim + kStoreGroup; }
+DSA_HD int64_t entry_scale_bytes(int head_dim) { return ((head_dim / kStoreGroup + 7) / 8) * 8; }
+DSA_HD int64_t page_bytes(int head_dim, int64_t page_size) {
+  const int64_t row = entry_data_bytes(head_dim);
+  return (page_size * (row + entry_scale_bytes(head_dim)) + row - 1) / row * row;
+}
+
+// Byte offsets of cache slot `loc`'s data row and scale row (page_size = 1 << page_log2).
+struct EntryOffsets {
+  int64_t data;
+  int64_t scale;
+};
+DSA_HD EntryOffsets entry_offsets(int64_t loc, int page_log2, int64_t page_stride, int head_dim) {
+  const int64_t page = loc >> page_log2, entry = loc & ((int64_t{1} << page_log2) - 1);
+  const int64_t base = page * page_stride;
+  return EntryOffsets{base + entry * entry_data_bytes(head_dim),
+                      base + (entry_data_bytes(head_dim) << page_log2) + entry * entry_scale_bytes(head_dim)};
+}
+
+// What a store does with the slot of a vector: write it, skip it silently (negative: not held on
+// this GPU) or skip and count it (past the cache, or a rotary row outside the table).
+enum StoreCheck : int { kStoreWrite = 0, kStoreSkip = 1, kStoreCount = 2 };
+DSA_HD int store_check(int64_t loc, int64_t capacity, int64_t position, int64_t num_positions) {
+  if (loc < 0) return kStoreSkip;
+  return loc < capacity && position >= 0 && position < num_positions ? kStoreWrite : kStoreCount;
+}
+
+}  // namespace dsa

@@ -1,0 +1,218 @@
+"""pydsa beside sglang 0.5.23's own online c128 kernels (its v2 decode, prefill and store kernel, its MTP
+kernels), in one process, on the same inputs, timed with the same graph method and a busy start, PDL as
+each side ships it (sglang: on every launch; pydsa: its defaults). Targets P18-P22 (docs/performance.md).
+
+    python -m pydsa.bench.release OUT.json --reference-build DIR
+
+DIR is a build of benchmarks/reference (benchmarks/README.md). First the store's bytes are compared with
+sglang's store kernel on the same vectors (fp8 code, scale and rope flips counted), then the rows are timed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import statistics
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+import pydsa
+from . import harness
+from .harness import graph_us
+
+D = 512
+PAGE = 2
+LAYERS = 30
+
+
+def _load(folder):
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module("anchor_v2"), importlib.import_module("anchor_mtp523")
+    except Exception as exc:
+        raise SystemExit(f"--reference-build {folder}: cannot load sglang 0.5.23's kernels ({exc})") from exc
+
+
+def _rotary(positions, gen):
+    angles = torch.rand(positions, 32, generator=gen, device="cuda") * 6.3
+    return torch.polar(torch.ones_like(angles), angles)  # complex64 [P, 32], as sglang's freq_cis
+
+
+def _extend_records(positions):
+    """sglang extend-mode store records: one per vector i, seq_len = position + 128, ragged_id = i."""
+    n = positions.shape[0]
+    rec = np.zeros((n, 4), np.uint32)
+    rec[:, 0] = positions.cpu().numpy().astype(np.uint32) + 128
+    rec[:, 1] = np.arange(n, dtype=np.uint32) | (128 << 16)
+    return torch.from_numpy(rec.view(np.uint8).reshape(n, 16)).cuda()
+
+
+def compare_store(v2, n=8192, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(n, D, device="cuda", generator=gen) * torch.rand(n, 1, device="cuda", generator=gen) * 4
+    w = torch.rand(D, device="cuda", generator=gen) + 0.5
+    freq = _rotary(4096, gen)
+    positions = torch.randint(0, 4096 - 128, (n,), device="cuda", generator=gen, dtype=torch.int32)
+    slots = torch.randperm(n * 2, device="cuda", generator=gen)[:n].to(torch.int64)
+    pages = n + 1
+    ours = torch.full((pages, 1728), 0xA5, dtype=torch.uint8, device="cuda")
+    theirs = ours.clone()
+    kv = pydsa.KVCache(ours, w, freq, page_size=PAGE, eps=1e-6)
+    pydsa.kv_store(x, positions, slots, kv)
+    torch.cuda.synchronize()
+    v2.norm_rope_store(x, (_extend_records(positions), _extend_records(positions)[:0]), w, 1e-6, freq, slots,
+                       theirs, PAGE)
+    torch.cuda.synchronize()
+    a, b = ours.cpu().numpy().reshape(-1), theirs.cpu().numpy().reshape(-1)
+    s = slots.cpu().numpy()
+    page, entry = s // 2, s % 2
+    data = (page * 1728 + entry * 576)[:, None] + np.arange(576)
+    scale = (page * 1728 + 1152 + entry * 8)[:, None] + np.arange(8)
+    codes_a, codes_b = a[data[:, :448]], b[data[:, :448]]
+    rope_a, rope_b = a[data[:, 448:]].view(np.uint16), b[data[:, 448:]].view(np.uint16)
+    sc_a, sc_b = a[scale[:, :7]], b[scale[:, :7]]
+    written = np.zeros(a.shape, bool)
+    written[data.reshape(-1)] = True
+    written[scale[:, :7].reshape(-1)] = True
+    return {
+        "vectors": n, "values": n * D,
+        "fp8_code_flips": int((codes_a != codes_b).sum()),
+        "fp8_code_max_step": int(np.abs(codes_a.astype(int) - codes_b.astype(int)).max()),
+        "scale_flips": int((sc_a != sc_b).sum()),
+        "rope_values_off": int((rope_a != rope_b).sum()),
+        "rope_max_bf16_steps": int(np.abs(rope_a.astype(np.int32) - rope_b.astype(np.int32)).max()),
+        "pad_bytes_written_pydsa": int((a[scale[:, 7]] != 0xA5).sum()),
+        "other_bytes_differ": int((a[~written] != b[~written]).sum()),
+    }
+
+
+class Layer:
+    """One c128 layer's buffers (state, ape, norm, cache) for B requests; pydsa and sglang views."""
+
+    def __init__(self, b, dtype, closing, gen):
+        self.b = b
+        self.state = (torch.randn(b + 1, 1, 3 * D, device="cuda", generator=gen) * 0.1).to(dtype)
+        self.state[:, :, D:2 * D] = 3.0
+        self.ape = torch.randn(128, D, device="cuda", generator=gen)
+        self.kv = torch.randn(b, 2 * D, device="cuda", generator=gen)
+        self.out = torch.empty(b, D, device="cuda")
+        seq = torch.randint(200, 4000, (b,), device="cuda", generator=gen)
+        if closing:
+            seq = (seq // 128 + 1) * 128
+        self.seq64 = seq.to(torch.int64)
+        self.seq = seq.to(torch.int32)
+        self.idx = torch.arange(b, dtype=torch.int32, device="cuda")
+        self.rid = self.idx.to(torch.int64)
+        self.loc = torch.arange(b, dtype=torch.int64, device="cuda")
+        self.cache = torch.zeros((b + 1) // 2 + 1, 1728, dtype=torch.uint8, device="cuda")
+        self.w = torch.rand(D, device="cuda", generator=gen) + 0.5
+        self.freq = _rotary(4096 + 128, gen)
+        self.store = pydsa.KVCache(self.cache, self.w, self.freq, page_size=PAGE, eps=1e-6)
+        self.r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
+
+
+def decode_rows(v2, bs, dtypes, rounds=5):
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for dtype in dtypes:
+        for closing in (False, True):
+            for b in bs:
+                L = Layer(b, dtype, closing, gen)
+                plan = v2.plan_decode_online(L.seq64, L.rid, L.r2t)
+                ours = pydsa.C128Decode(L.state, L.kv, L.out, L.ape, L.idx, L.seq)
+                fused = pydsa.C128Decode(L.state, L.kv, None, L.ape, L.idx, L.seq, store=L.store, cache_slots=L.loc)
+                sg_dec = lambda: v2.compress_forward_online(L.state, L.kv, L.ape, plan, out=L.out)
+                sg_store = lambda: v2.norm_rope_store(L.out, plan, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
+                cases = {"pydsa decode": [ours.launch], "sglang decode": [sg_dec],
+                         "pydsa decode+store fused": [fused.launch], "sglang decode + store": [sg_dec, sg_store],
+                         "sglang store": [sg_store]}
+                t = {k: [] for k in cases}
+                for _ in range(rounds):
+                    for k, calls in cases.items():
+                        t[k].append(graph_us(calls) * len(calls))
+                m = {k: statistics.median(v) for k, v in t.items()}
+                row = {"b": b, "state": str(dtype).replace("torch.", ""), "lengths": "closing" if closing else "random",
+                       **{k + " us": round(v, 3) for k, v in m.items()},
+                       "P18 decode speedup": round(m["sglang decode"] / m["pydsa decode"], 3),
+                       "P19 layer speedup": round(m["sglang decode + store"] / m["pydsa decode+store fused"], 3)}
+                rows.append(row)
+                print(row, flush=True)
+    return rows
+
+
+def model_step_rows(v2, bs, dtypes, rounds=5):
+    """P22: 30 layers, each its own state and cache, each after a producer (a bf16 matmul)."""
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    a = torch.randn(256, 7168, device="cuda", dtype=torch.bfloat16)
+    wm = torch.randn(7168, 1024, device="cuda", dtype=torch.bfloat16)
+    res = torch.empty(256, 1024, device="cuda", dtype=torch.bfloat16)
+    producer = lambda: torch.matmul(a, wm, out=res)
+    for dtype in dtypes:
+        for b in bs:
+            layers = [Layer(b, dtype, False, gen) for _ in range(LAYERS)]
+            plan = v2.plan_decode_online(layers[0].seq64, layers[0].rid, layers[0].r2t)
+            ours = [pydsa.C128Decode(L.state, L.kv, None, L.ape, L.idx, L.seq, store=L.store, cache_slots=L.loc)
+                    for L in layers]
+
+            def step_ours():
+                for op in ours:
+                    producer()
+                    op.launch()
+
+            def step_sglang():
+                p = v2.plan_decode_online(layers[0].seq64, layers[0].rid, layers[0].r2t)
+                for L in layers:
+                    producer()
+                    v2.compress_forward_online(L.state, L.kv, L.ape, p, out=L.out)
+                    v2.norm_rope_store(L.out, p, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
+
+            def producers():
+                for _ in layers:
+                    producer()
+
+            t = {"producers": [], "pydsa": [], "sglang": []}
+            for _ in range(rounds):
+                t["producers"].append(graph_us([producers]))
+                t["pydsa"].append(graph_us([step_ours]))
+                t["sglang"].append(graph_us([step_sglang]))
+            m = {k: statistics.median(v) for k, v in t.items()}
+            share_o, share_s = m["pydsa"] - m["producers"], m["sglang"] - m["producers"]
+            row = {"b": b, "state": str(dtype).replace("torch.", ""), "producers us": round(m["producers"], 2),
+                   "pydsa step us": round(m["pydsa"], 2), "sglang step us": round(m["sglang"], 2),
+                   "pydsa compressor share us": round(share_o, 2), "sglang compressor share us": round(share_s, 2),
+                   "P22 speedup": round(share_s / share_o, 3) if share_o > 0 else None}
+            rows.append(row)
+            print(row, flush=True)
+            del plan
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m pydsa.bench.release", description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", help="where the rows go")
+    ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds and sizes")
+    args = ap.parse_args(argv)
+    v2, _ = _load(args.reference_build)
+    harness.GRAPH_BUSY_START = True
+    rounds = 3 if args.quick else 5
+    result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "command": "python -m pydsa.bench.release " + " ".join(argv or sys.argv[1:]),
+              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True).stdout.strip(),
+              "torch": torch.__version__, "pdl_default": pydsa._abi.PDL_DEFAULT}
+    result["store_vs_sglang"] = compare_store(v2)
+    print(result["store_vs_sglang"], flush=True)
+    result["decode"] = decode_rows(v2, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
+    result["model_step"] = model_step_rows(v2, [32, 256], [torch.float32, torch.bfloat16], rounds)
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The KV-cache store: normalize, quantize and page compressed vectors into a layer's cache.
+
+A chunk's compressed vector x [D] becomes one cache entry (docs/spec.md, "The store"): RMSNorm with
+`norm_weight`, channels 0 .. D-65 as fp8 e4m3 with one power-of-two scale per 64 values, the last 64
+channels rotated by the rotary table's row for the chunk's first position and stored as bf16. A
+`KVCache` describes one layer's cache once; `c128_decode`, `c128_prefill` (host backend) and
+`c128_verify` take it as `store=` with per-row `cache_slots` and store every vector they close in the
+same launch, and `kv_store` stores given vectors.
+"""
+from __future__ import annotations
+
+import ctypes as C
+
+import torch
+
+from . import _abi
+from ._abi import CACHE_V4, KvCache, STORE_FORMAT, check as _check_status, lib, new, pdl_flag
+from ._tensors import _float32, device_index, error_ptr, launch_stream, ptr
+
+__all__ = ["KVCache", "kv_store", "kv_page_bytes"]
+
+_int64 = torch.int64
+_store_fn = lib.dsa_kv_store
+
+
+def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
+    """Bytes of one cache page: page_size entries of D + 64 data bytes and a scale row of 8 bytes
+    per 512 channels, padded to a multiple of D + 64 (D = 512, page 2: 1728)."""
+    n = lib.dsa_kv_page_bytes(head_dim, page_size)
+    if n <= 0:
+        raise ValueError(f"head_dim must be a multiple of 64 >= 128 and page_size >= 1 (got {head_dim}, {page_size})")
+    return n
+
+
+class KVCache:
+    """One layer's paged cache and what storing into it needs, checked once.
+
+    cache: uint8 [num_pages, kv_page_bytes(D, page_size)] (or any contiguous uint8 tensor of whole
+    pages); norm_weight: float32 [D]; rotary: float32 [num_positions, 64], (cos, sin) of pair l at
+    columns 2l, 2l+1 (complex64 [num_positions, 32] is taken through view_as_real); page_size: a
+    power of two; eps: the RMSNorm epsilon. Cache slot `loc` is entry loc % page_size of page
+    loc // page_size."""
+
+    def __init__(self, cache, norm_weight, rotary, *, page_size: int, eps: float = 1e-6):
+        if not isinstance(norm_weight, torch.Tensor) or norm_weight.dim() != 1:
+            raise ValueError("norm_weight must be a 1-D float32 tensor [D]")
+        d = norm_weight.shape[0]
+        page = kv_page_bytes(d, page_size) if d >= 128 and d % 64 == 0 else None
+        if page is None:
+            raise ValueError(f"norm_weight has {d} channels; a store needs D a multiple of 64, >= 128")
+        if isinstance(rotary, torch.Tensor) and rotary.is_complex():
+            rotary = torch.view_as_real(rotary).flatten(-2)
+        if not isinstance(cache, torch.Tensor):
+            raise TypeError(f"cache must be a torch.Tensor (got {type(cache).__name__})")
+        dev = device_index(cache)
+        if cache.dtype != torch.uint8 or not cache.is_contiguous() or cache.numel() % page != 0 or cache.numel() == 0:
+            raise ValueError(f"cache must be a contiguous uint8 tensor of whole {page}-byte pages "
+                             f"(got {cache.dtype}, {cache.numel()} bytes)")
+        if not isinstance(rotary, torch.Tensor) or rotary.dim() != 2:
+            raise ValueError("rotary must be a 2-D float32 tensor [num_positions, 64]")
+        ptr(norm_weight, "norm_weight", _float32, dev, (d,))
+        ptr(rotary, "rotary", _float32, dev, (rotary.shape[0], 64))
+        s = new(KvCache)
+        s.layout = CACHE_V4
+        s.cache = cache.data_ptr()
+        s.num_pages = cache.numel() // page
+        s.page_size = page_size
+        s.eps = float(eps)
+        s.norm_weight = norm_weight.data_ptr()
+        s.rotary = rotary.data_ptr()
+        s.num_positions = rotary.shape[0]
+        self._struct = s
+        self.address = C.addressof(s)
+        self._keep = (cache, norm_weight, rotary)
+        self.cache, self.norm_weight, self.rotary = cache, norm_weight, rotary
+        self.head_dim, self.page_size, self.page_bytes = d, page_size, page
+        self.num_pages, self.eps, self.device = s.num_pages, float(eps), dev
+
+    def __repr__(self) -> str:
+        return (f"KVCache(D={self.head_dim}, pages={self.num_pages} x {self.page_size}, "
+                f"{self.page_bytes} B/page, device={self.cache.device})")
+
+
+def store_fields(store, cache_slots, dev: int, d: int, rows: int) -> tuple:
+    """(store address, cache_slots pointer) of an op's optional store; (0, 0) without one."""
+    if store is None:
+        if cache_slots is not None:
+            raise ValueError("cache_slots is given without store=")
+        return 0, 0
+    if not isinstance(store, KVCache):
+        raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
+    if store.device != dev:
+        raise ValueError(f"store's cache is on {store.cache.device} but the other tensors are on "
+                         f"{'cpu' if dev < 0 else f'cuda:{dev}'}")
+    if store.head_dim != d:
+        raise ValueError(f"store is for D = {store.head_dim} but the op's head dim is {d}")
+    if cache_slots is None:
+        raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
+    return store.address, ptr(cache_slots, "cache_slots", _int64, dev, (rows,))
+
+
+def kv_store(vectors, positions, cache_slots, cache: KVCache, *, stream=None, pdl=None, error_count=None) -> None:
+    """Stores vectors [N, D] float32 into `cache`: vector i at cache slot cache_slots[i] (int64 [N];
+    negative: skipped; past the cache: skipped and counted) with rotary row positions[i] (int32 [N],
+    its chunk's first position; outside the table: skipped and counted)."""
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
+    dev, d = cache.device, cache.head_dim
+    vectors_t = vectors if isinstance(vectors, torch.Tensor) else torch.from_dlpack(vectors)
+    if vectors_t.dim() != 2:
+        raise ValueError(f"vectors must have shape [N, {d}] (got {list(vectors_t.shape)})")
+    n = vectors_t.shape[0]
+    fields = (STORE_FORMAT.size, pdl_flag(pdl), dev, d, n,
+              ptr(vectors_t, "vectors", _float32, dev, (n, d)),
+              ptr(positions, "positions", torch.int32, dev, (n,)),
+              ptr(cache_slots, "cache_slots", _int64, dev, (n,)),
+              cache.address, error_ptr(error_count, dev))
+    buf = C.create_string_buffer(STORE_FORMAT.size)
+    STORE_FORMAT.pack_into(buf, 0, *fields)
+    status = _store_fn(C.addressof(buf), launch_stream(stream, dev))
+    if status:
+        _check_status(status)
+
+
+del _abi

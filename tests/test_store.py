@@ -1,0 +1,358 @@
+"""The KV-cache store (docs/spec.md, "The store"): standalone, and fused into every op that closes a chunk.
+
+Properties: the store of a vector equals a float64 reference written from the specification but for
+last-bit flips of fp32 arithmetic (counted, at most 1e-4 of the values); GPU and host backend write the
+same bytes; a fused op writes exactly the bytes of store(compress(...)) on one backend; nothing else in
+the cache is written; bad slots and rotary rows are skipped (negative silently, others counted)."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import pydsa
+import pyplan
+from conftest import DEVICES, HAS_GPU, examples, gpu
+
+CHUNK = 128
+POISON = 0xA5
+
+
+def _bf16_bits(x64):
+    """Round-to-nearest-even bf16 bits of float64 values (through float32, which is exact for the
+    values a bf16 rounding can tell apart here)."""
+    return torch.from_numpy(np.asarray(x64, np.float32)).to(torch.bfloat16).view(torch.int16).numpy().astype(np.uint16)
+
+
+def _bf16_value(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def reference_entry(x, w, eps, rot_row):
+    """(fp8 codes [D-64], scale exponent bytes [D/64-1], rope bf16 bits [64]) of vector x, float64."""
+    x = np.asarray(x, np.float64)
+    d = x.shape[0]
+    y = x / np.sqrt(np.mean(x * x) + eps) * np.asarray(w, np.float64)
+    nope = _bf16_value(_bf16_bits(y[:d - 64])).reshape(-1, 64)
+    amax = np.maximum(np.abs(nope).max(axis=1), 1e-4)
+    e = np.ceil(np.log2(amax / 448.0))
+    scaled = np.clip(nope / np.exp2(e)[:, None], -448, 448)
+    codes = torch.from_numpy(scaled.astype(np.float32)).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    a, b = y[d - 64::2], y[d - 63::2]
+    c, s = np.asarray(rot_row[0::2], np.float64), np.asarray(rot_row[1::2], np.float64)
+    rope = np.empty(64)
+    rope[0::2], rope[1::2] = a * c - b * s, a * s + b * c
+    return codes.reshape(-1), (e + 127).astype(np.uint8), _bf16_bits(rope)
+
+
+def entry_bytes(cache, loc, d, page_size):
+    """(data row, scale row) bytes of slot loc in a flat uint8 cache."""
+    flat = cache.reshape(-1)
+    page_bytes = pydsa.kv_page_bytes(d, page_size)
+    row, srow = d + 64, (d // 64 + 7) // 8 * 8
+    page, entry = divmod(int(loc), page_size)
+    base = page * page_bytes
+    data = flat[base + entry * row: base + (entry + 1) * row]
+    scale = flat[base + page_size * row + entry * srow: base + page_size * row + (entry + 1) * srow]
+    return data, scale
+
+
+def make_cache(d, page_size, num_pages, num_positions, device, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.full((num_pages, pydsa.kv_page_bytes(d, page_size)), POISON, dtype=torch.uint8)
+    w = (torch.rand(d, generator=gen) * 1.5 + 0.25)
+    angles = torch.rand(num_positions, 32, generator=gen) * 6.3
+    rot = torch.stack([angles.cos(), angles.sin()], dim=-1).reshape(num_positions, 64)
+    return pydsa.KVCache(cache.to(device), w.to(device), rot.to(device), page_size=page_size, eps=1e-6)
+
+
+def compare_to_reference(kv, vectors, positions, slots):
+    """Counts of (fp8 code flips, scale flips, rope values off by one bf16 step); asserts nothing else
+    differs and every flip is one step."""
+    cache = kv.cache.cpu().numpy()
+    w, rot = kv.norm_weight.cpu().numpy(), kv.rotary.cpu().numpy()
+    d = kv.head_dim
+    code_flips = scale_flips = rope_steps = 0
+    for x, pos, loc in zip(vectors, positions, slots):
+        codes, scales, rope = reference_entry(x, w, kv.eps, rot[pos])
+        data, srow = entry_bytes(cache, loc, d, kv.page_size)
+        got_codes, got_rope = data[:d - 64], data[d - 64:].view(np.uint16)
+        got_scales = srow[:d // 64 - 1]
+        scale_flips += int((got_scales != scales).sum())
+        assert np.all(np.abs(got_scales.astype(int) - scales.astype(int)) <= 1)
+        same_scale = np.repeat(got_scales == scales, 64)
+        diff = np.abs(got_codes.astype(int) - codes.astype(int))
+        code_flips += int((diff[same_scale] != 0).sum())
+        assert np.all(diff[same_scale] <= 1), "an fp8 code more than one step off"
+        rd = np.abs(got_rope.astype(np.int32) - rope.astype(np.int32))
+        rope_steps += int((rd != 0).sum())
+        assert np.all(rd <= 1), "a rope value more than one bf16 step off"
+        assert srow[d // 64 - 1:].tolist() == [POISON] * (len(srow) - (d // 64 - 1)), "the pad byte was written"
+    return code_flips, scale_flips, rope_steps
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [512, 256, 192])
+def test_store_matches_float64_reference_but_for_counted_last_bit_flips(device, d):
+    torch.manual_seed(d)
+    n, page_size = 67, 2
+    kv = make_cache(d, page_size, num_pages=50, num_positions=300, device=device)
+    vectors = torch.randn(n, d) * torch.rand(n, 1) * 4
+    vectors[3] = 0.0  # a zero vector: the scale floor
+    vectors[4, :64] *= 1e-6  # a tiny group: subnormal fp8 codes
+    slots = torch.randperm(50 * page_size)[:n].to(torch.int64)
+    positions = torch.randint(0, 300, (n,), dtype=torch.int32)
+    pydsa.kv_store(vectors.to(device), positions.to(device), slots.to(device), kv)
+    flips = compare_to_reference(kv, vectors.numpy(), positions.numpy(), slots.numpy())
+    values = n * d
+    assert sum(flips) <= max(1, 1e-4 * values), flips
+    # entries of slots nobody stored keep their poison
+    cache = kv.cache.cpu().numpy()
+    untouched = sorted(set(range(50 * page_size)) - set(slots.tolist()))
+    for loc in untouched[:20]:
+        data, srow = entry_bytes(cache, loc, d, page_size)
+        assert (data == POISON).all() and (srow == POISON).all()
+
+
+@gpu
+@pytest.mark.parametrize("d", [512, 256])
+def test_store_gpu_writes_the_host_backends_bytes(d):
+    torch.manual_seed(7)
+    n = 301
+    host = make_cache(d, 2, 200, 1000, "cpu")
+    dev = make_cache(d, 2, 200, 1000, "cuda")
+    vectors = torch.randn(n, d) * 3
+    slots = torch.randperm(400)[:n].to(torch.int64)
+    positions = torch.randint(0, 1000, (n,), dtype=torch.int32)
+    pydsa.kv_store(vectors, positions, slots, host)
+    pydsa.kv_store(vectors.cuda(), positions.cuda(), slots.cuda(), dev)
+    assert torch.equal(host.cache, dev.cache.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_store_skips_bad_slots_and_positions(device):
+    d, page_size, pages = 512, 2, 4
+    kv = make_cache(d, page_size, pages, 10, device)
+    vectors = torch.randn(5, d).to(device)
+    slots = torch.tensor([-1, 8, 3, 2**40, 1], dtype=torch.int64, device=device)  # 8: one past the cache
+    positions = torch.tensor([0, 0, 10, 1, -1], dtype=torch.int32, device=device)
+    counter = torch.zeros(1, dtype=torch.int32, device=device)
+    pydsa.kv_store(vectors, positions, slots, kv, error_count=counter)
+    assert int(counter.item()) == 4  # past the cache (2), rotary row 10 and -1; the negative slot silently
+    assert (kv.cache.cpu().numpy() == POISON).all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_store_is_deterministic(device):
+    d = 512
+    a, b = make_cache(d, 2, 40, 200, device), make_cache(d, 2, 40, 200, device)
+    vectors = (torch.randn(64, d) * 2).to(device)
+    slots = torch.arange(64, dtype=torch.int64, device=device)
+    positions = torch.arange(64, dtype=torch.int32, device=device)
+    pydsa.kv_store(vectors, positions, slots, a)
+    pydsa.kv_store(vectors, positions, slots, b)
+    assert torch.equal(a.cache, b.cache)
+
+
+def test_store_argument_errors():
+    kv = make_cache(512, 2, 4, 10, "cpu")
+    with pytest.raises(TypeError, match="cache must be a pydsa.KVCache"):
+        pydsa.kv_store(torch.zeros(1, 512), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), None)
+    with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
+        pydsa.kv_store(torch.zeros(1, 512), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int32), kv)
+    with pytest.raises(ValueError, match="whole 1728-byte pages"):
+        pydsa.KVCache(torch.zeros(1000, dtype=torch.uint8), torch.ones(512), torch.zeros(4, 64), page_size=2)
+    with pytest.raises(ValueError, match="a store needs D a multiple of 64"):
+        pydsa.KVCache(torch.zeros(1728, dtype=torch.uint8), torch.ones(100), torch.zeros(4, 64), page_size=2)
+    with pytest.raises(pydsa.DsaError, match="page_size is 3"):
+        k = pydsa.KVCache(torch.zeros(1728 * 4, dtype=torch.uint8), torch.ones(512), torch.zeros(4, 64), page_size=2)
+        k._struct.page_size = 3
+        pydsa.kv_store(torch.zeros(1, 512), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), k)
+    state = torch.zeros(4, 1, 3 * 512)
+    with pytest.raises(ValueError, match="store= needs cache_slots"):
+        pydsa.c128_decode(state, torch.zeros(1, 1024), None, torch.zeros(128, 512), torch.zeros(1, dtype=torch.int32),
+                          torch.ones(1, dtype=torch.int32), store=kv)
+
+
+# ---- fused: decode, verify, prefill ---------------------------------------------------------------
+
+
+def _decode_run(device, state_dtype, d, b, steps, store, seed):
+    """Decode `steps` tokens for b requests from random lengths; returns the per-step outs (closing rows
+    only, NaN elsewhere), and runs with store= when given."""
+    gen = torch.Generator().manual_seed(seed)
+    state = (torch.randn(b + 2, 1, 3 * d, generator=gen) * 0.1).to(state_dtype).to(device)
+    ape = torch.randn(CHUNK, d, generator=gen).to(device)
+    seq = torch.randint(100, 400, (b,), generator=gen, dtype=torch.int32)
+    idx = torch.randperm(b + 2, generator=gen)[:b].to(torch.int32).to(device)
+    outs, closers = [], []
+    for step in range(steps):
+        seq += 1
+        kv = torch.randn(b, 2 * d, generator=gen).to(device)
+        out = torch.full((b, d), float("nan"), device=device)
+        slots = (torch.arange(b, dtype=torch.int64) + step * b).to(device)
+        if store is not None:
+            pydsa.c128_decode(state, kv, out, ape, idx, seq.to(device), store=store, cache_slots=slots)
+        else:
+            pydsa.c128_decode(state, kv, out, ape, idx, seq.to(device))
+        outs.append(out.cpu())
+        closers.append([(r, int(seq[r]) - CHUNK, step * b + r) for r in range(b) if int(seq[r]) % CHUNK == 0])
+    return outs, closers
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_decode_writes_the_bytes_of_store_after_decode(device, state_dtype):
+    d, b, steps = 512, 37, 40
+    fused = make_cache(d, 2, (b * steps + 1) // 2 + 1, 600, device)
+    two = make_cache(d, 2, (b * steps + 1) // 2 + 1, 600, device)
+    outs_f, closers = _decode_run(device, state_dtype, d, b, steps, fused, seed=3)
+    outs_p, _ = _decode_run(device, state_dtype, d, b, steps, None, seed=3)
+    closed = 0
+    for step, (of, op, cl) in enumerate(zip(outs_f, outs_p, closers)):
+        assert torch.equal(of.nan_to_num(7.0), op.nan_to_num(7.0))  # out written exactly as without a store
+        if cl:
+            rows = torch.tensor([r for r, _, _ in cl])
+            pydsa.kv_store(op[rows].to(device), torch.tensor([p for _, p, _ in cl], dtype=torch.int32).to(device),
+                           torch.tensor([s for _, _, s in cl], dtype=torch.int64).to(device), two)
+            closed += len(cl)
+    assert closed > 5
+    assert torch.equal(fused.cache.cpu(), two.cache.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_decode_without_out(device):
+    d, b = 512, 5
+    kv_cache = make_cache(d, 2, 8, 300, device)
+    state = torch.randn(b, 1, 3 * d).to(device)
+    ape = torch.randn(CHUNK, d).to(device)
+    seq = torch.tensor([128, 256, 5, 0, 384], dtype=torch.int32, device=device)
+    idx = torch.arange(b, dtype=torch.int32, device=device)
+    kv = torch.randn(b, 2 * d).to(device)
+    slots = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int64, device=device)
+    pydsa.c128_decode(state, kv, None, ape, idx, seq, store=kv_cache, cache_slots=slots)
+    out = torch.full((b, d), float("nan"), device=device)
+    ref = make_cache(d, 2, 8, 300, device)
+    pydsa.c128_decode(state.clone(), kv, out, ape, idx, seq)  # state of closing rows is not written either way
+    rows = torch.tensor([0, 1, 4])
+    pydsa.kv_store(out[rows.to(device)], (seq[rows.to(device)] - CHUNK).to(torch.int32), slots[rows.to(device)], ref)
+    assert torch.equal(kv_cache.cache.cpu(), ref.cache.cpu())
+    data, _ = entry_bytes(kv_cache.cache.cpu().numpy(), 2, d, 2)
+    assert (data == POISON).all()  # rows that close no chunk store nothing
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@given(seed=st.integers(0, 2**31 - 1), v=st.integers(1, 8))
+@settings(max_examples=examples(12))
+def test_fused_verify_stores_what_its_drafts_close(device, seed, v):
+    d, b = 512, 9
+    gen = torch.Generator().manual_seed(seed)
+    state = torch.randn(b + b * (v + 1), 1, 3 * d, generator=gen).to(device)
+    ape = torch.randn(CHUNK, d, generator=gen).to(device)
+    seq = torch.randint(0, 300, (b,), generator=gen, dtype=torch.int32)
+    seq[0] = CHUNK - 1  # the first draft closes
+    seq[1] = -1         # padding
+    seq[2] = 0          # no committed tokens yet
+    drafts = torch.randn(b * v, 2 * d, generator=gen).to(device)
+    idx = torch.arange(b, dtype=torch.int32, device=device)
+    bank = (b + torch.arange(b, dtype=torch.int32) * (v + 1)).to(device)
+    slots = torch.randperm(b * v, generator=gen).to(torch.int64).to(device)
+    fused = make_cache(d, 2, b * v, 400, device)
+    out_f = torch.full((b * v, d), float("nan"), device=device)
+    s1 = state.clone()
+    pydsa.c128_verify(s1, drafts, out_f, ape, idx, seq.to(device), bank, verify_lens=None, store=fused,
+                      cache_slots=slots)
+    s2 = state.clone()
+    out = torch.full((b * v, d), float("nan"), device=device)
+    pydsa.c128_verify(s2, drafts, out, ape, idx, seq.to(device), bank)
+    assert torch.equal(s1, s2) and torch.equal(out_f.nan_to_num(7.0), out.nan_to_num(7.0))
+    rows = [r * v + j for r in range(b) for j in range(v) if int(seq[r]) >= 0 and (int(seq[r]) + j) % CHUNK == CHUNK - 1]
+    ref = make_cache(d, 2, b * v, 400, device)
+    if rows:
+        rt = torch.tensor(rows)
+        pos = torch.tensor([int(seq[r // v]) + r % v - (CHUNK - 1) for r in rows], dtype=torch.int32)
+        pydsa.kv_store(out[rt.to(device)], pos.to(device), slots[rt.to(device)], ref)
+    assert torch.equal(fused.cache.cpu(), ref.cache.cpu())
+
+
+def test_fused_prefill_host_writes_the_bytes_of_store_after_prefill():
+    d = 512
+    rng = np.random.default_rng(5)
+    seq = np.array([700, 129, 128, 300, 40], np.int64)
+    ext = np.array([650, 129, 1, 200, 40], np.int64)
+    n = int(ext.sum())
+    plan = pyplan.plan_prefill(seq, ext)
+    kv = torch.from_numpy(rng.standard_normal((n, 2 * d), dtype=np.float32))
+    ape = torch.randn(CHUNK, d)
+    state = torch.randn(len(seq), 1, 3 * d)
+    idx = torch.arange(len(seq), dtype=torch.int32)
+    slots = torch.from_numpy(rng.permutation(n)).to(torch.int64)
+    fused = make_cache(d, 2, n // 2 + 1, 1000, "cpu")
+    out_f = torch.full((n, d), float("nan"))
+    pydsa.c128_prefill(state.clone(), kv, out_f, ape, idx, plan, store=fused, cache_slots=slots)
+    out = torch.full((n, d), float("nan"))
+    pydsa.c128_prefill(state.clone(), kv, out, ape, idx, plan)
+    assert torch.equal(out.nan_to_num(7.0), out_f.nan_to_num(7.0))
+    rows, pos = [], []
+    off = 0
+    for s_, e_ in zip(seq, ext):
+        for p in range(int(s_ - e_), int(s_)):
+            if p % CHUNK == CHUNK - 1:
+                rows.append(off + p - int(s_ - e_)), pos.append(p - (CHUNK - 1))
+        off += int(e_)
+    assert len(rows) == len(plan[0])
+    ref = make_cache(d, 2, n // 2 + 1, 1000, "cpu")
+    pydsa.kv_store(out[rows], torch.tensor(pos, dtype=torch.int32), slots[rows], ref)
+    assert torch.equal(fused.cache, ref.cache)
+    compact = make_cache(d, 2, n // 2 + 1, 1000, "cpu")
+    pydsa.c128_prefill(state.clone(), kv, None, ape, idx, plan, compact=True, store=compact, cache_slots=slots)
+    assert torch.equal(compact.cache, ref.cache)
+
+
+@gpu
+def test_fused_prefill_on_the_gpu_is_refused_with_the_way_round():
+    d = 512
+    kv_cache = make_cache(d, 2, 4, 10, "cuda")
+    plan = pyplan.plan_prefill(np.array([128], np.int64), np.array([128], np.int64))
+    with pytest.raises(pydsa.DsaError, match="dsa_kv_store"):
+        pydsa.c128_prefill(torch.zeros(1, 1, 3 * d, device="cuda"), torch.zeros(128, 2 * d, device="cuda"),
+                           torch.zeros(128, d, device="cuda"), torch.zeros(CHUNK, d, device="cuda"),
+                           torch.zeros(1, dtype=torch.int32, device="cuda"), plan, store=kv_cache,
+                           cache_slots=torch.zeros(128, dtype=torch.int64, device="cuda"))
+
+
+@gpu
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_decode_gpu_writes_the_host_backends_bytes(state_dtype):
+    d, b, steps = 512, 300, 6
+    caches = {dev: make_cache(d, 2, b * steps // 2 + 1, 600, dev) for dev in ("cpu", "cuda")}
+    for dev, kvc in caches.items():
+        _decode_run(dev, state_dtype, d, b, steps, kvc, seed=11)
+    host, gpu_bytes = caches["cpu"].cache, caches["cuda"].cache.cpu()
+    mismatch = (host != gpu_bytes).sum().item()
+    # GPU and host agree to fp32 rounding of the compression; the store of equal vectors is bitwise
+    # equal, so a difference can only come from a vector that differs in its last bits.
+    assert mismatch <= 1e-4 * host.numel(), mismatch
+
+
+@gpu
+def test_fused_decode_graph_replay():
+    d, b = 512, 64
+    kvc = make_cache(d, 2, b, 600, "cuda")
+    state = torch.randn(b, 1, 3 * d, device="cuda")
+    ape = torch.randn(CHUNK, d, device="cuda")
+    seq = torch.full((b,), CHUNK, dtype=torch.int32, device="cuda")
+    idx = torch.arange(b, dtype=torch.int32, device="cuda")
+    kv = torch.randn(b, 2 * d, device="cuda")
+    slots = torch.arange(b, dtype=torch.int64, device="cuda")
+    op = pydsa.C128Decode(state, kv, None, ape, idx, seq, store=kvc, cache_slots=slots)
+    op.launch()
+    torch.cuda.synchronize()
+    first = kvc.cache.clone()
+    kvc.cache.fill_(POISON)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        op.launch()
+    kvc.cache.fill_(POISON)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(first, kvc.cache)
