@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#endif
+
 #include "dsa_kernels.h"
 
 #if defined(__CUDACC__)
@@ -114,14 +118,20 @@ DSA_HD float widen(float x) { return x; }
 DSA_HD float widen(Bf16 x) { return bits_float((uint32_t)x.bits << 16); }
 
 DSA_HD void narrow(float x, float* to) { *to = x; }
+// On the GPU one cvt.rn.bf16.f32 (docs/performance.md, "Decode"); the host rounds the same way,
+// NaN included (the canonical 0x7FFF).
 DSA_HD void narrow(float x, Bf16* to) {
+#if defined(__CUDA_ARCH__)
+  to->bits = __bfloat16_as_ushort(__float2bfloat16_rn(x));
+#else
   uint32_t u = float_bits(x);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) {
-    to->bits = (uint16_t)((u >> 16) | 0x40u);  // quiet NaN
+    to->bits = 0x7FFFu;
     return;
   }
   u += 0x7FFFu + ((u >> 16) & 1u);
   to->bits = (uint16_t)(u >> 16);
+#endif
 }
 
 // A value as a state slot of element type S holds it: bf16 rounds to nearest even, float is exact.

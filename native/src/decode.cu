@@ -56,6 +56,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const int32_t slot = __ldg(p.indices + b);
   const int32_t load_slot = kLoadSlots ? __ldg(p.load_indices + b) : slot;
   const int64_t loc = kStore ? __ldg(p.store.cache_slots + b) : 0;
+  [[maybe_unused]] StoreOperands<VEC> o;
+  if constexpr (kStore) load_weights<VEC>(o, p.store, ch);
   allow_dependents();
   if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
   const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
@@ -69,8 +71,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((int64_t)c * D + ch));
   Lanes<VEC> m, s, k;
   if (c != 0) m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
-  [[maybe_unused]] float w[VEC];
-  if (kStore && c == DSA_CHUNK - 1) load_floats<VEC>(w, p.store.norm_weight + ch);
+  if (kStore && c == DSA_CHUNK - 1) load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const Partial r = token_into_state(m.v[i], s.v[i], k.v[i], to_log2(score.v[i] + bias.v[i]), kv.v[i], c);
@@ -78,7 +79,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   if (c == DSA_CHUNK - 1) {
     if (!kStore || p.out != nullptr) store_lanes<VEC>(p.out + ((int64_t)b * D + ch), k);
-    if constexpr (kStore) store_vector<VEC>(p.store, k.v, w, D, ch, (int)blockDim.x, loc, seq_len - DSA_CHUNK, p.error_count);
+    if constexpr (kStore) store_vector<VEC>(p.store, k.v, o, D, ch, (int)blockDim.x, loc, seq_len - DSA_CHUNK, p.error_count);
   } else {
     store_state<VEC>(state, m);
     store_state<VEC>(state + D, s);

@@ -70,11 +70,12 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
   // The draft that closes the request's chunk, if any (V < 128: at most one): its cache slot and the
   // norm weights load beside the state.
   const int close = DSA_CHUNK - 1 - c0;
-  [[maybe_unused]] float w[VEC];
+  [[maybe_unused]] StoreOperands<VEC> o;
   [[maybe_unused]] int64_t loc = 0;
   if (kStore && close < v) {
     loc = __ldg(p.store.cache_slots + ((int64_t)b * V + close));
-    load_floats<VEC>(w, p.store.norm_weight + ch);
+    load_weights<VEC>(o, p.store, ch);
+    load_rotary<VEC>(o, p.store, D, ch, (int64_t)seq + close - (DSA_CHUNK - 1));
   }
   S* const state = static_cast<S*>(p.state);
   const int64_t entry_step = p.bank_stride * 3 * D;
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
       if (c == DSA_CHUNK - 1) {  // the draft closes its chunk; the next one starts fresh
         if (p.out != nullptr) store_lanes<VEC>(p.out + (((int64_t)b * V + j) * D + ch), k);
         if constexpr (kStore)
-          store_vector<VEC>(p.store, k.v, w, D, ch, (int)blockDim.x, loc, (int64_t)seq + j - (DSA_CHUNK - 1), p.error_count);
+          store_vector<VEC>(p.store, k.v, o, D, ch, (int)blockDim.x, loc, (int64_t)seq + j - (DSA_CHUNK - 1), p.error_count);
       } else {
         store_state<VEC>(entry, m), store_state<VEC>(entry + D, s), store_state<VEC>(entry + 2 * D, k);
 #pragma unroll

@@ -62,13 +62,15 @@ __global__ void __launch_bounds__(1024) kv_store_kernel(const __grid_constant__ 
   const int ch = (int)threadIdx.x * VEC;
   if (v >= p.num_vectors) return;
   wait_for_producers();
-  float x[VEC], w[VEC];
+  float x[VEC];
+  StoreOperands<VEC> o;
   load_floats<VEC>(x, p.vectors + (int64_t)v * D + ch);
-  load_floats<VEC>(w, p.store.norm_weight + ch);
+  load_weights<VEC>(o, p.store, ch);
   const int64_t loc = __ldg(p.store.cache_slots + v);
   const int32_t pos = __ldg(p.positions + v);
   allow_dependents();
-  store_vector<VEC>(p.store, x, w, D, ch, (int)blockDim.x, loc, pos, p.error_count);
+  load_rotary<VEC>(o, p.store, D, ch, pos);
+  store_vector<VEC>(p.store, x, o, D, ch, (int)blockDim.x, loc, pos, p.error_count);
 }
 
 }  // namespace

@@ -52,11 +52,31 @@ __device__ __forceinline__ void load_floats(float (&v)[VEC], const float* p) {
   for (int i = 0; i < VEC; ++i) v[i] = x.v[i];
 }
 
-// Writes the cache entry of vector x (this thread's VEC channels from `ch`; w: the norm weights of
-// the same channels) to slot `loc` with rotary row `pos`. Every thread of the request row calls it
-// with the same loc and pos; `lanes` = D / VEC threads, a multiple of 32, lane = threadIdx.x.
+// What a storing thread reads besides its vector, issued as early as the kernel knows the rotary
+// row: the norm weights of its channels and, in the rope tail, its (cos, sin) pairs of row `pos`
+// (a row outside the table is not read; store_vector skips it).
 template <int VEC>
-__device__ __forceinline__ void store_vector(const StoreLaunch& st, const float (&x)[VEC], const float (&w)[VEC],
+struct StoreOperands {
+  float w[VEC];
+  float rot[VEC];
+};
+
+template <int VEC>
+__device__ __forceinline__ void load_weights(StoreOperands<VEC>& o, const StoreLaunch& st, int ch) {
+  load_floats<VEC>(o.w, st.norm_weight + ch);
+}
+
+template <int VEC>
+__device__ __forceinline__ void load_rotary(StoreOperands<VEC>& o, const StoreLaunch& st, int D, int ch, int64_t pos) {
+  if (ch >= D - kStoreGroup && pos >= 0 && pos < st.num_positions)
+    load_floats<VEC>(o.rot, st.rotary + pos * kStoreGroup + (ch - (D - kStoreGroup)));
+}
+
+// Writes the cache entry of vector x (this thread's VEC channels from `ch`; o: its loaded operands)
+// to slot `loc` with rotary row `pos`. Every thread of the request row calls it with the same loc
+// and pos; `lanes` = D / VEC threads, a multiple of 32, lane = threadIdx.x.
+template <int VEC>
+__device__ __forceinline__ void store_vector(const StoreLaunch& st, const float (&x)[VEC], const StoreOperands<VEC>& o,
                                              int D, int ch, int lanes, int64_t loc, int64_t pos,
                                              uint32_t* error_count) {
   static_assert(VEC == 2 || VEC == 4 || VEC == 8, "pairs of channels per thread");
@@ -69,8 +89,7 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
   }
   const int row = threadIdx.y, group = ch / kStoreGroup;
   const bool rope = ch >= D - kStoreGroup;
-  float rot[VEC];
-  if (rope) load_floats<VEC>(rot, st.rotary + pos * kStoreGroup + (ch - (D - kStoreGroup)));
+  const float(&rot)[VEC] = o.rot;
   // Sum of squares in the defined order: pairs, the tree inside the thread, the tree across the
   // group's lanes, then the groups left to right.
   float p[VEC / 2];
@@ -90,7 +109,7 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
   const float r = rms_factor(total, D, st.eps);
   float y[VEC];
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) y[i] = normed(x[i], r, w[i]);
+  for (int i = 0; i < VEC; ++i) y[i] = normed(x[i], r, o.w[i]);
 
   const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
   uint8_t* const data = st.cache + at.data;

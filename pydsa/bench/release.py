@@ -196,7 +196,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pydsa.bench.release", description=__doc__.split("\n\n")[0])
     ap.add_argument("json", help="where the rows go")
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
-    ap.add_argument("--quick", action="store_true", help="fewer rounds and sizes")
+    ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--only", choices=["store", "decode", "step"], help="one part")
     args = ap.parse_args(argv)
     v2, _ = _load(args.reference_build)
     harness.GRAPH_BUSY_START = True
@@ -206,10 +207,13 @@ def main(argv=None):
               "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                        text=True).stdout.strip(),
               "torch": torch.__version__, "pdl_default": pydsa._abi.PDL_DEFAULT}
-    result["store_vs_sglang"] = compare_store(v2)
-    print(result["store_vs_sglang"], flush=True)
-    result["decode"] = decode_rows(v2, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
-    result["model_step"] = model_step_rows(v2, [32, 256], [torch.float32, torch.bfloat16], rounds)
+    if args.only in (None, "store"):
+        result["store_vs_sglang"] = compare_store(v2)
+        print(result["store_vs_sglang"], flush=True)
+    if args.only in (None, "decode"):
+        result["decode"] = decode_rows(v2, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
+    if args.only in (None, "step"):
+        result["model_step"] = model_step_rows(v2, [32, 256], [torch.float32, torch.bfloat16], rounds)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
 
