@@ -73,10 +73,14 @@ DSA_HD Partial absorb(Partial p, const float (&score)[N], const float (&kv)[N], 
 }
 
 // One token folded into `p` with a single exponential: whichever of the two maxima is smaller is
-// scaled by 2^-|difference|. Same value as absorb(p, {score}, {kv}, 1) up to rounding.
+// scaled by 2^-|difference|. Same value as absorb(p, {score}, {kv}, 1) up to rounding. Written with
+// selects, not branches: the side that is scaled differs from channel to channel, and branches on it
+// diverged within every warp (docs/performance.md, "Decode"). The new score above the old maximum:
+// (score, s e + 1, acc e + kv); else (max, s + e, kv e + acc), each rounded once.
 DSA_HD Partial absorb_one(Partial p, float score, float kv) {
   const float d = score - p.max, e = exp2_(-fabsf(d));
-  return d > 0.0f ? Partial{score, fmaf(p.sum, e, 1.0f), fmaf(p.acc, e, kv)} : Partial{p.max, p.sum + e, fmaf(kv, e, p.acc)};
+  const bool up = d > 0.0f;
+  return Partial{up ? score : p.max, fmaf(p.sum, up ? e : 1.0f, up ? 1.0f : e), fmaf(up ? p.acc : kv, e, up ? kv : p.acc)};
 }
 
 // An empty partial (no tokens yet) has sum 0 and max -inf; merging with it returns the other side.
