@@ -280,7 +280,7 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     waits until all its blocks fit; and for device-bound eager steps: the ordinary launches cost
     more host time but, for plans of many whole chunks, less device time).
     store / cache_slots (int64 [N], the slot of the vector a ragged row closes): store every closed
-    vector into a pydsa.KVCache as well (host backend; on the GPU, pass `out` and call kv_store)."""
+    vector into a pydsa.KVCache as well, in the same launch; `out` may then be None."""
     flags = pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)  # _prefill_flags, inline
     status = DECLINED if store is not None else _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices,
                                                               stream, flags, error_count, compact)

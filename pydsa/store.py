@@ -3,8 +3,7 @@
 A chunk's compressed vector x [D] becomes one cache entry (docs/spec.md, "The store"): RMSNorm with
 `norm_weight`, channels 0 .. D-65 as fp8 e4m3 with one power-of-two scale per 64 values, the last 64
 channels rotated by the rotary table's row for the chunk's first position and stored as bf16. A
-`KVCache` describes one layer's cache once; `c128_decode`, `c128_prefill` (host backend) and
-`c128_verify` take it as `store=` with per-row `cache_slots` and store every vector they close in the
+`KVCache` describes one layer's cache once; `c128_decode`, `c128_prefill` and `c128_verify` take it as `store=` with per-row `cache_slots` and store every vector they close in the
 same launch, and `kv_store` stores given vectors.
 """
 from __future__ import annotations

@@ -274,24 +274,36 @@ def test_fused_verify_stores_what_its_drafts_close(device, seed, v):
     assert torch.equal(fused.cache.cpu(), ref.cache.cpu())
 
 
-def test_fused_prefill_host_writes_the_bytes_of_store_after_prefill():
-    d = 512
-    rng = np.random.default_rng(5)
-    seq = np.array([700, 129, 128, 300, 40], np.int64)
-    ext = np.array([650, 129, 1, 200, 40], np.int64)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [512, 256])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("plan_kind", ["host", "device"])
+def test_fused_prefill_writes_the_bytes_of_store_after_prefill(device, d, state_dtype, plan_kind):
+    if plan_kind == "device" and torch.device(device).type != "cuda":
+        pytest.skip("a DevicePlan lives on the GPU")
+    rng = np.random.default_rng(5 + d)
+    seq = np.array([700, 129, 128, 300, 40, 1500, 255], np.int64)
+    ext = np.array([650, 129, 1, 200, 40, 1400, 127], np.int64)
     n = int(ext.sum())
-    plan = pyplan.plan_prefill(seq, ext)
-    kv = torch.from_numpy(rng.standard_normal((n, 2 * d), dtype=np.float32))
-    ape = torch.randn(CHUNK, d)
-    state = torch.randn(len(seq), 1, 3 * d)
-    idx = torch.arange(len(seq), dtype=torch.int32)
-    slots = torch.from_numpy(rng.permutation(n)).to(torch.int64)
-    fused = make_cache(d, 2, n // 2 + 1, 1000, "cpu")
-    out_f = torch.full((n, d), float("nan"))
-    pydsa.c128_prefill(state.clone(), kv, out_f, ape, idx, plan, store=fused, cache_slots=slots)
-    out = torch.full((n, d), float("nan"))
-    pydsa.c128_prefill(state.clone(), kv, out, ape, idx, plan)
-    assert torch.equal(out.nan_to_num(7.0), out_f.nan_to_num(7.0))
+    host_plan = pyplan.plan_prefill(seq, ext)
+    if plan_kind == "device":
+        plan = pydsa.DevicePlan(n, len(seq), device=device).plan(seq, ext)
+    else:
+        plan = host_plan
+    kv = torch.from_numpy(rng.standard_normal((n, 2 * d), dtype=np.float32)).to(device)
+    ape = torch.randn(CHUNK, d).to(device)
+    state = torch.randn(len(seq), 1, 3 * d).to(state_dtype).to(device)
+    idx = torch.arange(len(seq), dtype=torch.int32, device=device)
+    slots = torch.from_numpy(rng.permutation(n)).to(torch.int64).to(device)
+    slots[3] = -1  # a negative slot is skipped
+    fused = make_cache(d, 2, n // 2 + 1, 1600, device)
+    out_f = torch.full((n, d), float("nan"), device=device)
+    s_f = state.clone()
+    pydsa.c128_prefill(s_f, kv, out_f, ape, idx, plan, store=fused, cache_slots=slots)
+    out = torch.full((n, d), float("nan"), device=device)
+    s_p = state.clone()
+    pydsa.c128_prefill(s_p, kv, out, ape, idx, plan)
+    assert torch.equal(out.nan_to_num(7.0), out_f.nan_to_num(7.0)) and torch.equal(s_f, s_p)
     rows, pos = [], []
     off = 0
     for s_, e_ in zip(seq, ext):
@@ -299,25 +311,34 @@ def test_fused_prefill_host_writes_the_bytes_of_store_after_prefill():
             if p % CHUNK == CHUNK - 1:
                 rows.append(off + p - int(s_ - e_)), pos.append(p - (CHUNK - 1))
         off += int(e_)
-    assert len(rows) == len(plan[0])
-    ref = make_cache(d, 2, n // 2 + 1, 1000, "cpu")
-    pydsa.kv_store(out[rows], torch.tensor(pos, dtype=torch.int32), slots[rows], ref)
-    assert torch.equal(fused.cache, ref.cache)
-    compact = make_cache(d, 2, n // 2 + 1, 1000, "cpu")
+    assert len(rows) == len(host_plan[0])
+    ref = make_cache(d, 2, n // 2 + 1, 1600, device)
+    pydsa.kv_store(out[rows], torch.tensor(pos, dtype=torch.int32, device=device), slots[rows], ref)
+    assert torch.equal(fused.cache.cpu(), ref.cache.cpu())
+    compact = make_cache(d, 2, n // 2 + 1, 1600, device)
     pydsa.c128_prefill(state.clone(), kv, None, ape, idx, plan, compact=True, store=compact, cache_slots=slots)
-    assert torch.equal(compact.cache, ref.cache)
+    assert torch.equal(compact.cache.cpu(), ref.cache.cpu())
 
 
 @gpu
-def test_fused_prefill_on_the_gpu_is_refused_with_the_way_round():
+def test_fused_prefill_gpu_matches_the_host_backend():
     d = 512
-    kv_cache = make_cache(d, 2, 4, 10, "cuda")
-    plan = pyplan.plan_prefill(np.array([128], np.int64), np.array([128], np.int64))
-    with pytest.raises(pydsa.DsaError, match="dsa_kv_store"):
-        pydsa.c128_prefill(torch.zeros(1, 1, 3 * d, device="cuda"), torch.zeros(128, 2 * d, device="cuda"),
-                           torch.zeros(128, d, device="cuda"), torch.zeros(CHUNK, d, device="cuda"),
-                           torch.zeros(1, dtype=torch.int32, device="cuda"), plan, store=kv_cache,
-                           cache_slots=torch.zeros(128, dtype=torch.int64, device="cuda"))
+    rng = np.random.default_rng(9)
+    seq = rng.integers(1, 3000, 40).astype(np.int64)
+    ext = np.minimum(seq, rng.integers(1, 700, 40)).astype(np.int64)
+    n = int(ext.sum())
+    plan = pyplan.plan_prefill(seq, ext)
+    kv = torch.from_numpy(rng.standard_normal((n, 2 * d), dtype=np.float32))
+    ape, state = torch.randn(CHUNK, d), torch.randn(40, 1, 3 * d)
+    idx = torch.arange(40, dtype=torch.int32)
+    slots = torch.from_numpy(rng.permutation(n)).to(torch.int64)
+    caches = {}
+    for dev in ("cpu", "cuda"):
+        caches[dev] = make_cache(d, 2, n // 2 + 1, 3000, dev)
+        pydsa.c128_prefill(state.clone().to(dev), kv.to(dev), None, ape.to(dev), idx.to(dev), plan, store=caches[dev],
+                           cache_slots=slots.to(dev))
+    host, dev_bytes = caches["cpu"].cache, caches["cuda"].cache.cpu()
+    assert (host != dev_bytes).sum().item() <= 1e-4 * host.numel()
 
 
 @gpu

@@ -101,6 +101,7 @@ struct PrefillLaunch {
   const int64_t* counts;        // device plans only
   uint32_t* error_count;
   int32_t device;               // host
+  StoreLaunch store;            // kStore only
 };
 
 // A host plan's records in the launch parameters. Each record carries its position in its list
@@ -152,11 +153,74 @@ __device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGro
   for (int i = 0; i < kVec; ++i) part[i] = absorb(part[i], g.score[i], g.kv[i], count);
 }
 
+// The store of a segment's vector from the prefill's merger threads (one channel each, `tile_width`
+// of them per block), the `tiles` blocks of the segment forming one thread-block cluster: the group
+// sums of the norm meet in distributed shared memory, in store_math.h's order. Every thread of the
+// block calls it, with the same loc and pos across the cluster.
+__device__ __forceinline__ void store_channels(const StoreLaunch& st, float x, float w, float2 rot, int D, int c,
+                                               int tile_width, int64_t loc, int64_t pos, uint32_t* error_count,
+                                               bool report) {
+  __shared__ float group_sums[2];      // this block's groups (tile_width / 64 <= 2)
+  __shared__ float halves[kPrefillWarps];
+  const int check = store_check(loc, st.capacity, pos, st.num_positions);
+  if (check != kStoreWrite) {
+    if (check == kStoreCount && report) count_error(error_count);
+    return;  // uniform across the cluster
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  const bool merger = (int)threadIdx.x < tile_width;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool odd = c & 1;
+  const float xo = __shfl_xor_sync(0xFFFFFFFFu, x, 1);
+  float p = odd ? pair_square(xo, x) : pair_square(x, xo);
+#pragma unroll
+  for (int offset = 2; offset < 32; offset <<= 1) p = add_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, offset));
+  if (lane == 0) halves[warp] = p;
+  __syncthreads();
+  if (threadIdx.x < (unsigned)tile_width / kStoreGroup)
+    group_sums[threadIdx.x] = add_rn(halves[2 * threadIdx.x], halves[2 * threadIdx.x + 1]);
+  cluster.sync();
+  const int per_block = tile_width / kStoreGroup;
+  float total = 0.0f;
+  for (int g = 0; g < D / kStoreGroup; ++g) {
+    const float v = *cluster.map_shared_rank(&group_sums[g % per_block], g / per_block);
+    total = g == 0 ? v : add_rn(total, v);
+  }
+  cluster.sync();  // every remote read done before the next segment overwrites group_sums
+  const float r = rms_factor(total, D, st.eps);
+  const float y = normed(x, r, w);
+  const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
+  uint8_t* const data = st.cache + at.data;
+  const bool rope = merger && c >= D - kStoreGroup;  // whole warps: the rope tail, pairs on neighbouring lanes
+  const float yb = bf16_rounded(y);
+  float amax = merger && !rope ? fabsf(yb) : 0.0f;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
+  __syncthreads();  // halves is reused
+  if (lane == 0) halves[warp] = amax;
+  __syncthreads();
+  amax = fmaxf(halves[warp & ~1], halves[warp | 1]);
+  const float yo = __shfl_xor_sync(0xFFFFFFFFu, y, 1);
+  if (rope) {
+    float a, b;
+    rotate(odd ? yo : y, odd ? y : yo, rot.x, rot.y, &a, &b);
+    Bf16 out;
+    narrow(odd ? b : a, &out);
+    *reinterpret_cast<Bf16*>(data + (D - kStoreGroup) + 2 * (c - (D - kStoreGroup))) = out;
+  } else if (merger) {
+    const uint32_t e = scale_exponent(amax);
+    data[c] = (uint8_t)fp8_e4m3(yb * inverse_scale(e));
+    if (c % kStoreGroup == 0) st.cache[at.scale + c / kStoreGroup] = (uint8_t)e;
+  }
+}
+
 // Measured on the H200 with 128-channel tiles (1 x 32K / 1 x 128K tokens, fraction of copy
 // bandwidth): 4 tokens per batch at 4 blocks per SM 0.84 / 0.93; 8 tokens at 2 blocks 0.63 /
 // 0.67; two 4-token batches in flight at 2 blocks 0.70 / 0.74; 2 tokens at 6 blocks (spilling)
 // 0.71 / 0.85. Occupancy wins.
-template <int kPasses, int kInline, typename S, int kLanesLog2>
+// kStore (compress pass only, launched in clusters of D / tile_width blocks): every vector is also
+// stored into the cache (store_channels).
+template <int kPasses, int kInline, typename S, int kLanesLog2, bool kStore>
 __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ PrefillLaunch a, const __grid_constant__ InlineRecords<kInline> inline_records) {
   __shared__ float part_max[kPrefillWarps][32 * kVec];
@@ -231,6 +295,20 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     // Slot reads are issued here and checked after the token loads, so both are in flight together.
     const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
     const int32_t store_slot = write ? p.indices[seg.batch_id] : 0;
+    [[maybe_unused]] int64_t loc = 0;
+    [[maybe_unused]] float weight = 0.0f;
+    [[maybe_unused]] float2 rot = {};
+    [[maybe_unused]] const int64_t first_position = (int64_t)seg.position - (DSA_CHUNK - 1);
+    if constexpr (kStore) {
+      const int c = tile * tile_width + threadIdx.x;
+      loc = __ldg(p.store.cache_slots + seg.ragged_id);
+      if ((int)threadIdx.x < tile_width) {
+        weight = __ldg(p.store.norm_weight + c);
+        if (c >= D - kStoreGroup && first_position >= 0 && first_position < p.store.num_positions)
+          rot = __ldg(reinterpret_cast<const float2*>(p.store.rotary + first_position * kStoreGroup) +
+                      (c - (D - kStoreGroup)) / 2);
+      }
+    }
 
     const int ch = tile * tile_width + lane * kVec;
     const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
@@ -336,9 +414,12 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       } else {
         const int64_t row = kInline > 0 ? (int64_t)inline_row : r;
         const int64_t out_row = p.out_layout == DSA_OUT_COMPACT ? a.first_record + row : (int64_t)seg.ragged_id;
-        p.out[out_row * D + c] = mean_of(total);
+        if (!kStore || p.out != nullptr) p.out[out_row * D + c] = mean_of(total);
       }
     }
+    if constexpr (kStore)
+      store_channels(p.store, merger ? mean_of(total) : 0.0f, weight, rot, D, tile * tile_width + threadIdx.x, tile_width,
+                     loc, first_position, p.error_count, report);
   }
   if constexpr (kPasses == kBothPasses) {
     if (barrier == 0) cg::this_grid().barrier_arrive();
@@ -379,13 +460,19 @@ int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
 // A cooperative launch is capped the same way; one larger than the device holds at once (its
 // occupancy, queried once per device) is refused here with cudaErrorCooperativeLaunchTooLarge
 // before anything is launched.
-template <int kPasses, int kInline, typename S, int kLanesLog2>
+template <int kPasses, int kInline, typename S, int kLanesLog2, bool kStore>
 cudaError_t launch_layout(const PrefillLaunch& a, const InlineRecords<kInline>& records, int64_t items, int sms,
                           cudaStream_t stream, bool pdl) {
-  const auto kernel = c128_prefill_kernel<kPasses, kInline, S, kLanesLog2>;
+  const auto kernel = c128_prefill_kernel<kPasses, kInline, S, kLanesLog2, kStore>;
   constexpr bool cooperative = kPasses == kBothPasses;
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
-  const int64_t grid = std::max<int64_t>(1, kInline > 0 && !cooperative ? items : std::min(items, resident));
+  int64_t grid = std::max<int64_t>(1, kInline > 0 && !cooperative ? items : std::min(items, resident));
+  if constexpr (kStore) {  // whole clusters: a segment's tiles in one cluster, every block on one tile
+    const int tiles = a.head_dim / (kVec << kLanesLog2);
+    grid = std::max<int64_t>(tiles, grid / tiles * tiles);
+    return launch(kernel, (unsigned)grid, kPrefillThreads, stream,
+                  (pdl ? kLaunchPdl : 0u) | ((unsigned)tiles << kLaunchClusterShift), a, records);
+  }
   if (cooperative) {
     static int fit_cache[kMaxDevices] = {};  // blocks resident at once; -1: no cooperative launch
     int fit = __atomic_load_n(&fit_cache[a.device], __ATOMIC_RELAXED);
@@ -445,7 +532,7 @@ void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, cons
 // One launch over `a`'s records: a host plan's compress records, then its write records, go into
 // the launch parameters.
 // `pick`: the positions of the launch's compress records in `compress` (null: the first ones).
-template <int kPasses, int kInline, typename S>
+template <int kPasses, int kInline, typename S, bool kStore>
 cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, const uint16_t* pick,
                            const dsa_segment* write, int sms, cudaStream_t stream, bool pdl) {
   InlineRecords<kInline> records;
@@ -456,20 +543,25 @@ cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, 
     records.r[0] = dsa_segment{};  // unused: device plans read `a.compress` and `a.write`
   }
   const int64_t items = layout_items(a.num_compress + a.num_write, a.head_dim, a.lanes_log2);
-  switch (a.lanes_log2) {
-    case kTiny: return launch_layout<kPasses, kInline, S, kTiny>(a, records, items, sms, stream, pdl);
-    case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow>(a, records, items, sms, stream, pdl);
-    case kMid: return launch_layout<kPasses, kInline, S, kMid>(a, records, items, sms, stream, pdl);
-    default: return launch_layout<kPasses, kInline, S, kWide>(a, records, items, sms, stream, pdl);
+  if constexpr (kStore) {  // tiles of 64 or 128 channels: whole fp8 groups, clusters of at most 8 blocks
+    return a.lanes_log2 == kWide ? launch_layout<kPasses, kInline, S, kWide, true>(a, records, items, sms, stream, pdl)
+                                 : launch_layout<kPasses, kInline, S, kMid, true>(a, records, items, sms, stream, pdl);
+  } else {
+    switch (a.lanes_log2) {
+      case kTiny: return launch_layout<kPasses, kInline, S, kTiny, false>(a, records, items, sms, stream, pdl);
+      case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow, false>(a, records, items, sms, stream, pdl);
+      case kMid: return launch_layout<kPasses, kInline, S, kMid, false>(a, records, items, sms, stream, pdl);
+      default: return launch_layout<kPasses, kInline, S, kWide, false>(a, records, items, sms, stream, pdl);
+    }
   }
 }
 
-template <int kPasses, typename S>
+template <int kPasses, typename S, bool kStore = false>
 cudaError_t launch_inline(const PrefillLaunch& a, const dsa_segment* compress, const dsa_segment* write, int sms,
                           cudaStream_t stream, bool pdl, const uint16_t* pick = nullptr) {
   return a.num_compress + a.num_write <= kSmallInline
-             ? launch_prefill<kPasses, kSmallInline, S>(a, compress, pick, write, sms, stream, pdl)
-             : launch_prefill<kPasses, DSA_INLINE_RECORDS, S>(a, compress, pick, write, sms, stream, pdl);
+             ? launch_prefill<kPasses, kSmallInline, S, kStore>(a, compress, pick, write, sms, stream, pdl)
+             : launch_prefill<kPasses, DSA_INLINE_RECORDS, S, kStore>(a, compress, pick, write, sms, stream, pdl);
 }
 
 // The kernel's parameters from the ABI struct; the caller sets the launch's records, sync and layout.
@@ -494,28 +586,32 @@ PrefillLaunch prefill_launch(const dsa_c128_prefill_params& p) {
 
 // Launches one pass over `count` records of one list (a device list: one launch; a host list: one
 // launch per DSA_INLINE_RECORDS, chained).
-template <bool kWrite, typename S>
+template <bool kWrite, typename S, bool kStore = false>
 dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, PrefillSync first_sync, int sms,
-                        cudaStream_t stream, const char* op) {
+                        cudaStream_t stream, const char* op, const StoreLaunch* store = nullptr) {
   const bool host_plan = p.flags & DSA_FLAG_HOST_PLAN;
   constexpr int kPasses = kWrite ? kWritePass : kCompressPass;
   const dsa_segment* list = kWrite ? p.write : p.compress;
   PrefillLaunch a = prefill_launch(p);
   a.lanes_log2 = prefill_lanes_log2(count, p.head_dim, sms);
+  if constexpr (kStore) {
+    a.store = *store;
+    a.lanes_log2 = a.lanes_log2 == kWide ? kWide : kMid;
+  }
   const bool pdl = (p.flags & DSA_FLAG_PDL) || first_sync == kSyncBeforeStore;
   if (!host_plan) {
     (kWrite ? a.write : a.compress) = list;
     (kWrite ? a.num_write : a.num_compress) = count;
     a.sync = first_sync;
-    return launch_status(launch_prefill<kPasses, 0, S>(a, nullptr, nullptr, nullptr, sms, stream, pdl), op);
+    return launch_status(launch_prefill<kPasses, 0, S, kStore>(a, nullptr, nullptr, nullptr, sms, stream, pdl), op);
   }
   for (int64_t first = 0; first < count; first += DSA_INLINE_RECORDS) {
     (kWrite ? a.num_write : a.num_compress) = std::min<int64_t>(DSA_INLINE_RECORDS, count - first);
     a.first_record = first;
     a.sync = first == 0 ? first_sync : kSyncChained;
     const dsa_segment* part = list + first;
-    DSA_TRY(launch_status(launch_inline<kPasses, S>(a, kWrite ? nullptr : part, kWrite ? part : nullptr, sms, stream,
-                                                    first == 0 ? pdl : true), op));
+    DSA_TRY(launch_status(launch_inline<kPasses, S, kStore>(a, kWrite ? nullptr : part, kWrite ? part : nullptr, sms,
+                                                            stream, first == 0 ? pdl : true), op));
   }
   return DSA_STATUS_OK;
 }
@@ -617,8 +713,10 @@ bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64
   return true;
 }
 
+// A storing prefill takes two passes: the compress pass in clusters (store_channels), then the write pass.
 template <typename S>
-dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_t stream, const char* op) {
+dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_t stream, const char* op,
+                          const StoreLaunch* store) {
   const bool host_plan = p.flags & DSA_FLAG_HOST_PLAN;
   int64_t num_compress = p.compress_capacity, num_write = p.write_capacity;
   if (host_plan && p.counts != nullptr) {
@@ -626,6 +724,12 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
     num_write = std::max<int64_t>(0, std::min(num_write, p.counts[1]));
   }
   dsa_status status = DSA_STATUS_OK;
+  if (store != nullptr) {
+    if (num_compress > 0) DSA_TRY((prefill_pass<false, S, true>(p, num_compress, kSyncAtStart, sms, stream, op, store)));
+    if (num_write > 0)
+      DSA_TRY((prefill_pass<true, S>(p, num_write, num_compress > 0 ? kSyncBeforeStore : kSyncAtStart, sms, stream, op)));
+    return DSA_STATUS_OK;
+  }
   if (num_compress > 0 && num_write > 0 && prefill_at_once<S>(p, num_compress, num_write, sms, stream, &status, op))
     return status;
   if (num_compress > 0 && num_write > 0 && prefill_split<S>(p, num_compress, num_write, sms, stream, &status, op))
@@ -758,9 +862,9 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
     host_prefill(p);
     return ok();
   }
-  if (p.store != nullptr)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing prefill runs on the host backend only; on the GPU pass "
-                "out and store its vectors with dsa_kv_store", op);
+  if (p.store != nullptr && (p.head_dim % (kVec << kMid) != 0 || p.head_dim / (kVec << kMid) > 8))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing prefill on the GPU needs head_dim a multiple of 64 up to 512 "
+                "(got %d)", op, p.head_dim);
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
   if (vector_width(p) != 4)
@@ -769,5 +873,6 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
                 4 * state_bytes(p.state_dtype));
   DeviceGuard guard(p.device);
   const cudaStream_t s = (cudaStream_t)stream;
-  return bf16 ? prefill_device<Bf16>(p, sms, s, op) : prefill_device<float>(p, sms, s, op);
+  const StoreLaunch* store = p.store != nullptr ? &st : nullptr;
+  return bf16 ? prefill_device<Bf16>(p, sms, s, op, store) : prefill_device<float>(p, sms, s, op, store);
 }

@@ -144,6 +144,63 @@ def decode_rows(v2, bs, dtypes, rounds=5):
     return rows
 
 
+PREFILL_CASES = {  # name: (seq_lens, extend_lens)
+    "1x128": ([128], [128]),
+    "8x1K prefixes": ([1024 + 100 * i for i in range(8)], [1024] * 8),
+    "1x8K": ([8192], [8192]),
+    "1x32K": ([32768], [32768]),
+    "64x(1-600) prefixes": None,  # random, seeded below
+}
+
+
+def prefill_rows(v2, rounds=5):
+    import pyplan
+    rows = []
+    rng = np.random.default_rng(4)
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    for name, case in PREFILL_CASES.items():
+        if case is None:
+            ext = rng.integers(1, 601, 64)
+            seq = ext + rng.integers(0, 100_000, 64)
+        else:
+            seq, ext = np.array(case[0]), np.array(case[1])
+        seq, ext = seq.astype(np.int64), ext.astype(np.int64)
+        n, b = int(ext.sum()), len(seq)
+        if n >= 65536:
+            continue  # sglang's records hold 16-bit ragged rows
+        state = torch.randn(b, 1, 3 * D, device="cuda", generator=gen)
+        state[:, :, D:2 * D] = 3.0
+        kv = torch.randn(n, 2 * D, device="cuda", generator=gen)
+        ape = torch.randn(128, D, device="cuda", generator=gen)
+        idx = torch.arange(b, dtype=torch.int32, device="cuda")
+        rid = idx.to(torch.int64)
+        r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
+        loc = torch.randperm(n, device="cuda", generator=gen).to(torch.int64)
+        cache = torch.zeros(n // 2 + 1, 1728, dtype=torch.uint8, device="cuda")
+        w = torch.rand(D, device="cuda", generator=gen) + 0.5
+        freq = _rotary(int(seq.max()) + 128, gen)
+        store = pydsa.KVCache(cache, w, freq, page_size=PAGE, eps=1e-6)
+        plan = pyplan.plan_prefill(seq, ext)
+        sg_plan = v2.plan_prefill_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n)
+        out_c = torch.empty(max(1, sg_plan[0].shape[0]), D, device="cuda")
+        ours = lambda: pydsa.c128_prefill(state, kv, None, ape, idx, plan, compact=True, store=store, cache_slots=loc)
+        ours_plain = lambda: pydsa.c128_prefill(state, kv, out_c, ape, idx, plan, compact=True)
+        sg_c = lambda: v2.compress_forward_online(state, kv, ape, sg_plan, out=out_c)
+        sg_s = lambda: v2.norm_rope_store(out_c, sg_plan, w, 1e-6, freq, loc, cache, PAGE)
+        cases = {"pydsa prefill+store fused": [ours], "pydsa prefill": [ours_plain], "sglang prefill": [sg_c],
+                 "sglang prefill + store": [sg_c, sg_s]}
+        t = {k: [] for k in cases}
+        for _ in range(rounds):
+            for k, calls in cases.items():
+                t[k].append(graph_us(calls) * len(calls))
+        m = {k: statistics.median(v) for k, v in t.items()}
+        row = {"case": name, "tokens": n, **{k + " us": round(v, 3) for k, v in m.items()},
+               "P20 speedup": round(m["sglang prefill + store"] / m["pydsa prefill+store fused"], 3)}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def model_step_rows(v2, bs, dtypes, rounds=5):
     """P22: 30 layers, each its own state and cache, each after a producer (a bf16 matmul)."""
     rows = []
@@ -197,7 +254,7 @@ def main(argv=None):
     ap.add_argument("json", help="where the rows go")
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
-    ap.add_argument("--only", choices=["store", "decode", "step"], help="one part")
+    ap.add_argument("--only", choices=["store", "decode", "prefill", "step"], help="one part")
     args = ap.parse_args(argv)
     v2, _ = _load(args.reference_build)
     harness.GRAPH_BUSY_START = True
@@ -212,6 +269,8 @@ def main(argv=None):
         print(result["store_vs_sglang"], flush=True)
     if args.only in (None, "decode"):
         result["decode"] = decode_rows(v2, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
+    if args.only in (None, "prefill"):
+        result["prefill"] = prefill_rows(v2, rounds)
     if args.only in (None, "step"):
         result["model_step"] = model_step_rows(v2, [32, 256], [torch.float32, torch.bfloat16], rounds)
     with open(args.json, "w") as f:
