@@ -159,8 +159,12 @@ __device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGro
 // block calls it, with the same loc and pos across the cluster.
 __device__ __forceinline__ void store_channels(const StoreLaunch& st, float x, float w, float2 rot, int D, int c,
                                                int tile_width, int64_t loc, int64_t pos, uint32_t* error_count,
-                                               bool report) {
-  __shared__ float group_sums[2];      // this block's groups (tile_width / 64 <= 2)
+                                               bool report, int& rounds) {
+  // This block's group sums (tile_width / 64 <= 2), double-buffered by the parity of the stores done
+  // (`rounds`, alike in every block of the cluster): a block writes a buffer again only after the
+  // cluster barrier of the store between, which every block reaches after its remote reads of the
+  // buffer, so one barrier per segment suffices.
+  __shared__ float group_sums[2][2];
   __shared__ float halves[kPrefillWarps];
   const int check = store_check(loc, st.capacity, pos, st.num_positions);
   if (check != kStoreWrite) {
@@ -168,6 +172,7 @@ __device__ __forceinline__ void store_channels(const StoreLaunch& st, float x, f
     return;  // uniform across the cluster
   }
   cg::cluster_group cluster = cg::this_cluster();
+  const int parity = rounds++ & 1;
   const bool merger = (int)threadIdx.x < tile_width;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const bool odd = c & 1;
@@ -178,15 +183,17 @@ __device__ __forceinline__ void store_channels(const StoreLaunch& st, float x, f
   if (lane == 0) halves[warp] = p;
   __syncthreads();
   if (threadIdx.x < (unsigned)tile_width / kStoreGroup)
-    group_sums[threadIdx.x] = add_rn(halves[2 * threadIdx.x], halves[2 * threadIdx.x + 1]);
+    group_sums[parity][threadIdx.x] = add_rn(halves[2 * threadIdx.x], halves[2 * threadIdx.x + 1]);
   cluster.sync();
-  const int per_block = tile_width / kStoreGroup;
-  float total = 0.0f;
-  for (int g = 0; g < D / kStoreGroup; ++g) {
-    const float v = *cluster.map_shared_rank(&group_sums[g % per_block], g / per_block);
-    total = g == 0 ? v : add_rn(total, v);
-  }
-  cluster.sync();  // every remote read done before the next segment overwrites group_sums
+  const int per_block = tile_width / kStoreGroup, groups = D / kStoreGroup;
+  float sums[8];  // groups <= 8 (host check): every remote read issued before the adds
+#pragma unroll
+  for (int g = 0; g < 8; ++g)
+    if (g < groups) sums[g] = *cluster.map_shared_rank(&group_sums[parity][g % per_block], g / per_block);
+  float total = sums[0];
+#pragma unroll
+  for (int g = 1; g < 8; ++g)
+    if (g < groups) total = add_rn(total, sums[g]);
   const float r = rms_factor(total, D, st.eps);
   const float y = normed(x, r, w);
   const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
@@ -219,9 +226,10 @@ __device__ __forceinline__ void store_channels(const StoreLaunch& st, float x, f
 // 0.67; two 4-token batches in flight at 2 blocks 0.70 / 0.74; 2 tokens at 6 blocks (spilling)
 // 0.71 / 0.85. Occupancy wins.
 // kStore (compress pass only, launched in clusters of D / tile_width blocks): every vector is also
-// stored into the cache (store_channels).
+// stored into the cache (store_channels); 3 blocks per SM, which spills less than 4 and measured
+// faster on an H200 (docs/performance.md, "Prefill").
 template <int kPasses, int kInline, typename S, int kLanesLog2, bool kStore>
-__global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
+__global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm - 1 : kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ PrefillLaunch a, const __grid_constant__ InlineRecords<kInline> inline_records) {
   __shared__ float part_max[kPrefillWarps][32 * kVec];
   __shared__ float part_sum[kPrefillWarps][32 * kVec];
@@ -268,6 +276,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     barrier = 1;
   };
 
+  [[maybe_unused]] int store_rounds = 0;  // kStore: segments stored so far (store_channels)
   for (Index item = blockIdx.x; item < items; item += gridDim.x) {
     // Record r of the launch: compress records first, then write records.
     const Index r = items <= INT32_MAX ? (Index)((uint32_t)item / (uint32_t)tiles) : item / tiles;  // 32-bit when it can
@@ -295,20 +304,6 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     // Slot reads are issued here and checked after the token loads, so both are in flight together.
     const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
     const int32_t store_slot = write ? p.indices[seg.batch_id] : 0;
-    [[maybe_unused]] int64_t loc = 0;
-    [[maybe_unused]] float weight = 0.0f;
-    [[maybe_unused]] float2 rot = {};
-    [[maybe_unused]] const int64_t first_position = (int64_t)seg.position - (DSA_CHUNK - 1);
-    if constexpr (kStore) {
-      const int c = tile * tile_width + threadIdx.x;
-      loc = __ldg(p.store.cache_slots + seg.ragged_id);
-      if ((int)threadIdx.x < tile_width) {
-        weight = __ldg(p.store.norm_weight + c);
-        if (c >= D - kStoreGroup && first_position >= 0 && first_position < p.store.num_positions)
-          rot = __ldg(reinterpret_cast<const float2*>(p.store.rotary + first_position * kStoreGroup) +
-                      (c - (D - kStoreGroup)) / 2);
-      }
-    }
 
     const int ch = tile * tile_width + lane * kVec;
     const int64_t first_row = (int64_t)seg.ragged_id - n + 1;
@@ -339,6 +334,21 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     if (continues && merger) {
       const S* prior = state + (int64_t)load_slot * 3 * D + c;
       prior_m = widen(prior[0]), prior_s = widen(prior[D]), prior_k = widen(prior[2 * D]);
+    }
+    // The store's operands load beside the prior state (loaded before the token loop, they stayed live
+    // across it and spilled).
+    [[maybe_unused]] int64_t loc = 0;
+    [[maybe_unused]] float weight = 0.0f;
+    [[maybe_unused]] float2 rot = {};
+    [[maybe_unused]] const int64_t first_position = (int64_t)seg.position - (DSA_CHUNK - 1);
+    if constexpr (kStore) {
+      loc = __ldg(p.store.cache_slots + seg.ragged_id);
+      if (merger) {
+        weight = __ldg(p.store.norm_weight + c);
+        if (c >= D - kStoreGroup && first_position >= 0 && first_position < p.store.num_positions)
+          rot = __ldg(reinterpret_cast<const float2*>(p.store.rotary + first_position * kStoreGroup) +
+                      (c - (D - kStoreGroup)) / 2);
+      }
     }
     if constexpr (kPasses == kBothPasses) {
       if (last_compress && barrier == 0) {
@@ -419,11 +429,12 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     }
     if constexpr (kStore)
       store_channels(p.store, merger ? mean_of(total) : 0.0f, weight, rot, D, tile * tile_width + threadIdx.x, tile_width,
-                     loc, first_position, p.error_count, report);
+                     loc, first_position, p.error_count, report, store_rounds);
   }
   if constexpr (kPasses == kBothPasses) {
     if (barrier == 0) cg::this_grid().barrier_arrive();
   }
+  if constexpr (kStore) cg::this_cluster().sync();  // the cluster's last remote reads of our group sums are done
   if (!waited) {
     wait_for_producers();
     if (a.sync == kSyncBeforeStore) allow_dependents();
@@ -596,7 +607,7 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
   a.lanes_log2 = prefill_lanes_log2(count, p.head_dim, sms);
   if constexpr (kStore) {
     a.store = *store;
-    a.lanes_log2 = a.lanes_log2 == kWide ? kWide : kMid;
+    a.lanes_log2 = p.head_dim % (kVec << kWide) == 0 ? kWide : kMid;
   }
   const bool pdl = (p.flags & DSA_FLAG_PDL) || first_sync == kSyncBeforeStore;
   if (!host_plan) {

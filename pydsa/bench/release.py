@@ -187,8 +187,14 @@ def prefill_rows(v2, rounds=5):
         ours_plain = lambda: pydsa.c128_prefill(state, kv, out_c, ape, idx, plan, compact=True)
         sg_c = lambda: v2.compress_forward_online(state, kv, ape, sg_plan, out=out_c)
         sg_s = lambda: v2.norm_rope_store(out_c, sg_plan, w, 1e-6, freq, loc, cache, PAGE)
-        cases = {"pydsa prefill+store fused": [ours], "pydsa prefill": [ours_plain], "sglang prefill": [sg_c],
-                 "sglang prefill + store": [sg_c, sg_s]}
+        # The two-call way: the plain prefill into a compact out, then kv_store of its rows (positions and
+        # slots of the compress records gathered at plan time, as an engine would).
+        recs = plan[0]
+        pos_t = torch.from_numpy((recs["position"].astype(np.int64) - 127).astype(np.int32)).cuda()
+        slots_t = loc[torch.from_numpy(recs["ragged_id"].astype(np.int64)).cuda()]
+        two = [ours_plain, lambda: pydsa.kv_store(out_c[:len(recs)], pos_t, slots_t, store)]
+        cases = {"pydsa prefill+store fused": [ours], "pydsa prefill": [ours_plain], "pydsa prefill, kv_store": two,
+                 "sglang prefill": [sg_c], "sglang prefill + store": [sg_c, sg_s]}
         t = {k: [] for k in cases}
         for _ in range(rounds):
             for k, calls in cases.items():
