@@ -33,8 +33,12 @@ def device_index(t) -> int:
 
 
 def resolve_device(device) -> torch.device:
-    """torch.device(device), with a bare "cuda" pinned to the current CUDA device."""
+    """torch.device(device), with a bare "cuda" pinned to the current CUDA device; a CUDA device on a
+    machine without one is a ValueError saying so."""
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device} was asked for but no CUDA device is available here "
+                         f"(CPU tensors run the host backend)")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return device

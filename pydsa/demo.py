@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ._tensors import resolve_device
+
 import pyplan
 
 from . import baselines
@@ -187,9 +189,9 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         progress=True) -> dict:
     """corrupt: perturb emitted vectors before the check; leak: commit every verified draft on the
     device while the checker accepts only some (both must make the demo fail)."""
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1 (got {steps})")
+    device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     verify_torch = False
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -392,7 +394,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.steps < 1 or args.requests < 1:
+        ap.error(f"--steps and --requests must be at least 1 (got {args.steps}, {args.requests})")
+    try:
+        device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except (ValueError, RuntimeError) as exc:
+        ap.error(f"--device {args.device}: {exc}")
     if device.type == "cpu":
         print("pydsa demo: no GPU in use, running the host backend (same C entry points, host memory)")
     else:

@@ -220,8 +220,9 @@ def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_pla
 # req + k * state_slot_stride, mark_pending records each request's length before its drafts, and the
 # next step's commit copies the accepted entry onto the main slot. Here the verify is c128_verify
 # with bank entry 0 = the main slot (so only entries 1..V are written) and no output rows, and the
-# commit is c128_commit's copying form. Differences from sglang's kernels, on input they do not
-# guard: a request whose length before the drafts is <= 0 is padding (nothing written), and slots
+# commit is c128_commit's copying form. A request whose length before the drafts is 0 runs its
+# drafts from position 0 and writes its bank, as in sglang 0.5.23. Differences from sglang's
+# kernels, on input they do not guard: a negative length is padding (nothing written), and slots
 # outside the state buffer are skipped and counted instead of accessed. int64 index tensors are
 # converted to int32 (one small device op each).
 
@@ -281,7 +282,7 @@ def online_c128_mtp_commit_pending(seq_lens, req_pool_indices, req_to_token, pen
     before = pending_seq_lens[torch.where(valid, req, 0)]
     live = valid & (before >= 0)
     accepted = torch.where(live, (seq_lens[:batch_size].to(torch.int64) - before).clamp(0, num_verify_tokens), 0)
-    before = torch.where(live, before, 0)  # length 0: padding, nothing copied
+    before = torch.where(live, before, 0)  # not pending: accepted 0, nothing copied
     slots = _slots(req_pool_indices, batch_size)
     c128_commit(before.to(torch.int32), accepted.to(torch.int32), slots, slots, num_drafts=num_verify_tokens,
                 bank_stride=state_slot_stride, states=[_state_rows(state)])

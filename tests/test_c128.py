@@ -649,7 +649,7 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
             names = _prefill_kernels(call)
             assert [next(p for p in ("<1,", "<2,", "<3,", "<4,") if p in name) for name in names] == passes, names
             if passes == ["<3,"]:  # 128-channel tiles (log2 of the threads across a tile: 5) iff 64-channel ones overflow
-                lanes_log2 = int(re.search(r"c128_prefill_kernel<3, \d+, float, (\d)>", names[0]).group(1))
+                lanes_log2 = int(re.search(r"c128_prefill_kernel<3, \d+, float, (\d), false>", names[0]).group(1))
                 assert (lanes_log2 == 5) == ((len(plan[0]) + len(plan[1])) * 8 > 528), names
         else:
             call()

@@ -1,5 +1,9 @@
 """The demo (the README's first command) and `info` run and check themselves."""
 import pytest
+import torch
+
+import pydsa
+from conftest import DEVICES
 
 from pydsa import demo, info
 from pydsa.__main__ import main
@@ -44,3 +48,25 @@ def test_cli_rejects_unknown_commands():
     assert main(["nope"]) == 2
     with pytest.raises(SystemExit):
         main(["bench", "nothing"])
+
+
+def test_demo_refuses_zero_steps_and_a_missing_gpu():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "pydsa", "demo", "--steps", "0"], capture_output=True, text=True)
+    assert r.returncode == 2 and "--steps and --requests must be at least 1" in r.stderr
+    if not torch.cuda.is_available():
+        r = subprocess.run([sys.executable, "-m", "pydsa", "demo", "--device", "cuda"], capture_output=True, text=True)
+        assert r.returncode == 2 and "no CUDA device is available" in r.stderr, r.stderr
+        with pytest.raises(ValueError, match="no CUDA device is available"):
+            pydsa.DevicePlan(128, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tour_runs_as_written(device):
+    import os
+    import subprocess
+    import sys
+    tour = os.path.join(os.path.dirname(__file__), "..", "examples", "tour.py")
+    r = subprocess.run([sys.executable, tour, "--device", torch.device(device).type], capture_output=True, text=True)
+    assert r.returncode == 0 and "tour: OK" in r.stdout, r.stdout + r.stderr

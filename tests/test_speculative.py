@@ -442,3 +442,31 @@ def test_verify_on_a_device_that_is_not_current():
     pydsa.c128_verify(a["state"], a["kv"], out, a["ape"], a["idx"], a["seq"], a["bank"])
     torch.cuda.synchronize()
     assert not bool(out.isnan().all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_verify_at_seq_zero_runs_the_drafts_from_position_zero(device, state_dtype):
+    """seq_lens[b] == 0 is a request with no committed tokens (padding is seq < 0): its drafts start a
+    chunk at position 0 and bank entry j holds the state after j decodes from nothing."""
+    d, b, v = 256, 3, 5
+    gen = torch.Generator().manual_seed(1)
+    stale = (torch.randn(b * (v + 2), 1, 3 * d, generator=gen) * 50).to(state_dtype).to(device)
+    drafts = torch.randn(b * v, 2 * d, generator=gen).to(device)
+    ape = torch.randn(CHUNK, d, generator=gen).to(device)
+    seq = torch.tensor([0, -1, 0], dtype=torch.int32, device=device)
+    idx = torch.arange(b, dtype=torch.int32, device=device)
+    bank = (b + idx * (v + 1)).to(torch.int32)
+    state = stale.clone()
+    pydsa.c128_verify(state, drafts, None, ape, idx, seq, bank)
+    for r in range(b):
+        entries = state[b + r * (v + 1): b + (r + 1) * (v + 1)]
+        if r == 1:  # padding: nothing written
+            assert torch.equal(entries, stale[b + r * (v + 1): b + (r + 1) * (v + 1)])
+            continue
+        ref = stale[:1].clone()
+        for j in range(v):
+            pydsa.c128_decode(ref, drafts[r * v + j: r * v + j + 1], torch.empty(1, d, device=device), ape,
+                              torch.zeros(1, dtype=torch.int32, device=device),
+                              torch.tensor([j + 1], dtype=torch.int32, device=device))
+            assert torch.equal(entries[j + 1], ref[0]), (r, j)

@@ -260,6 +260,7 @@ def main(argv=None):
     ap.add_argument("json", help="where the rows go")
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
+    ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
     ap.add_argument("--only", choices=["store", "decode", "prefill", "step"], help="one part")
     args = ap.parse_args(argv)
     v2, _ = _load(args.reference_build)
@@ -267,8 +268,8 @@ def main(argv=None):
     rounds = 3 if args.quick else 5
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "command": "python -m pydsa.bench.release " + " ".join(argv or sys.argv[1:]),
-              "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                       text=True).stdout.strip(),
+              "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                                      text=True).stdout.strip(),
               "torch": torch.__version__, "pdl_default": pydsa._abi.PDL_DEFAULT}
     if args.only in (None, "store"):
         result["store_vs_sglang"] = compare_store(v2)
