@@ -186,6 +186,7 @@ cdef enum:
     BF16 = 4 | (16 << 8) | (1 << 16)
     I32 = 0 | (32 << 8) | (1 << 16)
     U8 = 1 | (8 << 8) | (1 << 16)
+    I64 = 0 | (64 << 8) | (1 << 16)
     MAX_TYPES = 8
     MAX_DEVICES = 64
 
@@ -353,6 +354,31 @@ cdef int _error_counter(object error_count, int32_t dev, uint32_t** out) except 
     return 0
 
 
+cdef object _store_type = None   # pydsa.KVCache (set_store_type)
+
+
+def set_store_type(store_type):
+    global _store_type
+    _store_type = store_type
+
+
+cdef int _store(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
+                const int64_t** slots) except -2:
+    """A call's optional store: the KVCache's descriptor and the int64 cache_slots [rows]; -1 declines."""
+    cdef Arg cs
+    address[0] = NULL
+    slots[0] = NULL
+    if store is None:
+        return -1 if cache_slots is not None else 0
+    if type(store) is not _store_type or store.device != dev or store.head_dim != d:
+        return -1
+    if _vector(cache_slots, &cs, I64, dev, rows) < 0:
+        return -1
+    address[0] = <const void*><uintptr_t>store.address
+    slots[0] = <const int64_t*>cs.data
+    return 0
+
+
 cdef int _launch(Entry entry, const void* params, int32_t dev, object stream) except -2:
     cdef void* s = NULL
     cdef int status
@@ -371,7 +397,7 @@ cdef int _launch(Entry entry, const void* params, int32_t dev, object stream) ex
 # ---- c128 decode ----------------------------------------------------------------------------
 
 cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indices, seq_lens,
-                      uint32_t flags, error_count, load_indices) except -2:
+                      uint32_t flags, error_count, load_indices, store=None, cache_slots=None) except -2:
     cdef Arg st, kv, o, ap, ix, sl, lx
     cdef int32_t sdt
     cdef uint32_t* errors
@@ -382,9 +408,14 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indi
     if _tensor(kv_score, &kv, F32, dev, 2) < 0 or kv.shape[1] != 2 * d:
         return -1
     cdef int64_t b = kv.shape[0]
-    if (_matrix(out, &o, F32, dev, b, d) < 0 or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0
+    cdef const void* store_address
+    cdef const int64_t* slots
+    o.data = NULL
+    if ((not (out is None and store is not None) and _matrix(out, &o, F32, dev, b, d) < 0)
+            or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0
             or _vector(indices, &ix, I32, dev, b) < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0
-            or _error_counter(error_count, dev, &errors) < 0):
+            or _error_counter(error_count, dev, &errors) < 0
+            or _store(store, cache_slots, dev, d, b, &store_address, &slots) < 0):
         return -1
     lx.data = NULL
     if load_indices is not None and _vector(load_indices, &lx, I32, dev, b) < 0:
@@ -405,15 +436,17 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indi
     p.state_dtype = sdt
     p.reserved = 0
     p.load_indices = <const int32_t*>lx.data
-    p.store = NULL
-    p.cache_slots = NULL
+    p.store = store_address
+    p.cache_slots = slots
     return 0
 
 
-def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags, error_count, load_indices=None):
+def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags, error_count, load_indices=None,
+           store=None, cache_slots=None):
     """One-shot c128 decode: the library's status, or DECLINED."""
     cdef dsa_c128_decode_params p
-    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices) < 0:
+    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices, store,
+                    cache_slots) < 0:
         return DECLINED
     return _launch(_decode_entry, &p, p.device, stream)
 
@@ -532,8 +565,11 @@ cdef int _optional_vector(object obj, Arg* a, int32_t dev, int64_t n) except -2:
 
 
 cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indices, seq_lens, bank_indices,
-                      int64_t bank_stride, verify_lens, uint32_t flags, error_count) except -2:
+                      int64_t bank_stride, verify_lens, uint32_t flags, error_count, store=None,
+                      cache_slots=None) except -2:
     cdef Arg st, kv, o, ap, ix, sl, bk, vl
+    cdef const void* store_address
+    cdef const int64_t* slots
     cdef int32_t sdt
     cdef uint32_t* errors
     if _state(state, &st, &sdt) < 0:
@@ -550,7 +586,8 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indi
     if (v < 1 or v > 16 or bank_stride < 1 or (out is not None and _matrix(out, &o, F32, dev, b * v, d) < 0)
             or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0 or _vector(indices, &ix, I32, dev, b) < 0
             or _vector(bank_indices, &bk, I32, dev, b) < 0 or _optional_vector(verify_lens, &vl, dev, b) < 0
-            or _error_counter(error_count, dev, &errors) < 0):
+            or _error_counter(error_count, dev, &errors) < 0
+            or _store(store, cache_slots, dev, d, b * v, &store_address, &slots) < 0):
         return -1
     p.struct_size = sizeof(dsa_c128_verify_params)
     p.flags = flags
@@ -570,17 +607,17 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indi
     p.bank_indices = <const int32_t*>bk.data
     p.bank_stride = bank_stride
     p.error_count = errors
-    p.store = NULL
-    p.cache_slots = NULL
+    p.store = store_address
+    p.cache_slots = slots
     return 0
 
 
 def verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, int64_t bank_stride, verify_lens, stream,
-           uint32_t flags, error_count):
+           uint32_t flags, error_count, store=None, cache_slots=None):
     """One-shot c128 verify: the library's status, or DECLINED."""
     cdef dsa_c128_verify_params p
     if _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
-                    error_count) < 0:
+                    error_count, store, cache_slots) < 0:
         return DECLINED
     return _launch(_verify_entry, &p, p.device, stream)
 

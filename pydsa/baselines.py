@@ -8,7 +8,7 @@ CHUNK = 128
 
 
 def metadata_copy_torch(src: dict, dst: dict, mode: str = "decode") -> None:
-    """The per-field copy_() sequence attention backends run before a graph replay (SPEC 2)."""
+    """The per-field copy_() sequence attention backends run before a graph replay (docs/spec.md, metadata copy)."""
     bs = src["cache_seqlens"].shape[0]
     dst["cache_seqlens"][:bs].copy_(src["cache_seqlens"])
     dst["cu_seqlens_k"][1:bs + 1].copy_(src["cu_seqlens_k"][1:])
@@ -30,7 +30,7 @@ def metadata_copy_torch(src: dict, dst: dict, mode: str = "decode") -> None:
 
 
 def c128_decode_torch(state, kv_score, out, ape, indices, seq_lens) -> None:
-    """SPEC 1.2 in eager torch (boolean masks; padding rows need valid slot indices here)."""
+    """docs/spec.md, decode in eager torch (boolean masks; padding rows need valid slot indices here)."""
     d = ape.shape[1]
     valid = seq_lens > 0
     pos = (seq_lens.long() - 1).clamp(min=0) % CHUNK
@@ -60,7 +60,7 @@ def c128_chunks_torch(kv_score: torch.Tensor, ape: torch.Tensor) -> torch.Tensor
 
 
 def plan_prefill_python(seq_lens, extend_lens):
-    """SPEC 1.4 in plain Python, one position at a time: (compress, write) lists of
+    """docs/spec.md, the plan in plain Python, one position at a time: (compress, write) lists of
     (ragged_id, batch_id, position, window_len) tuples."""
     compress, write = [], []
     ragged = 0

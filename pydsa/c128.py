@@ -1,8 +1,8 @@
-"""Online c128 compression (SPEC 1): decode and prefill through libdsa_kernels.
+"""Online c128 compression (docs/spec.md, online c128): decode and prefill through libdsa_kernels.
 
 CPU tensors run the host backend, CUDA tensors the kernels, on the framework's current stream
 unless `stream` (a raw cudaStream_t handle as int) is given. The state is float32 or bfloat16
-(its dtype selects it, SPEC 1.5); everything else is float32 / int32.
+(its dtype selects it, docs/spec.md, the state, output layouts); everything else is float32 / int32.
 
 Every call is cheap enough to make per layer per step: the one-shot functions check their
 tensors, fill a params buffer in one go and launch; they never synchronize and never allocate.
@@ -99,7 +99,7 @@ def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_coun
 
 def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
                 stream=None, pdl=None, error_count=None) -> None:
-    """One new token per request (SPEC 1.2). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
+    """One new token per request (docs/spec.md, decode). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
     out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
     int32 (one slot per live row: two rows updating one slot race on the GPU), seq_lens [B] int32
     (<= 0: padding). load_indices [B] int32: the slot each request's state is read from (e.g. the
@@ -107,8 +107,8 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
     vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
     launches with programmatic dependent launch where every compiled architecture supports it."""
-    status = DECLINED if store is not None else _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream,
-                                                             pdl_flag(pdl), error_count, load_indices)
+    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, pdl_flag(pdl), error_count,
+                          load_indices, store, cache_slots)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
@@ -270,11 +270,11 @@ def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flag
 
 def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
                  cache_slots=None, stream=None, pdl=None, error_count=None, cooperative=True) -> None:
-    """Many new tokens per request (SPEC 1.3). kv_score [N,2D] ragged; indices / load_indices [B]
+    """Many new tokens per request (docs/spec.md, prefill). kv_score [N,2D] ragged; indices / load_indices [B]
     int32 (requests that store a trailing partial need distinct `indices`: stores into one slot
     race on the GPU); plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
     out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
-    row i for compress record i (C = the plan's compress capacity; SPEC 1.5).
+    row i for compress record i (C = the plan's compress capacity; docs/spec.md, the state, output layouts).
     cooperative=False: never the one cooperative launch a small eager pyplan plan takes, always
     ordinary launches (for engines that run kernels on other streams alongside: a cooperative grid
     waits until all its blocks fit; and for device-bound eager steps: the ordinary launches cost
@@ -307,7 +307,7 @@ _upload = _calls.upload
 
 
 class C128Prefill(_Prepared):
-    """A validated prefill call over fixed buffers (SPEC 1.3); launch() re-runs it.
+    """A validated prefill call over fixed buffers (docs/spec.md, prefill); launch() re-runs it.
 
     `plan` is a (compress, write) pair of SEGMENT_DTYPE record arrays from pyplan.plan_prefill,
     read from host memory at every launch (re-plan into the same arrays with plan_prefill(...,

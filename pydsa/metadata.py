@@ -1,4 +1,4 @@
-"""Fused DSA metadata copy (SPEC 2): refresh the static metadata buffers of one or several
+"""Fused DSA metadata copy (docs/spec.md, metadata copy): refresh the static metadata buffers of one or several
 attention backends before a CUDA-graph replay, in one launch.
 
     copy = MetadataCopy([backend0_buffers, backend1_buffers], mode="decode")   # once
@@ -130,7 +130,7 @@ class MetadataCopy:
     def __call__(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                  seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None,
                  *, stream=None) -> None:
-        """Copies one step's metadata into every bound destination (SPEC 2).
+        """Copies one step's metadata into every bound destination (docs/spec.md, metadata copy).
 
         Sizes come from the sources' shapes. Sources are checked when they are new tensor
         objects; passing the very same objects as the previous call (static source buffers,
@@ -216,7 +216,7 @@ class MetadataCopy:
                       seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
 
     def _fill(self, bs, rows, width, n, real_cols, meta, *sources) -> None:
-        """Writes the launch params: sizes (SPEC 2; n = expanded entries outside DECODE) and the
+        """Writes the launch params: sizes (docs/spec.md, metadata copy; n = expanded entries outside DECODE) and the
         nine source pointers in dsa_metadata_sources order (0 for an absent one)."""
         _pack(self._params, 0, _SIZE, self._flags, self._dev, self.mode, bs, rows, width, 0 if self.decode else n,
               real_cols, meta, *sources, len(self._keep), 0, self._dests_address)

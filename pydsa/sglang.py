@@ -8,7 +8,7 @@
 Each function is a thin layer over the library's ops (the same C entry points and kernels): it
 turns sglang's positional arguments and conventions into the op's sizes and launches. CUDA
 tensors run the kernels on the current stream, CPU tensors the host backend. sglang's
-conventions (SPEC 2 where they agree):
+conventions (docs/spec.md, metadata copy where they agree):
 - DECODE copies `bs` rows x `max_len` columns of `page_indices`, the other modes
   `page_indices.shape[0]` rows x `max_seqlen_k` columns, reading the source as a dense block of
   that shape; the destination page table's row stride is its `shape[1]`, the real page table
@@ -215,7 +215,7 @@ def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_pla
     return m, m
 
 
-# ---- sglang 0.5.23's online_c128_mtp (speculative decoding, SPEC 1.6) ----------------------------
+# ---- sglang 0.5.23's online_c128_mtp (speculative decoding, docs/spec.md, speculative decoding) ----------------------------
 # sglang keeps main slots current: the verify writes bank entry k (the state after k drafts) at row
 # req + k * state_slot_stride, mark_pending records each request's length before its drafts, and the
 # next step's commit copies the accepted entry onto the main slot. Here the verify is c128_verify

@@ -1,4 +1,4 @@
-"""Speculative decoding for online c128 (SPEC 1.6): verify V drafts per request in one launch per
+"""Speculative decoding for online c128 (docs/spec.md, speculative decoding): verify V drafts per request in one launch per
 layer, keep the state after every draft prefix in a bank, and commit the accepted prefix without
 copying state.
 
@@ -66,7 +66,7 @@ def _verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, b
 
 def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1, verify_lens=None,
                 store=None, cache_slots=None, stream=None, pdl=None, error_count=None) -> None:
-    """Runs each request's drafts through the decode arithmetic (SPEC 1.6) and stores the state after
+    """Runs each request's drafts through the decode arithmetic (docs/spec.md, speculative decoding) and stores the state after
     every draft prefix in the bank; main slots are never written.
 
     state [S,1,3D] f32 or bf16 (the bank is slots of it); kv_score [B*V,2D] f32, draft j of request b
@@ -78,9 +78,9 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     store: a pydsa.KVCache that the vector a draft closes is stored into, at cache_slots[b*V+j] (int64
     [B*V]); an engine ignores the entries of rejected drafts. Nothing with B == 0 rows."""
     flags = pdl_flag(pdl)
-    if store is None and type(bank_stride) is int and 1 <= bank_stride < 2**31:
+    if type(bank_stride) is int and 1 <= bank_stride < 2**31:
         status = _calls.verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
-                               stream, flags, error_count)
+                               stream, flags, error_count, store, cache_slots)
         if status != DECLINED:
             if status:
                 _check_status(status)
@@ -152,7 +152,7 @@ def _commit_fields(seq_lens, accepted, indices, bank_indices, bank_stride, num_d
 
 def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
                 load_indices=None, num_slots=2**31 - 1, states=None, stream=None, pdl=False, error_count=None) -> None:
-    """Commits the accepted drafts of a verify step (SPEC 1.6), with no host synchronization.
+    """Commits the accepted drafts of a verify step (docs/spec.md, speculative decoding), with no host synchronization.
 
     seq_lens, indices, bank_indices, bank_stride, verify_lens: as given to c128_verify; accepted [B]
     int32: drafts accepted (clamped to 0..v_b). Either load_indices [B] int32 (may be `indices`

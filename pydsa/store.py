@@ -12,7 +12,7 @@ import ctypes as C
 
 import torch
 
-from . import _abi
+from . import _abi, _calls
 from ._abi import CACHE_V4, KvCache, STORE_FORMAT, check as _check_status, lib, new, pdl_flag
 from ._tensors import _float32, device_index, error_ptr, launch_stream, ptr
 
@@ -78,6 +78,9 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(D={self.head_dim}, pages={self.num_pages} x {self.page_size}, "
                 f"{self.page_bytes} B/page, device={self.cache.device})")
+
+
+_calls.set_store_type(KVCache)
 
 
 def store_fields(store, cache_slots, dev: int, d: int, rows: int) -> tuple:

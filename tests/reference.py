@@ -8,7 +8,7 @@ from pydsa.baselines import plan_prefill_python as plan_reference  # noqa: F401
 CHUNK = 128
 SENTINEL = (0xFFFFFFFF,) * 4
 # Largest norm-wise relative error of a chunk vector against the float64 formula with bf16 state
-# (SPEC 1.5), as documented in the README: measured max over the schedule property, with margin.
+# (docs/spec.md, the state, output layouts), as documented in the README: measured max over the schedule property, with margin.
 BF16_BOUND = 2.5e-2
 
 
@@ -17,7 +17,7 @@ def records(arr) -> list:
 
 
 def compress_offline(kv: np.ndarray, score: np.ndarray, ape: np.ndarray) -> np.ndarray:
-    """SPEC 1 offline formula in float64: kv, score [128, D] of one chunk -> [D]."""
+    """docs/spec.md, online c128 offline formula in float64: kv, score [128, D] of one chunk -> [D]."""
     t = score.astype(np.float64) + ape.astype(np.float64)
     t = t - t.max(axis=0, keepdims=True)
     w = np.exp(t)
@@ -26,7 +26,7 @@ def compress_offline(kv: np.ndarray, score: np.ndarray, ape: np.ndarray) -> np.n
 
 
 def online_step_fp32(m, s, k, t, v):
-    """SPEC 1.1 single-token update, fp32, exactly as written there."""
+    """docs/spec.md, the per-token update single-token update, fp32, exactly as written there."""
     M = np.maximum(m, t)
     a = s * np.exp(m - M)
     b = np.exp(t - M)

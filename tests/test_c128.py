@@ -1,4 +1,4 @@
-"""Online c128 compression (SPEC 1): the same properties on the host backend and on the GPU."""
+"""Online c128 compression (docs/spec.md, online c128): the same properties on the host backend and on the GPU."""
 import re
 
 import numpy as np
@@ -13,8 +13,8 @@ from conftest import DEVICES, examples, gpu
 from reference import BF16_BOUND, CHUNK, TokenStream, online_step_fp32, rel_err
 
 POISON = float("nan")
-# Norm-wise relative error against the float64 formula: fp32 state (SPEC 1.1) and bf16 state
-# (SPEC 1.5: the bound measured over the random schedules below, with margin).
+# Norm-wise relative error against the float64 formula: fp32 state (docs/spec.md, the per-token update) and bf16 state
+# (docs/spec.md, the state, output layouts: the bound measured over the random schedules below, with margin).
 BOUND = {torch.float32: 1e-5, torch.bfloat16: BF16_BOUND}
 
 
@@ -35,7 +35,7 @@ def ape_for(d, seed=7):
 
 @pytest.mark.parametrize("d", [128, 256, 512, 192])
 def test_decode_step_matches_spec_update_at_chunk_edges(device, d):
-    """Positions 0, 1, 63, 126, 127, 128, 129: fresh start at 0, SPEC update elsewhere, chunk
+    """Positions 0, 1, 63, 126, 127, 128, 129: fresh start at 0, the per-token update elsewhere, chunk
     close at 127 writes out and leaves the slot alone; untouched out rows keep their poison."""
     gen = torch.Generator().manual_seed(d)
     positions = [0, 1, 63, 126, 127, 128, 129, 255]
@@ -326,7 +326,7 @@ def test_gpu_equals_host_backend(d, case, state_dtype):
 @pytest.mark.parametrize("b,d", [(3, 512), (40, 64), (300, 256)])
 @pytest.mark.parametrize("whole_chunks", [(0, 2), (2, 4)])
 def test_state_stores_land_after_every_state_read(b, d, plan_kind, whole_chunks):
-    """SPEC 1.3's order across requests: request i continues from slot L[i] and stores its
+    """docs/spec.md, prefill's order across requests: request i continues from slot L[i] and stores its
     trailing partial into L[i + 1], the slot request i + 1 continues from. Every compress read
     must see the slot before any write-segment store, however the launch is cut: GPU equals the
     host backend, which runs the lists one after the other. The cuts: an eager call of a host plan

@@ -1,4 +1,4 @@
-"""Fused DSA metadata copy (SPEC 2): bit-exact equality with the per-field copy sequence, nothing
+"""Fused DSA metadata copy (docs/spec.md, metadata copy): bit-exact equality with the per-field copy sequence, nothing
 outside the copied region touched, K destinations, graphs, and every error case."""
 import ctypes
 

@@ -1,4 +1,4 @@
-"""Prefill planner (SPEC 1.4): every invariant as a hypothesis property, graph mode, errors, and
+"""Prefill planner (docs/spec.md, the plan): every invariant as a hypothesis property, graph mode, errors, and
 Cython planner == C planner (through ctypes) == the reference planner, record for record."""
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Speculative decoding (SPEC 1.6): c128_verify, the bank, c128_commit.
+"""Speculative decoding (docs/spec.md, speculative decoding): c128_verify, the bank, c128_commit.
 
 The defining property: any schedule of prefills, decodes and verify steps with any acceptances leaves
 the states and outputs equal, bit for bit on one backend, to running only the accepted tokens as plain

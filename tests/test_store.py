@@ -382,3 +382,37 @@ def test_fused_decode_graph_replay():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(first, kvc.cache)
+
+
+def test_storing_calls_take_the_compiled_path_and_match_the_python_path():
+    """A storing decode and verify through pydsa/_calls.pyx (not declined) write what the Python path writes."""
+    from pydsa import _calls, _abi
+    from pydsa.c128 import _decode_fields, _launch_once, _decode_fn
+    d, b = 512, 6
+    state = torch.randn(b, 1, 3 * d)
+    ape, kv = torch.randn(CHUNK, d), torch.randn(b, 2 * d)
+    idx = torch.arange(b, dtype=torch.int32)
+    seq = torch.tensor([128, 256, 3, 384, 1, 512], dtype=torch.int32)
+    slots = torch.arange(b, dtype=torch.int64)
+    fast, slow = make_cache(d, 2, 4, 600, "cpu"), make_cache(d, 2, 4, 600, "cpu")
+    s1, s2 = state.clone(), state.clone()
+    errors = torch.zeros(1, dtype=torch.int32)
+    assert _calls.decode(s1, kv, None, ape, idx, seq, None, 0, errors, None, fast, slots) == 0
+    _launch_once("decode_test", _abi.DECODE_FORMAT, _decode_fn,
+                 _decode_fields(s2, kv, None, ape, idx, seq, False, errors, None, slow, slots), None)
+    assert torch.equal(fast.cache, slow.cache) and torch.equal(s1, s2)
+    assert not (fast.cache == POISON).all()
+    # cache_slots without a store, or of the wrong dtype: declined (the Python path raises the error)
+    assert _calls.decode(s1, kv, None, ape, idx, seq, None, 0, errors, None, None, slots) == _calls.DECLINED
+    assert _calls.decode(s1, kv, None, ape, idx, seq, None, 0, errors, None, fast, slots.int()) == _calls.DECLINED
+    bank = torch.arange(b, dtype=torch.int32) + b
+    big = torch.randn(4 * b, 1, 3 * d)
+    v1, v2 = make_cache(d, 2, 12, 600, "cpu"), make_cache(d, 2, 12, 600, "cpu")
+    drafts, vslots = torch.randn(b * 2, 2 * d), torch.arange(2 * b, dtype=torch.int64)
+    seq_v = torch.tensor([127, 126, 0, 255, 3, 1], dtype=torch.int32)
+    b1, b2 = big.clone(), big.clone()
+    assert _calls.verify(b1, drafts, None, ape, idx, seq_v, bank, 1, None, None, 0, errors, v1, vslots) == 0
+    _launch_once("verify_test", _abi.VERIFY_FORMAT, pydsa._abi.lib.dsa_c128_verify,
+                 pydsa.speculative._verify_fields(b2, drafts, None, ape, idx, seq_v, bank, 1, None, False, errors,
+                                                  v2, vslots), None)
+    assert torch.equal(v1.cache, v2.cache) and torch.equal(b1, b2) and not (v1.cache == POISON).all()

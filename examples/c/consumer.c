@@ -1,5 +1,5 @@
 /* A C99 consumer of libdsa_kernels: plans a prefill, runs c128 prefill, decode, a speculative
- * verify and commit, and a metadata copy through the host backend on built-in data, checks every result against values computed
+ * verify and commit, a KV-cache store and a metadata copy through the host backend on built-in data, checks every result against values computed
  * here, and prints a one-line verdict. Exit status 0 only if every check passed. */
 #include <math.h>
 #include <stdio.h>
@@ -332,6 +332,75 @@ static void check_metadata_copy(void) {
   expect(dsa_metadata_copy(&p, NULL) == DSA_STATUS_CAPACITY, "a source wider than its destination is refused");
 }
 
+/* The KV-cache store of a vector of ones with unit weights: y = 1/sqrt(1 + eps) rounds to bf16 1.0, so
+ * every group's scale is 2^-8 (exponent byte 119), every fp8 code that of 256 (0x78), and the rope
+ * tail rotated by (cos, sin) = (1, 0) stays 1.0 (bf16 0x3F80). Also decoded straight into the cache:
+ * a request whose token closes a chunk stores the same entry. */
+static void check_store(void) {
+  enum { SD = 512, PAGE = 2, PAGES = 2 };
+  static float x[SD], w[SD], rotary[4 * 64], ape[DSA_CHUNK * SD], row[2 * SD], state[3 * SD];
+  static uint8_t cache[PAGES * 1728];
+  expect(dsa_kv_page_bytes(SD, PAGE) == 1728, "page bytes");
+  for (int d = 0; d < SD; ++d) x[d] = 1.0f, w[d] = 1.0f, row[d] = 1.0f, row[SD + d] = next_float();
+  for (int i = 0; i < 4 * 64; ++i) rotary[i] = (i % 2 == 0) ? 1.0f : 0.0f;
+  memset(cache, 0xA5, sizeof cache);
+  dsa_kv_cache kc;
+  memset(&kc, 0, sizeof kc);
+  kc.struct_size = sizeof kc;
+  kc.layout = DSA_CACHE_V4;
+  kc.cache = cache;
+  kc.num_pages = PAGES;
+  kc.page_size = PAGE;
+  kc.eps = 1e-6f;
+  kc.norm_weight = w;
+  kc.rotary = rotary;
+  kc.num_positions = 4;
+  const int64_t slot = 1;
+  const int32_t position = 3;
+  dsa_kv_store_params p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.device = DSA_DEVICE_HOST;
+  p.head_dim = SD;
+  p.num_vectors = 1;
+  p.vectors = x;
+  p.positions = &position;
+  p.cache_slots = &slot;
+  p.cache = &kc;
+  expect(dsa_kv_store(&p, NULL) == DSA_STATUS_OK, "kv_store");
+  const uint8_t* data = cache + 576; /* page 0, entry 1 */
+  const uint8_t* scales = cache + 1152 + 8;
+  int ok = 1;
+  for (int i = 0; i < 448; ++i) ok = ok && data[i] == 0x78;
+  for (int g = 0; g < 7; ++g) ok = ok && scales[g] == 119;
+  for (int l = 0; l < 64; ++l) ok = ok && data[448 + 2 * l] == 0x80 && data[448 + 2 * l + 1] == 0x3F;
+  expect(ok && scales[7] == 0xA5 && cache[0] == 0xA5, "kv_store bytes");
+  /* A decode whose token closes a chunk (seq_len 128) with kv = 1 stores a vector of ones: the same entry. */
+  static uint8_t cache2[PAGES * 1728];
+  memset(cache2, 0xA5, sizeof cache2);
+  kc.cache = cache2;
+  for (int i = 0; i < DSA_CHUNK * SD; ++i) ape[i] = 0.0f;
+  for (int d = 0; d < SD; ++d) state[d] = 0.0f, state[SD + d] = 1.0f, state[2 * SD + d] = 1.0f;
+  const int32_t zero = 0, seq = DSA_CHUNK;
+  dsa_c128_decode_params q;
+  memset(&q, 0, sizeof q);
+  q.struct_size = sizeof q;
+  q.device = DSA_DEVICE_HOST;
+  q.head_dim = SD;
+  q.num_slots = 1;
+  q.batch_size = 1;
+  q.state = state;
+  q.kv_score = row;
+  q.ape = ape;
+  q.indices = &zero;
+  q.seq_lens = &seq;
+  q.state_dtype = DSA_STATE_FLOAT32;
+  q.store = &kc;
+  q.cache_slots = &slot;
+  expect(dsa_c128_decode(&q, NULL) == DSA_STATUS_OK, "decode with a store, out null");
+  expect(memcmp(cache, cache2, sizeof cache) == 0, "decode's fused store writes kv_store's bytes");
+}
+
 int main(void) {
   if (dsa_abi_version() != DSA_ABI_VERSION) {
     printf("dsa_kernels C consumer: FAIL (library ABI %d, header ABI %d)\n", dsa_abi_version(), DSA_ABI_VERSION);
@@ -340,6 +409,7 @@ int main(void) {
   check_plan();
   check_c128();
   check_speculative();
+  check_store();
   check_metadata_copy();
   printf("dsa_kernels C consumer: %s (library %s, ABI %d, host backend)\n", failures ? "FAIL" : "OK",
          dsa_version_string(), dsa_abi_version());

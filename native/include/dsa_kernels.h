@@ -97,14 +97,14 @@ typedef enum dsa_struct_id {
                                       to leave room; ordinary launches start in whatever room there
                                       is. */
 
-/* Element type of the c128 state buffer (SPEC 1.5). Arithmetic is fp32 either way; a bf16 state
+/* Element type of the c128 state buffer (docs/spec.md, the state, output layouts). Arithmetic is fp32 either way; a bf16 state
  * is widened on read and rounded to nearest even on store. */
 typedef enum dsa_state_dtype {
   DSA_STATE_FLOAT32 = 0,
   DSA_STATE_BFLOAT16 = 1
 } dsa_state_dtype;
 
-/* Layout of the prefill output (SPEC 1.5). */
+/* Layout of the prefill output (docs/spec.md, the state, output layouts). */
 typedef enum dsa_out_layout {
   DSA_OUT_RAGGED = 0,  /* out [num_tokens, D]: a chunk's vector at the ragged row of its closing token */
   DSA_OUT_COMPACT = 1  /* out [compress_capacity, D]: row i = the vector of compress record i */
@@ -130,7 +130,7 @@ DSA_API int32_t dsa_device_count(void);
 DSA_API dsa_status dsa_empty_launch(int32_t device, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Prefill plan (SPEC 1.4).                                                                   */
+/* Prefill plan (docs/spec.md, the plan).                                                                   */
 
 /* One segment of a request's new tokens, all inside one 128-token chunk. 16 bytes, little-endian.
  * First token: ragged row ragged_id - window_len + 1, global position position - window_len + 1.
@@ -237,7 +237,7 @@ typedef struct dsa_kv_store_params {
 DSA_API dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Online c128 compression (SPEC 1). kv_score, ape and out are fp32, the state fp32 or bf16
+/* Online c128 compression (docs/spec.md, online c128). kv_score, ape and out are fp32, the state fp32 or bf16
  * (state_dtype); D = head_dim, a positive multiple of 64.
  * state row of a slot: [m (D) | s (D) | k (D)]; kv_score row: [kv (D) | score (D)].             */
 
@@ -303,7 +303,7 @@ DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* s
 DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Speculative decoding (SPEC 1.6), ABI 4.
+/* Speculative decoding (docs/spec.md, speculative decoding), ABI 4.
  *
  * The bank: slots of the state buffer itself (so it has the state's dtype), V + 1 entries per
  * request. Entry j of request b (0 <= j <= V) is slot bank_indices[b] + j * bank_stride and holds
@@ -385,7 +385,7 @@ DSA_API dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void* s
 DSA_API dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Fused DSA metadata copy (SPEC 2). All buffers int32.                                        */
+/* Fused DSA metadata copy (docs/spec.md, metadata copy). All buffers int32.                                        */
 
 typedef enum dsa_forward_mode {
   DSA_MODE_DECODE = 0,

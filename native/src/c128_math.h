@@ -1,4 +1,4 @@
-// Per-channel online-softmax arithmetic of the c128 compression (SPEC 1.1), shared verbatim by
+// Per-channel online-softmax arithmetic of the c128 compression (docs/spec.md, the per-token update), shared verbatim by
 // the CUDA kernels and the host backend so both compute the same function.
 #pragma once
 
@@ -92,7 +92,7 @@ DSA_HD Partial merge(Partial a, Partial b) {
   return Partial{M, a.sum * ea + b.sum * eb, a.acc * ea + b.acc * eb};
 }
 
-// bf16 state elements (SPEC 1.5), as raw bits so the GPU and the host backend round with the
+// bf16 state elements (docs/spec.md, the state, output layouts), as raw bits so the GPU and the host backend round with the
 // same integer arithmetic: widening is exact, narrowing rounds to nearest even (NaN stays NaN).
 struct Bf16 {
   uint16_t bits;
@@ -152,7 +152,7 @@ DSA_HD Partial from_state(float m, float s, float k) { return Partial{to_log2(m)
 DSA_HD float state_max(Partial p) { return p.max * kLn2; }
 
 // One token (biased score t in base 2, value kv) at in-chunk position c into a stored state
-// (m, s, k): the decode's arithmetic (SPEC 1.1), which a verify repeats draft by draft so that a
+// (m, s, k): the decode's arithmetic (docs/spec.md, the per-token update), which a verify repeats draft by draft so that a
 // request's state never depends on whether its tokens were verified or decoded. c == 0 starts
 // fresh and ignores the state.
 DSA_HD Partial token_into_state(float m, float s, float k, float t, float kv, int c) {
@@ -168,7 +168,7 @@ DSA_HD float mean_of(Partial p) {
   return p.acc / p.sum;
 #endif
 }
-// Speculative decoding (SPEC 1.6): the slot that holds a request's state once `accepted` of its
+// Speculative decoding (docs/spec.md, speculative decoding): the slot that holds a request's state once `accepted` of its
 // `drafts` drafts (clamped to 0..drafts) are accepted after `seq` committed tokens: bank entry a,
 // or `load` (the verify's source, any slot) when seq + a is a chunk end and the next token starts
 // fresh. A negative bank base stays negative (the state is not held on this GPU).

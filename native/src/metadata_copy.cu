@@ -1,4 +1,4 @@
-// Fused DSA metadata copy (SPEC 2): one source set into K destination sets in one launch.
+// Fused DSA metadata copy (docs/spec.md, metadata copy): one source set into K destination sets in one launch.
 // The host turns the fields into a short list of 2-D row copies ("jobs"); the kernel spreads the
 // rows, cut into fixed tiles, over the grid and stores each loaded vector to every destination.
 #include <cuda_runtime.h>

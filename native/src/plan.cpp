@@ -1,4 +1,4 @@
-// Host prefill planner (SPEC 1.4): cuts each request's new tokens [prefix, seq_len) at multiples
+// Host prefill planner (docs/spec.md, the plan): cuts each request's new tokens [prefix, seq_len) at multiples
 // of 128 into compress segments (closing a chunk) and at most one trailing write segment.
 #include <cstdint>
 

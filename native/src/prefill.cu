@@ -39,7 +39,7 @@ constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
 // launch parameters (DSA_FLAG_HOST_PLAN: up to DSA_INLINE_RECORDS per launch, longest items first,
 // see pack_records). A launch takes
 // compress records first, then write records; compress items only read state, write items store
-// it after every compress read (SPEC 1.3). Two ways to keep that order:
+// it after every compress read (docs/spec.md, prefill). Two ways to keep that order:
 //   one launch      both lists in a cooperative grid (all blocks resident together): a block
 //                   arrives at a grid barrier once it has no compress-item state read left (at
 //                   once if it has none) and waits on it only before its first state store.

@@ -9,7 +9,7 @@ namespace dsa {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Verify (SPEC 1.6): the decode's geometry, and its arithmetic run over a request's drafts in order,
+// Verify (docs/spec.md, speculative decoding): the decode's geometry, and its arithmetic run over a request's drafts in order,
 // so a verified token leaves exactly the state a decoded one would. Two dependent memory trips, as
 // in the decode: the first kDraftBatch drafts with the request's length and slots, then the ape
 // rows and the loaded state; later batches of drafts load as the first is folded in.
@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Commit (SPEC 1.6): the accepted prefix's slot written into load_indices (one thread per
+// Commit (docs/spec.md, speculative decoding): the accepted prefix's slot written into load_indices (one thread per
 // request, for every layer at once), or the accepted bank entry copied onto the verify's source
 // slot in every listed layer (the decode's geometry, one layer per blockIdx.z).
 

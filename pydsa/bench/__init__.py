@@ -4,7 +4,7 @@
         [--reference-build DIR] [--side-by-side F]
 
 The package is split by concern: harness (timers, floors), cases (per-call ops), steps (61-layer
-steps, sglang-style calls), speculative (verify, commit, the speculative step), targets (BENCH.md
+steps, sglang-style calls), speculative (verify, commit, the speculative step), targets (docs/performance.md
 verdicts from same-run figures only), report (console, Markdown, plot).
 """
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
                          "(default: from a GPU kept busy until the replay is queued)")
     ap.add_argument("--reference-build", metavar="DIR",
                     help="time sglang's speculative kernels beside pydsa's in this process (a build of "
-                         "../shared/reference/build.sh)")
+                         "the reference build's build.sh (benchmarks/README.md))")
     ap.add_argument("--side-by-side", metavar="FILE",
                     help="judge the targets relative to the reference kernels on this output of the reference's "
                          "side_by_side.py, run in the same lease")

@@ -50,7 +50,7 @@ def print_report(result: dict) -> None:
                   f"{_fmt(base / r['graph_us'] if base else None, '.1f'):>8} {_fmt(r.get('host_us')):>8} {_fmt(r.get('host_empty_us')):>6} "
                   f"{_fmt(r.get('host_new_sources_us')):>8} {_fmt(r.get('torch_host_us')):>10}")
     if result.get("targets"):
-        print("\ntargets (BENCH.md):")
+        print("\ntargets (docs/performance.md):")
         for t in result["targets"]:
             verdict = "----" if t["ok"] is None else "ok  " if t["ok"] else "MISS"
             print(f"  {t['id']:<3} {verdict} {t['what']}: {t['measured']}")

@@ -1,7 +1,7 @@
-"""Benchmark cases of speculative decoding (BENCH.md P15-P17): c128_verify at V = 8, the commit of
+"""Benchmark cases of speculative decoding (docs/performance.md P15-P17): c128_verify at V = 8, the commit of
 30 c128 layers, and a speculative step end to end; each beside sglang 0.5.23's way of doing it,
 measured in the same process when the reference build is given (`--reference-build DIR`, see
-../shared/reference/README.md): its prefill over the drafts plus write_prefix_states per layer,
+benchmarks/README.md): its prefill over the drafts plus write_prefix_states per layer,
 commit_pending per layer, its decode per layer."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""BENCH.md's targets judged on a run: (id, what, measured, ok) for every row a target covers.
+"""docs/performance.md's targets judged on a run: (id, what, measured, ok) for every row a target covers.
 
 Absolute targets are judged on the bench's own rows. A target stated relative to the reference
 kernels is judged only on figures measured in the same process: the reference build timed beside
