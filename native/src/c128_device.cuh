@@ -14,6 +14,7 @@
 namespace dsa {
 
 constexpr int kDecodeThreads = 128;
+constexpr int kSmallInline = 16;  // records carried by the launch of a small host plan (prefill, upload)
 
 // VEC consecutive channels per thread as floats.
 template <int VEC>

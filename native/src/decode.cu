@@ -14,11 +14,7 @@ namespace {
 
 // The decode kernel's parameters, ordered by first use: what a block needs up to its second loads
 // (head size, request count, the token, length, slot, state and ape pointers) in the first 48
-// bytes, where the ABI struct spread it over more of the parameter space. H200, C harness, graph
-// us, the ABI struct / this (five interleaved runs, median): B = 256 2.037 / 1.978, bf16 state
-// B = 8192 23.84 / 23.29; B = 1, 32 and fp32 B = 8192 unchanged. The same fields behind 48 bytes of
-// padding (so that they start a 64-byte line) gained only at B = 8192 bf16 (sweep "Decode kernel
-// parameters in first-use order" of variant-sweeps-nvidia-h200-2026-11-30-split.txt).
+// bytes, one constant line (docs/performance.md, "c128 decode").
 struct DecodeLaunch {
   int32_t head_dim;
   uint32_t batch_size;  // <= INT32_MAX (host check)
@@ -35,17 +31,14 @@ struct DecodeLaunch {
 };
 
 // kLoadSlots: the state is read from load_indices (a template flag rather than a branch on the
-// pointer: its parameter sits past the first constant line, and reading it cost every decode
-// 0.1-0.15 us at B <= 256 on an H200, side-by-side-nvidia-h200-2026-12-01.json).
+// pointer: its parameter sits past the first constant line, and reading it cost every decode).
 // kStore: a closed vector is also stored into the cache (store.cuh); `out` may then be null.
 template <int VEC, typename S, bool kLoadSlots, bool kStore>
 __global__ void __launch_bounds__(kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ DecodeLaunch p) {
   const int D = p.head_dim;
   // 32-bit request index and offsets where they fit (batch_size <= INT32_MAX, head_dim < 2^27: host
-  // checks). H200, C harness, graph us, 64-bit / 32-bit (minimum of five rounds; B = 256 median):
-  // B = 1 1.51 / 1.47, B = 32 1.63 / 1.59, B = 256 2.04 / 2.04, bf16 state B = 8192 23.79 / 23.10
-  // (variant-sweeps-nvidia-h200-2026-11-30-fit.txt, sweeps 5-6).
+  // checks).
   const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
   const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
   if (b >= p.batch_size || ch >= D) return;

@@ -2,7 +2,6 @@
 // strategies, the plan upload, and the entry points.
 #include <cooperative_groups.h>
 
-#include <cstring>
 #include <vector>
 
 #include "c128_checks.h"
@@ -20,7 +19,6 @@ constexpr int kPrefillWarps = kPrefillThreads / 32;
 constexpr int kPrefillBlocksPerSm = 4;
 constexpr int kVec = 4;          // prefill channels per thread: one 16-byte access
 constexpr int kBatch = 4;        // prefill tokens per thread whose loads are in flight together
-constexpr int kSmallInline = 16; // records carried by the launch of a small host plan
 // Prefill tile layouts: log2 of the threads across a tile (4 channels each); see prefill_lanes_log2.
 constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
 
@@ -75,10 +73,7 @@ enum PrefillPasses : int { kCompressPass = 1, kWritePass = 2, kBothPasses = 3, k
 // which share one constant-cache line with the bytes before the parameter space on sm_90; the rest
 // a host-plan launch reads in the next 64 bytes; device-plan fields and the error counter after.
 // With InlineRecords' packing, against the ABI struct followed by the launch fields and a separate
-// array of list positions (H200, C harness, graph us, minimum of three interleaved runs): 1 x 128
-// 2.65 -> 2.45, 4 x 128 4.49 -> 4.12, 64 x (1-600) with prefixes 24.14 -> 23.99, 8 x 1K 10.15 ->
-// 9.85, 12 x 1K 18.37 -> 18.07, 128 x 1K 136.98 -> 136.54; 1 x 8K 8.17 -> 8.28. The order alone
-// gained a quarter to two thirds of that (variant-sweeps-nvidia-h200-2026-11-30-params.txt).
+// array of list positions (docs/performance.md, "c128 prefill").
 struct PrefillLaunch {
   int32_t sync;                 // PrefillSync
   int32_t head_dim;
@@ -153,81 +148,10 @@ __device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGro
   for (int i = 0; i < kVec; ++i) part[i] = absorb(part[i], g.score[i], g.kv[i], count);
 }
 
-// The store of a segment's vector from the prefill's merger threads (one channel each, `tile_width`
-// of them per block), the `tiles` blocks of the segment forming one thread-block cluster: the group
-// sums of the norm meet in distributed shared memory, in store_math.h's order. Every thread of the
-// block calls it, with the same loc and pos across the cluster.
-__device__ __forceinline__ void store_channels(const StoreLaunch& st, float x, float w, float2 rot, int D, int c,
-                                               int tile_width, int64_t loc, int64_t pos, uint32_t* error_count,
-                                               bool report, int& rounds) {
-  // This block's group sums (tile_width / 64 <= 2), double-buffered by the parity of the stores done
-  // (`rounds`, alike in every block of the cluster): a block writes a buffer again only after the
-  // cluster barrier of the store between, which every block reaches after its remote reads of the
-  // buffer, so one barrier per segment suffices.
-  __shared__ float group_sums[2][2];
-  __shared__ float halves[kPrefillWarps];
-  const int check = store_check(loc, st.capacity, pos, st.num_positions);
-  if (check != kStoreWrite) {
-    if (check == kStoreCount && report) count_error(error_count);
-    return;  // uniform across the cluster
-  }
-  cg::cluster_group cluster = cg::this_cluster();
-  const int parity = rounds++ & 1;
-  const bool merger = (int)threadIdx.x < tile_width;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool odd = c & 1;
-  const float xo = __shfl_xor_sync(0xFFFFFFFFu, x, 1);
-  float p = odd ? pair_square(xo, x) : pair_square(x, xo);
-#pragma unroll
-  for (int offset = 2; offset < 32; offset <<= 1) p = add_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, offset));
-  if (lane == 0) halves[warp] = p;
-  __syncthreads();
-  if (threadIdx.x < (unsigned)tile_width / kStoreGroup)
-    group_sums[parity][threadIdx.x] = add_rn(halves[2 * threadIdx.x], halves[2 * threadIdx.x + 1]);
-  cluster.sync();
-  const int per_block = tile_width / kStoreGroup, groups = D / kStoreGroup;
-  float sums[8];  // groups <= 8 (host check): every remote read issued before the adds
-#pragma unroll
-  for (int g = 0; g < 8; ++g)
-    if (g < groups) sums[g] = *cluster.map_shared_rank(&group_sums[parity][g % per_block], g / per_block);
-  float total = sums[0];
-#pragma unroll
-  for (int g = 1; g < 8; ++g)
-    if (g < groups) total = add_rn(total, sums[g]);
-  const float r = rms_factor(total, D, st.eps);
-  const float y = normed(x, r, w);
-  const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
-  uint8_t* const data = st.cache + at.data;
-  const bool rope = merger && c >= D - kStoreGroup;  // whole warps: the rope tail, pairs on neighbouring lanes
-  const float yb = bf16_rounded(y);
-  float amax = merger && !rope ? fabsf(yb) : 0.0f;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-  __syncthreads();  // halves is reused
-  if (lane == 0) halves[warp] = amax;
-  __syncthreads();
-  amax = fmaxf(halves[warp & ~1], halves[warp | 1]);
-  const float yo = __shfl_xor_sync(0xFFFFFFFFu, y, 1);
-  if (rope) {
-    float a, b;
-    rotate(odd ? yo : y, odd ? y : yo, rot.x, rot.y, &a, &b);
-    Bf16 out;
-    narrow(odd ? b : a, &out);
-    *reinterpret_cast<Bf16*>(data + (D - kStoreGroup) + 2 * (c - (D - kStoreGroup))) = out;
-  } else if (merger) {
-    const uint32_t e = scale_exponent(amax);
-    data[c] = (uint8_t)fp8_e4m3(yb * inverse_scale(e));
-    if (c % kStoreGroup == 0) st.cache[at.scale + c / kStoreGroup] = (uint8_t)e;
-  }
-}
-
-// Measured on the H200 with 128-channel tiles (1 x 32K / 1 x 128K tokens, fraction of copy
-// bandwidth): 4 tokens per batch at 4 blocks per SM 0.84 / 0.93; 8 tokens at 2 blocks 0.63 /
-// 0.67; two 4-token batches in flight at 2 blocks 0.70 / 0.74; 2 tokens at 6 blocks (spilling)
-// 0.71 / 0.85. Occupancy wins.
+// 4 tokens per load batch at 4 blocks per SM: occupancy wins (docs/performance.md, "c128 prefill").
 // kStore (compress pass only, launched in clusters of D / tile_width blocks): every vector is also
 // stored into the cache (store_channels); 3 blocks per SM, which spills less than 4 and measured
-// faster on an H200 (docs/performance.md, "Prefill").
+// faster (docs/performance.md, "c128 prefill").
 template <int kPasses, int kInline, typename S, int kLanesLog2, bool kStore>
 __global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm - 1 : kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ PrefillLaunch a, const __grid_constant__ InlineRecords<kInline> inline_records) {
@@ -428,7 +352,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm 
       }
     }
     if constexpr (kStore)
-      store_channels(p.store, merger ? mean_of(total) : 0.0f, weight, rot, D, tile * tile_width + threadIdx.x, tile_width,
+      store_channels<kPrefillWarps>(p.store, merger ? mean_of(total) : 0.0f, weight, rot, D, tile * tile_width + threadIdx.x, tile_width,
                      loc, first_position, p.error_count, report, store_rounds);
   }
   if constexpr (kPasses == kBothPasses) {
@@ -447,11 +371,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm 
 //   wide   (32 threads = 128 channels, 8 rows)           once its items fill 1.5 x the resident blocks;
 //   mid    (16 threads = 64 channels, 16 rows)           between.
 // Small tiles load a segment in one or two round trips over many SMs; wide ones do the least work per
-// token. Measured on H200s (graph us, D = 512; tiny / narrow / mid / wide, "-" not run; sweeps 2-3 in
-// benchmarks/results/variant-sweeps-nvidia-h200-2026-11-29.txt):
-// 1 x 128 tokens 2.51 / - / - / -; 4 x 128 with prefixes - / 4.33 / 5.14 / -; 16 x (50-128)
-// - / 5.99 / 5.60 / -; 1 x 2K - / 5.09 / 4.67 / -; 1 x 8K - / 14.9 / 8.20 / 8.64; 64 x (1-600) with
-// prefixes - / 44.2 / 26.2 / 28.1; 1 x 32K - / 59.1 / 39.1 / 36.6; 128 x 1K - / 240 / 142.4 / 139.5.
+// token (figures: docs/performance.md, "c128 prefill").
 // Work items (blocks' worth of work) of `records` segments in the layout lanes_log2.
 int64_t layout_items(int64_t records, int head_dim, int lanes_log2) {
   return records * (head_dim / (kVec << lanes_log2));
@@ -505,9 +425,7 @@ cudaError_t launch_layout(const PrefillLaunch& a, const InlineRecords<kInline>& 
 // first: the hardware hands out blocks in about index order, so short items fill the last wave
 // instead of long ones trailing it. An item's length is counted in dependent memory round trips:
 // the token batches of one row (kBatch tokens each), plus one for the prior state of a segment
-// that continues a chunk. Counting sort, stable; sentinels last. Measured on an H200 (C harness,
-// graph us, in order / longest first): 64 x (1-600) with prefixes 26.17 / 24.55; 32 x 1K with
-// prefixes 39.70 / 38.52; 128 x 1K 138.8 / 136.8; 1 x 128, 8 x 1K, 16 x (50-128) unchanged.
+// that continues a chunk. Counting sort, stable; sentinels last (docs/performance.md, "c128 prefill").
 // Takes list[0, n), or with `pick` the records list[pick[0, n)] (a split plan's launches).
 template <int kInline>
 void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, const uint16_t* pick, int64_t n, int64_t at,
@@ -630,19 +548,8 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
 // Both lists in one cooperative launch, for eager calls of host plans whose records fit one
 // launch and whose items fit the blocks resident at once (one block per item, no grid stride).
 // Captured calls (a graph pays the launch cost once), device plans, larger plans and calls with
-// DSA_FLAG_NO_COOPERATIVE take the split (prefill_split) or two passes. Measured on an H200 (C
-// harness, host us per eager call / device us per call back to back, one launch against two;
-// variant-sweeps-nvidia-h200-2026-11-30-grouped.txt):
-//   3 x 700 tokens  4.1 / 6.92 against 6.3 / 6.92     16 x (50-128)  4.0 / 6.83 against 6.3 / 6.88
-//   4 x 1K          4.5 / 8.20 against 7.1 / 8.07     6 x 1K         4.4 / 9.76 against 7.1 / 9.96
-//   2 x 4K          4.4 / 10.45 against 7.3 / 11.27   32 x (50-200)  4.3 / 8.70 against 7.1 / 8.29
-// (all with prefixes). With more items than resident blocks, one launch would stride and its grid
-// barrier would cost more than the second launch: 8 x 1K 13.59 against 11.58 us of device time,
-// 64 x (1-600) 33.69 against 26.39. Plans whose items fit one wave only in the wide layout take it
-// (one launch, wide / two passes, their own layouts; variant-sweeps-nvidia-h200-2026-11-30-fit.txt):
-//   8 x 1K          4.7 / 11.25 against 8.2 / 11.54     12 x 1K        4.8 / 19.74 against 7.9 / 20.17
-//   8 x (1-2K)      4.9 / 20.27 against 8.0 / 21.11     4 x 2K         4.7 / 11.33 against 8.0 / 11.15
-// Returns false (nothing launched) when it does not apply.
+// DSA_FLAG_NO_COOPERATIVE take the split (prefill_split) or two passes (figures: docs/performance.md,
+// "c128 prefill"). Returns false (nothing launched) when it does not apply.
 template <typename S>
 bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
                      cudaStream_t stream, dsa_status* status, const char* op) {
@@ -683,11 +590,7 @@ bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int
 // continue one (with few of them, the compress list's time is set by the continuing ones anyway,
 // and moving them behind the first launch only delays them), the compress list is at most
 // kMaxScan records and each launch's records fit one launch. Returns false (nothing launched)
-// when it does not apply. Measured on H200s (C harness, graph us, two passes / split, minimum of
-// three interleaved runs; variant-sweeps-nvidia-h200-2026-11-30-split.txt): 64 x (1-600) with
-// prefixes 24.66 / 24.14; 32 x 1K 38.58 / 37.37; 8 x (1-2K) 19.22 / 17.65; 4 x 2K 10.10 / 9.51;
-// 8 x 1K 10.27 / 10.07; 1 x 1000 without prefix (one launch) 4.80 / 3.79. Splitting 32 x (50-200)
-// too (23 continuing compress records, 6 that start a chunk) made it slower: 7.07 / 7.30.
+// when it does not apply (figures: docs/performance.md, "c128 prefill").
 constexpr int64_t kMaxScan = 2 * DSA_INLINE_RECORDS;
 // A record's list position (below kMaxScan) fits the 16 bits InlineRecords gives it, so a packed
 // record never matches the sentinel.
@@ -751,101 +654,8 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
   return DSA_STATUS_OK;
 }
 
-// ---- plan upload -----------------------------------------------------------------------------
-// A host plan into a device plan buffer, the records carried in the launch parameters: stream
-// order is the only synchronization, and nothing on the host has to outlive the call. Parameter
-// blocks of 256 B, 4 KB or 16 KB by the records of a launch: on an H200 host a launch costs the
-// same up to 4.6 KB of parameters and 0.7-1.0 us more at 16 KB (2 us more at 32 KB).
-
-template <int kRecords>
-struct UploadRecords {
-  dsa_segment r[kRecords];
-};
-
-struct UploadLaunch {
-  dsa_segment* compress;  // destination lists
-  dsa_segment* write;
-  int64_t* counts;        // set by the first launch of a call, null in the others
-  int64_t num_compress;   // the plan's compress records (indices >= it go to the write list)
-  int64_t num_write;
-  int64_t first;          // plan index of the launch's first record (compress records, then write)
-  int32_t count;          // records in this launch
-};
-
-constexpr int kUploadThreads = 128;
-
-template <int kRecords>
-__global__ void __launch_bounds__(kUploadThreads)
-    upload_plan_kernel(const __grid_constant__ UploadLaunch a, const __grid_constant__ UploadRecords<kRecords> records) {
-  const int i = blockIdx.x * kUploadThreads + threadIdx.x;
-  if (i < a.count) {
-    const int64_t j = a.first + i;
-    (j < a.num_compress ? a.compress[j] : a.write[j - a.num_compress]) = records.r[i];
-  }
-  if (i == 0 && a.counts != nullptr) a.counts[0] = a.num_compress, a.counts[1] = a.num_write;
-}
-
-template <int kRecords>
-cudaError_t launch_upload(const UploadLaunch& a, const dsa_segment* compress, const dsa_segment* write,
-                          cudaStream_t stream) {
-  UploadRecords<kRecords> records;
-  for (int i = 0; i < a.count; ++i) {
-    const int64_t j = a.first + i;
-    records.r[i] = j < a.num_compress ? compress[j] : write[j - a.num_compress];
-  }
-  const unsigned grid = (unsigned)std::max(1, (a.count + kUploadThreads - 1) / kUploadThreads);
-  return launch(upload_plan_kernel<kRecords>, grid, kUploadThreads, stream, 0u, a, records);
-}
-
 }  // namespace
 }  // namespace dsa
-
-extern "C" dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_c128_upload_plan";
-  DSA_TRY(check_struct(params, op));
-  const dsa_plan_upload_params& p = *params;
-  if (p.num_compress < 0 || p.num_write < 0 || p.compress_capacity < 0 || p.write_capacity < 0)
-    return fail(DSA_STATUS_INVALID_ARGUMENT,
-                "%s: num_compress, num_write, compress_capacity and write_capacity must be >= 0 (got %lld, %lld, "
-                "%lld, %lld)", op, (long long)p.num_compress, (long long)p.num_write,
-                (long long)p.compress_capacity, (long long)p.write_capacity);
-  if (p.num_compress > p.compress_capacity)
-    return fail(DSA_STATUS_CAPACITY, "%s: num_compress is %lld but compress_capacity is %lld", op,
-                (long long)p.num_compress, (long long)p.compress_capacity);
-  if (p.num_write > p.write_capacity)
-    return fail(DSA_STATUS_CAPACITY, "%s: num_write is %lld but write_capacity is %lld", op,
-                (long long)p.num_write, (long long)p.write_capacity);
-  if (p.device_counts == nullptr) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: device_counts is null", op);
-  if (p.num_compress > 0 && (p.compress == nullptr || p.device_compress == nullptr))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_compress is %lld but compress or device_compress is null", op,
-                (long long)p.num_compress);
-  if (p.num_write > 0 && (p.write == nullptr || p.device_write == nullptr))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_write is %lld but write or device_write is null", op,
-                (long long)p.num_write);
-  if (p.device == DSA_DEVICE_HOST) {
-    if (p.num_compress > 0) std::memcpy(p.device_compress, p.compress, p.num_compress * sizeof(dsa_segment));
-    if (p.num_write > 0) std::memcpy(p.device_write, p.write, p.num_write * sizeof(dsa_segment));
-    p.device_counts[0] = p.num_compress, p.device_counts[1] = p.num_write;
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
-  DeviceGuard guard(p.device);
-  const int64_t total = p.num_compress + p.num_write;
-  UploadLaunch a = {p.device_compress, p.device_write, p.device_counts, p.num_compress, p.num_write, 0, 0};
-  do {  // at least one launch: the counts are written even for an empty plan
-    a.count = (int32_t)std::min<int64_t>(DSA_UPLOAD_RECORDS, total - a.first);
-    const cudaStream_t s = (cudaStream_t)stream;
-    const cudaError_t err = a.count <= kSmallInline         ? launch_upload<kSmallInline>(a, p.compress, p.write, s)
-                            : a.count <= DSA_INLINE_RECORDS ? launch_upload<DSA_INLINE_RECORDS>(a, p.compress, p.write, s)
-                                                            : launch_upload<DSA_UPLOAD_RECORDS>(a, p.compress, p.write, s);
-    DSA_TRY(launch_status(err, op));
-    a.counts = nullptr;
-    a.first += a.count;
-  } while (a.first < total);
-  return ok();
-}
 
 extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream) {
   using namespace dsa;

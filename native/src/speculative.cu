@@ -218,12 +218,9 @@ extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void
   }
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
-  // Channels per thread and drafts per load batch by batch size. H200, graph us, V = 8, D = 512, fp32 /
-  // bf16 state (1, 2 or 4 channels per thread; 8 or 4 drafts per batch): B = 1 1 ch 2.85 / 2.99, 2 ch
-  // 2.85 / 3.62, 4 ch 3.70 / 4.91; B = 32 1 ch 3.08 / 3.24, 4 ch 4.13 / 5.68: small batches are bound by
-  // each thread's serial chain of drafts, so fewer channels per thread is faster. B = 256 2 ch x 4
-  // drafts 5.63 / 6.74, 4 ch x 8 drafts 6.14 / 7.11; B = 1024 2 ch x 4 drafts 27.71 / 24.31, 4 ch x 4
-  // drafts 27.99 / 22.93, 4 ch x 8 drafts 28.76 / 27.17 (fewer registers, more requests in flight).
+  // Channels per thread and drafts per load batch by batch size: small batches are bound by each
+  // thread's serial chain of drafts, large ones by requests in flight (docs/performance.md,
+  // "Speculative verify and commit").
   int vec = p.batch_size < 128 ? 1 : std::min(vector_width(p), bf16 ? 4 : 2);
   StoreLaunch st = {};
   if (p.store != nullptr) {
