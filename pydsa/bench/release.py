@@ -207,6 +207,55 @@ def prefill_rows(v2, rounds=5):
     return rows
 
 
+def verify_rows(v2, mtp, bs, dtypes, rounds=5, v=8):
+    """P21: a storing verify of V drafts per request against sglang's verify of a c128 layer: its v2
+    prefill over the drafts (plan made outside the graph), its store, and write_prefix_states."""
+    rows = []
+    rng = np.random.default_rng(6)
+    gen = torch.Generator(device="cuda").manual_seed(6)
+    for dtype in dtypes:
+        for b in bs:
+            seq = rng.integers(1, 4000, b).astype(np.int64)
+            k = max(1, b // 4)
+            seq[:k] = (seq[:k] // 128 + 1) * 128 - rng.integers(1, v + 1, k)  # drafts that close a chunk
+            state = (torch.randn(b * (v + 1), 1, 3 * D, device="cuda", generator=gen) * 0.1)
+            state[:, :, D:2 * D] = 3.0
+            state = state.to(dtype)
+            drafts = torch.randn(b * v, 2 * D, device="cuda", generator=gen)
+            ape = torch.randn(128, D, device="cuda", generator=gen)
+            idx = torch.arange(b, dtype=torch.int32, device="cuda")
+            rid = idx.to(torch.int64)
+            r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
+            seq_t = torch.from_numpy(seq).cuda()
+            loc = torch.randperm(b * v, device="cuda", generator=gen).to(torch.int64)
+            cache = torch.zeros(b * v // 2 + 1, 1728, dtype=torch.uint8, device="cuda")
+            w = torch.rand(D, device="cuda", generator=gen) + 0.5
+            freq = _rotary(4096 + 128, gen)
+            store = pydsa.KVCache(cache, w, freq, page_size=PAGE, eps=1e-6)
+            ours = pydsa.C128Verify(state, drafts, None, ape, idx, seq_t.to(torch.int32), idx, bank_stride=b,
+                                    store=store, cache_slots=loc)
+            plan = v2.plan_prefill_online(torch.from_numpy(seq + v), torch.full((b,), v, dtype=torch.int64), rid, r2t,
+                                          b * v, state_slot_offset=v * b)
+            out_c = torch.empty(max(1, plan[0].shape[0]), D, device="cuda")
+            state2d = state.view(state.shape[0], 3 * D)
+            calls = [lambda: v2.compress_forward_online(state, drafts, ape, plan, out=out_c),
+                     lambda: mtp.write_prefix_states(drafts, seq_t, rid, r2t, ape, state2d, b, v, b)]
+            if plan[0].shape[0] > 0:
+                calls.insert(1, lambda: v2.norm_rope_store(out_c, plan, w, 1e-6, freq, loc, cache, PAGE))
+            t = {"pydsa": [], "sglang": []}
+            for _ in range(rounds):
+                t["pydsa"].append(graph_us([ours.launch]))
+                t["sglang"].append(graph_us(calls) * len(calls))
+            m = {k2: statistics.median(x) for k2, x in t.items()}
+            row = {"b": b, "v": v, "state": str(dtype).replace("torch.", ""),
+                   "pydsa verify+store fused us": round(m["pydsa"], 3),
+                   "sglang verify (prefill + store + write_prefix_states) us": round(m["sglang"], 3),
+                   "P21 speedup": round(m["sglang"] / m["pydsa"], 3)}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def model_step_rows(v2, bs, dtypes, rounds=5):
     """P22: 30 layers, each its own state and cache, each after a producer (a bf16 matmul)."""
     rows = []
@@ -261,9 +310,9 @@ def main(argv=None):
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
-    ap.add_argument("--only", choices=["store", "decode", "prefill", "step"], help="one part")
+    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step"], help="one part")
     args = ap.parse_args(argv)
-    v2, _ = _load(args.reference_build)
+    v2, mtp = _load(args.reference_build)
     harness.GRAPH_BUSY_START = True
     rounds = 3 if args.quick else 5
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
@@ -278,6 +327,8 @@ def main(argv=None):
         result["decode"] = decode_rows(v2, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "prefill"):
         result["prefill"] = prefill_rows(v2, rounds)
+    if args.only in (None, "verify"):
+        result["verify"] = verify_rows(v2, mtp, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "step"):
         result["model_step"] = model_step_rows(v2, [32, 256], [torch.float32, torch.bfloat16], rounds)
     with open(args.json, "w") as f:
