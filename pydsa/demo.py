@@ -90,6 +90,56 @@ class Checker:
                     self.failures += 1
 
 
+class StoreChecker:
+    """Every chunk vector the ops close is also stored into a paged KV cache in the same launch (the
+    layer's `KVCache`). For each accepted chunk the cache entry must equal, byte for byte, the
+    standalone store of the vector the op wrote to `out`, and its dequantized values must match the
+    float64 normed vector within fp8's precision."""
+
+    def __init__(self, device: torch.device, d: int, gen: torch.Generator, slots: int = 4096):
+        from .store import KVCache, kv_page_bytes
+        pages = slots // 2
+        w = torch.rand(d, device=device, generator=gen) + 0.5
+        angles = torch.rand(1 << 15, 32, device=device, generator=gen) * 6.3
+        rot = torch.stack([angles.cos(), angles.sin()], -1).reshape(1 << 15, 64)
+        self.cache = KVCache(torch.zeros(pages, kv_page_bytes(d, 2), dtype=torch.uint8, device=device), w, rot,
+                             page_size=2)
+        self.scratch = KVCache(torch.zeros(1, kv_page_bytes(d, 2), dtype=torch.uint8, device=device), w, rot,
+                               page_size=2)
+        self.slots, self.next, self.d, self.device = slots, 0, d, device
+        self.entries = self.failures = 0
+        self.max_err = 0.0
+
+    def slot(self) -> int:
+        """A fresh cache slot for the next chunk that closes (slots are reused round robin)."""
+        self.next = (self.next + 1) % self.slots
+        return self.next
+
+    def check(self, loc: int, position: int, vector: np.ndarray) -> None:
+        from .store import kv_store
+        d, page = self.d, self.cache.page_bytes
+        dev = self.device
+        kv_store(torch.from_numpy(np.ascontiguousarray(vector[None], np.float32)).to(dev),
+                 torch.tensor([position], dtype=torch.int32, device=dev), torch.zeros(1, dtype=torch.int64, device=dev),
+                 self.scratch)
+        flat = self.cache.cache.view(-1)
+        base = (loc // 2) * page
+        data = flat[base + (loc % 2) * (d + 64): base + (loc % 2 + 1) * (d + 64)].cpu()
+        scale = flat[base + 2 * (d + 64) + (loc % 2) * 8: base + 2 * (d + 64) + (loc % 2) * 8 + 8].cpu()
+        ref = self.scratch.cache.view(-1).cpu()
+        same = torch.equal(data, ref[:d + 64]) and torch.equal(scale[:d // 64 - 1], ref[2 * (d + 64): 2 * (d + 64) + d // 64 - 1])
+        # dequantized nope part against the float64 norm of the vector
+        x = vector.astype(np.float64)
+        y = x / np.sqrt(np.mean(x * x) + self.cache.eps) * self.cache.norm_weight.cpu().numpy()
+        codes = data[:d - 64].view(torch.float8_e4m3fn).float().numpy().reshape(-1, 64)
+        scales = np.exp2(scale[:d // 64 - 1].numpy().astype(np.float64) - 127)[:, None]
+        err = float(np.linalg.norm(codes.reshape(-1) * np.repeat(scales, 64) - y[:d - 64]) / np.linalg.norm(y[:d - 64]))
+        self.max_err = max(self.max_err, err)
+        self.entries += 1
+        if not (same and err < 0.08):  # fp8 e4m3 keeps 3 mantissa bits: about 3 % norm-wise
+            self.failures += 1
+
+
 class Timer:
     """Device time (CUDA events) on the GPU, wall time on the host backend; µs per call."""
 
@@ -205,7 +255,10 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     load_buf = torch.zeros(max_running, dtype=torch.int32, device=device)
     plan = DevicePlan(max_tokens, max_running, device=device)
     out_buf = torch.empty(plan.compress_capacity, d, device=device)  # compact: row i = compress record i
-    prefill = C128Prefill(state, kv_buf, out_buf, ape, idx_buf, plan, load_indices=load_buf, compact=True)
+    entries = StoreChecker(device, d, gen)
+    cache_slot_buf = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)  # per ragged row
+    prefill = C128Prefill(state, kv_buf, out_buf, ape, idx_buf, plan, load_indices=load_buf, compact=True,
+                          store=entries.cache, cache_slots=cache_slot_buf)
     decode_ops: dict = {}
     timer = Timer(device)
     checker = Checker(ape.cpu().numpy(), d, corrupt)
@@ -244,14 +297,20 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         kv_buf[:n].normal_(generator=gen)
         kv_buf[:n, d:].mul_(3.0)
         out_buf.fill_(float("nan"))
+        compress, _ = pyplan.plan_prefill(seq, ext)
+        row_slots = np.full(n, -1, np.int64)
+        for rec in compress.tolist():
+            row_slots[rec[0]] = entries.slot()
+        cache_slot_buf[:n].copy_(torch.from_numpy(row_slots))
         timer.run("prefill", prefill.launch)
         if verify_torch and n >= CHUNK:
             whole = n // CHUNK * CHUNK
             timer.run("prefill_torch", lambda: baselines.c128_chunks_torch(kv_buf[:whole], ape))
         rows = kv_buf[:n].cpu().numpy().copy()  # the reference keeps rows across steps
         out = out_buf.cpu().numpy()
-        compress, _ = pyplan.plan_prefill(seq, ext)
         emitted = {(int(b), int(pos)): out[i] for i, (_, b, pos, _) in enumerate(compress.tolist())}
+        for i, (ragged, _, pos, _) in enumerate(compress.tolist()):
+            entries.check(int(row_slots[ragged]), int(pos) - CHUNK + 1, out[i])
         if not np.isnan(out[len(compress):]).all():
             checker.failures += 1  # a compact row past the plan's records was written
         off = 0
@@ -268,9 +327,13 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         if bucket not in decode_ops:
             i32 = dict(dtype=torch.int32, device=device)
             bufs = (torch.empty(bucket, 2 * d, device=device), torch.empty(bucket, d, device=device),
-                    torch.zeros(bucket, **i32), torch.zeros(bucket, **i32), torch.zeros(bucket, **i32))
-            decode_ops[bucket] = (bufs, C128Decode(state, bufs[0], bufs[1], ape, bufs[2], bufs[3], load_indices=bufs[4]))
-        (kv, out, idx, seq, load), op = decode_ops[bucket]
+                    torch.zeros(bucket, **i32), torch.zeros(bucket, **i32), torch.zeros(bucket, **i32),
+                    torch.full((bucket,), -1, dtype=torch.int64, device=device))
+            decode_ops[bucket] = (bufs, C128Decode(state, bufs[0], bufs[1], ape, bufs[2], bufs[3], load_indices=bufs[4],
+                                                   store=entries.cache, cache_slots=bufs[5]))
+        (kv, out, idx, seq, load, locs), op = decode_ops[bucket]
+        row_slots = [entries.slot() if (r.done + 1) % CHUNK == 0 else -1 for r in batch] + [-1] * (bucket - len(batch))
+        locs.copy_(torch.tensor(row_slots, dtype=torch.int64))
         pad = bucket - len(batch)
         idx.copy_(torch.tensor([r.slot for r in batch] + [0] * pad, dtype=torch.int32))
         load.copy_(torch.tensor([r.load for r in batch] + [0] * pad, dtype=torch.int32))
@@ -287,6 +350,8 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         rows, got = kv.cpu().numpy().copy(), out.cpu().numpy()
         for j, r in enumerate(batch):
             checker.absorb(r, rows[j:j + 1], {r.done: got[j]})
+            if row_slots[j] >= 0:
+                entries.check(row_slots[j], r.done - CHUNK + 1, got[j])
             r.done += 1
             r.load = r.slot
         tokens += len(batch)
@@ -301,9 +366,10 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
             bufs = dict(drafts=torch.empty(bucket * DRAFTS, 2 * d, device=device),
                         out=torch.empty(bucket * DRAFTS, d, device=device), seq=torch.zeros(bucket, **i32),
                         load=torch.zeros(bucket, **i32), bank=torch.zeros(bucket, **i32),
-                        lens=torch.zeros(bucket, **i32), accepted=torch.zeros(bucket, **i32))
+                        lens=torch.zeros(bucket, **i32), accepted=torch.zeros(bucket, **i32),
+                        locs=torch.full((bucket * DRAFTS,), -1, dtype=torch.int64, device=device))
             verify = C128Verify(state, bufs["drafts"], bufs["out"], ape, bufs["load"], bufs["seq"], bufs["bank"],
-                                verify_lens=bufs["lens"])
+                                verify_lens=bufs["lens"], store=entries.cache, cache_slots=bufs["locs"])
             commit = C128Commit(bufs["seq"], bufs["accepted"], bufs["load"], bufs["bank"], num_drafts=DRAFTS,
                                 verify_lens=bufs["lens"], load_indices=bufs["load"], num_slots=num_slots)
             verify_ops[bucket] = (bufs, verify, commit)
@@ -324,6 +390,12 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         bufs["drafts"].normal_(generator=gen)
         bufs["drafts"][:, d:].mul_(3.0)
         bufs["out"].fill_(float("nan"))
+        draft_slots = np.full(bucket * DRAFTS, -1, np.int64)  # a slot for every draft that closes a chunk
+        for j, (r, v) in enumerate(zip(batch, lens)):
+            for i in range(v):
+                if (r.done + i) % CHUNK == CHUNK - 1:
+                    draft_slots[j * DRAFTS + i] = entries.slot()
+        bufs["locs"].copy_(torch.from_numpy(draft_slots))
         timer.run("verify", verify.launch)
         timer.run("commit", commit.launch)
         rows, got = bufs["drafts"].cpu().numpy().copy(), bufs["out"].cpu().numpy()
@@ -331,6 +403,9 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         for j, (r, a) in enumerate(zip(batch, accepted)):
             first = j * DRAFTS
             checker.absorb(r, rows[first:first + a], {r.done + i: got[first + i] for i in range(a)})
+            for i in range(a):  # the entries of accepted drafts; those of rejected ones are ignored
+                if draft_slots[first + i] >= 0:
+                    entries.check(int(draft_slots[first + i]), r.done + i - CHUNK + 1, got[first + i])
             r.done += a
             r.load = loads[j]
             accepted_drafts += a
@@ -374,9 +449,11 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
                   file=sys.stderr, flush=True)
     if progress and tty:
         print(file=sys.stderr)
-    ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0
+    ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0 and entries.failures == 0 and entries.entries > 0
     return dict(device=str(device), steps=steps, requests_arrived=arrived, requests_finished=finished,
                 tokens=tokens, chunks_emitted=checker.chunks, verify_steps=verify_steps,
+                cache_entries_checked=entries.entries, cache_entry_failures=entries.failures,
+                cache_max_dequant_error=entries.max_err,
                 drafts_accepted=accepted_drafts, drafts_rejected=rejected_drafts,
                 max_relative_error=checker.max_err, chunk_failures=checker.failures,
                 metadata_failures=meta.failures, backends=backends, head_dim=d,
@@ -411,7 +488,9 @@ def main(argv=None) -> int:
           f"{'speculative steps (V = ' + str(DRAFTS) + ')':<34}{r['verify_steps']}: "
           f"{r['drafts_accepted']} drafts accepted, {r['drafts_rejected']} rejected\n"
           f"{'max relative error vs float64':<34}{r['max_relative_error']:.2e} (limit {TOLERANCE:g})\n"
-          f"{'metadata buffers mismatched':<34}{r['metadata_failures']}\n")
+          f"{'metadata buffers mismatched':<34}{r['metadata_failures']}\n"
+          f"{'KV-cache entries checked':<34}{r['cache_entries_checked']} ({r['cache_entry_failures']} wrong; "
+          f"fp8 dequantized error <= {r['cache_max_dequant_error']:.1e})\n")
     print(f"per call, {unit} us             pydsa   the torch way")
     print(f"  prefill planning (pyplan)  {r['plan_us']:>8.1f}   -")
     print(f"  c128 prefill               {r['prefill_us']:>8.1f}   {r['prefill_torch_us']:>8.1f}  (offline softmax over the whole chunks only)")
@@ -419,7 +498,8 @@ def main(argv=None) -> int:
     print(f"  c128 verify, {DRAFTS} drafts     {r['verify_us']:>8.1f}   -")
     print(f"  commit (every layer)       {r['commit_us']:>8.1f}   -")
     print(f"  metadata refresh, K={r['backends']}     {r['metadata_us']:>8.1f}   {r['metadata_torch_us']:>8.1f}  (per-field copy_)")
-    print(f"\n{'PASS' if r['ok'] else 'FAIL'}: {r['chunk_failures']} chunk and {r['metadata_failures']} metadata check failures "
+    print(f"\n{'PASS' if r['ok'] else 'FAIL'}: {r['chunk_failures']} chunk, {r['cache_entry_failures']} cache entry and "
+          f"{r['metadata_failures']} metadata check failures "
           f"in {r['wall_s']:.1f} s")
     if args.json:
         with open(args.json, "w") as f:
