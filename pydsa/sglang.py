@@ -4,6 +4,8 @@
     from pydsa.sglang import c128_online_decode, c128_online_prefill, plan_compress_online_prefill
     from pydsa.sglang import (online_c128_mtp_write_prefix_states, online_c128_mtp_mark_pending,
                               online_c128_mtp_commit_pending)
+    from pydsa.sglang import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward,
+                              compress_norm_rope_store, compress_forward_and_store)   # sglang 0.5.23
 
 Each function is a thin layer over the library's ops (the same C entry points and kernels): it
 turns sglang's positional arguments and conventions into the op's sizes and launches. CUDA
@@ -31,10 +33,13 @@ from ._tensors import _int32, device_name
 from .c128 import c128_decode, c128_prefill
 from .metadata import MetadataCopy
 from .speculative import c128_commit, c128_verify
+from .sglang_v2 import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward, compress_forward_and_store,
+                        compress_norm_rope_store)
 
 __all__ = ["fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda", "c128_online_decode",
            "c128_online_prefill", "plan_compress_online_prefill", "online_c128_mtp_write_prefix_states",
-           "online_c128_mtp_mark_pending", "online_c128_mtp_commit_pending"]
+           "online_c128_mtp_mark_pending", "online_c128_mtp_commit_pending", "CompressorDecodePlan",
+           "CompressorPrefillPlan", "compress_forward", "compress_norm_rope_store", "compress_forward_and_store"]
 
 _SOURCE_NAMES = ("cache_seqlens_src", "cu_seqlens_k_src", "page_indices_src", "nsa_cache_seqlens_src",
                  "seqlens_expanded_src", "nsa_cu_seqlens_k_src", "real_page_table_src", "flashmla_num_splits_src",

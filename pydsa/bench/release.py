@@ -90,6 +90,77 @@ def compare_store(v2, n=8192, seed=0):
     }
 
 
+def compare_sglang_api(v2, cases=30, seed=7):
+    """pydsa.sglang's 0.5.23 calls beside sglang's own on the same inputs: plan bytes (decode and
+    prefill, plain and CUDA-graph mode, with a state slot offset), states and outputs of
+    compress_forward, cache bytes of compress_norm_rope_store and of the fused form."""
+    from .. import sglang as ours
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = dict(cases=0, plan_bytes_differ=0, max_state_err=0.0, max_out_err=0.0, cache_bytes_differ=0,
+             fused_cache_bytes_differ=0, cache_bytes=0)
+    for case in range(cases):
+        dtype = torch.float32 if case % 2 == 0 else torch.bfloat16
+        decode = case % 3 != 0
+        b = int(rng.integers(1, 40))
+        rid = torch.from_numpy(rng.permutation(64)[:b]).cuda()
+        r2t = torch.zeros(64, 8, dtype=torch.int32, device="cuda")
+        off = int(rng.integers(0, 3)) * 64
+        state = torch.randn(64 * 4, 1, 3 * D, device="cuda", generator=gen) * 0.1
+        state[:, :, D:2 * D] = 2.0
+        state = state.to(dtype)
+        ape = torch.randn(128, D, device="cuda", generator=gen)
+        w = torch.rand(D, device="cuda", generator=gen) + 0.5
+        freq = _rotary(70000, gen)
+        if decode:
+            seq = torch.from_numpy(rng.integers(1, 60000, b)).cuda()
+            seq[: b // 2] = (seq[: b // 2] // 128 + 1) * 128
+            mine = ours.CompressorDecodePlan.generate_online(seq, rid, r2t, off)
+            theirs = v2.plan_decode_online(seq, rid, r2t, off)
+            same = torch.equal(mine.plan_d, theirs)
+            n, plan_t = b, theirs
+        else:
+            ext = rng.integers(1, 600, b)
+            seq = ext + rng.integers(0, 3000, b)
+            n = int(ext.sum())
+            graph = case % 4 == 0
+            mine = ours.CompressorPrefillPlan.generate_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t,
+                                                              n, graph, off)
+            theirs = v2.plan_prefill_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n, graph, off)
+            same = torch.equal(mine.plan_c, theirs[0]) and torch.equal(mine.plan_w, theirs[1])
+            plan_t = theirs
+        r["plan_bytes_differ"] += int(not same)
+        kv = torch.randn(n, 2 * D, device="cuda", generator=gen)
+        loc = torch.randperm(2 * n, device="cuda", generator=gen)[:n].to(torch.int64)
+        s_m, s_t = state.clone(), state.clone()
+        out_m = ours.compress_forward(s_m, kv, ape, mine, head_dim=D, compress_ratio=128, is_online=True)
+        out_t = v2.compress_forward_online(s_t, kv, ape, plan_t)
+        rows = (mine.seq_lens % 128 == 0) if decode else slice(0, mine.plan_c.shape[0])
+        if decode or mine.plan_c.shape[0]:
+            a, t = out_m[rows], out_t[rows]
+            valid = ~torch.isnan(t).any(1) if not decode else torch.ones(a.shape[0], dtype=torch.bool, device="cuda")
+            if valid.any():
+                r["max_out_err"] = max(r["max_out_err"], float(((a[valid] - t[valid]).norm() / t[valid].norm()).item()))
+        r["max_state_err"] = max(r["max_state_err"], float((s_m.float() - s_t.float()).abs().max().item()))
+        pages = n + 2
+        c_m = torch.full((pages, 1728), 0xA5, dtype=torch.uint8, device="cuda")
+        c_t, c_f = c_m.clone(), c_m.clone()
+        ours.compress_norm_rope_store(out_t, mine, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc,
+                                      kvcache=c_m, page_size=PAGE)
+        v2.norm_rope_store(out_t, plan_t, w, 1e-6, freq, loc, c_t, PAGE)
+        torch.cuda.synchronize()
+        ours.compress_forward_and_store(state.clone(), kv, ape, mine, norm_weight=w, norm_eps=1e-6, freq_cis=freq,
+                                        out_loc=loc, kvcache=c_f, page_size=PAGE)
+        c_two = torch.full_like(c_m, 0xA5)
+        ours.compress_norm_rope_store(out_m, mine, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc,
+                                      kvcache=c_two, page_size=PAGE)
+        r["cache_bytes_differ"] += int((c_m != c_t).sum().item())
+        r["fused_cache_bytes_differ"] += int((c_f != c_two).sum().item())
+        r["cache_bytes"] += c_m.numel()
+        r["cases"] += 1
+    return r
+
+
 class Layer:
     """One c128 layer's buffers (state, ape, norm, cache) for B requests; pydsa and sglang views."""
 
@@ -310,7 +381,7 @@ def main(argv=None):
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
-    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step"], help="one part")
+    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step", "sglang-api"], help="one part")
     args = ap.parse_args(argv)
     v2, mtp = _load(args.reference_build)
     harness.GRAPH_BUSY_START = True
@@ -320,6 +391,9 @@ def main(argv=None):
               "commit": args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                                       text=True).stdout.strip(),
               "torch": torch.__version__, "pdl_default": pydsa._abi.PDL_DEFAULT}
+    if args.only in (None, "sglang-api"):
+        result["sglang_api_vs_sglang"] = compare_sglang_api(v2)
+        print(result["sglang_api_vs_sglang"], flush=True)
     if args.only in (None, "store"):
         result["store_vs_sglang"] = compare_store(v2)
         print(result["store_vs_sglang"], flush=True)

@@ -1,0 +1,91 @@
+"""The sglang plugin: `pip install pydsa` and sglang 0.5.23 loads this through its `sglang.srt.plugins`
+entry point (`register`), which makes a running sglang use pydsa for the online c128 path, the MTP
+calls and the fused metadata copy. Restrict sglang's plugins with SGLANG_PLUGINS=pydsa.
+
+Hooks: the compressor's two calls per c128 layer (`compress_forward`, then
+`compress_norm_rope_store`, made by `CompressorBackendMixin._forward_compress_all_in_one`) become one
+fused launch; the online plans come from pydsa's planners; the MTP calls and the metadata copies are
+replaced. Everything that is not pydsa's configuration (ratio 4, the fp4 indexer, bf16 or two-pool
+stores, the V4.1 layouts, plans made elsewhere) still runs sglang's own code: those hooks wrap the
+original (sglang's AROUND hooks) and pass such calls through, where a plain REPLACE would break them.
+"""
+from __future__ import annotations
+
+_COMPRESS = "sglang.kernels.ops.attention.dsv4.compress"
+_MTP = "sglang.kernels.ops.attention.dsv4.online_c128_mtp"
+_METADATA = "sglang.kernels.ops.attention.dsa.fused_metadata_copy"
+_MIXIN = "sglang.srt.layers.attention.dsv4.compressor_v2.CompressorBackendMixin._forward_compress_all_in_one"
+
+
+def _ours(plan) -> bool:
+    from . import sglang_v2
+    return isinstance(plan, (sglang_v2.CompressorDecodePlan, sglang_v2.CompressorPrefillPlan)) and plan[-1] is not None
+
+
+def _decode_plan(original, *args, **kwargs):
+    from .sglang_v2 import CompressorDecodePlan
+    return CompressorDecodePlan.generate_online(*args, **kwargs)
+
+
+def _prefill_plan(original, *args, **kwargs):
+    from .sglang_v2 import CompressorPrefillPlan
+    return CompressorPrefillPlan.generate_online(*args, **kwargs)
+
+
+def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kwargs):
+    from . import sglang_v2
+    if (kwargs.get("is_online") and kwargs.get("compress_ratio") == 128 and kwargs.get("head_dim") == 512
+            and _ours(plan)):
+        return sglang_v2.compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
+    return original(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
+
+
+def _norm_rope_store(original, kv, plan, **kwargs):
+    from . import sglang_v2
+    if _ours(plan):
+        try:
+            return sglang_v2.compress_norm_rope_store(kv, plan, **kwargs)
+        except NotImplementedError:
+            pass
+    return original(kv, plan, **kwargs)
+
+
+def _compress_all_in_one(original, self, **kw):
+    """One fused launch for an online c128 layer whose plan is pydsa's; sglang's path otherwise."""
+    from . import sglang_v2
+    plan = self._get_paged_compress_metadata(kw["compress_ratio"])
+    layout = getattr(kw.get("kv_layout"), "name", kw.get("kv_layout", "V4"))
+    if (kw["compress_ratio"] == 128 and kw["head_dim"] == 512 and not kw.get("is_indexer")
+            and not kw.get("use_fp4_indexer") and not kw.get("bf16_store") and not kw.get("fp8_2buff")
+            and str(layout).upper().endswith("V4") and _ours(plan)):
+        norm = kw["norm"]
+        sglang_v2.compress_forward_and_store(
+            kw["kv_score_buffer"].view(-1, 1, 3 * 512), kw["kv_score_input"], kw["ape"].view(-1, 512), plan,
+            norm_weight=norm.weight, norm_eps=norm.variance_epsilon, freq_cis=kw["freqs_cis_cache"],
+            out_loc=kw["out_loc"], kvcache=kw["kv_cache"], page_size=kw["page_size"])
+        return None
+    return original(self, **kw)
+
+
+def hooks() -> list:
+    """(target, hook, kind) of every hook the plugin registers; kind is "around" or "replace"."""
+    from . import sglang
+    return [
+        (f"{_COMPRESS}.CompressorDecodePlan.generate_online", _decode_plan, "around"),
+        (f"{_COMPRESS}.CompressorPrefillPlan.generate_online", _prefill_plan, "around"),
+        (f"{_COMPRESS}.compress_forward", _compress_forward, "around"),
+        (f"{_COMPRESS}.compress_norm_rope_store", _norm_rope_store, "around"),
+        (_MIXIN, _compress_all_in_one, "around"),
+        (f"{_MTP}.online_c128_mtp_write_prefix_states", sglang.online_c128_mtp_write_prefix_states, "replace"),
+        (f"{_MTP}.online_c128_mtp_mark_pending", sglang.online_c128_mtp_mark_pending, "replace"),
+        (f"{_MTP}.online_c128_mtp_commit_pending", sglang.online_c128_mtp_commit_pending, "replace"),
+        (f"{_METADATA}.fused_metadata_copy_cuda", sglang.fused_metadata_copy_cuda, "replace"),
+        (f"{_METADATA}.fused_metadata_copy_multi_cuda", sglang.fused_metadata_copy_multi_cuda, "replace"),
+    ]
+
+
+def register() -> None:
+    """The entry point's function: registers the hooks with sglang's HookRegistry (sglang applies them)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    for target, hook, kind in hooks():
+        HookRegistry.register(target, hook, HookType.AROUND if kind == "around" else HookType.REPLACE)

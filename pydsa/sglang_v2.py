@@ -1,0 +1,273 @@
+"""sglang 0.5.23's online c128 API (its `sglang/kernels/ops/attention/dsv4/compress.py`), over pydsa's ops.
+
+    from pydsa.sglang import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward,
+                              compress_norm_rope_store, compress_forward_and_store)
+
+Signatures and plan tensors are sglang's: a decode plan holds `plan_d` uint8 [B, 16], records
+{u32 seq_len, i32 store slot, i32 load slot, i32 -1} with both slots req_pool_indices[b] +
+state_slot_offset; a prefill plan holds `plan_c` / `plan_w` uint8 [M, 16], records {u32 seq_len (the
+segment's last position + 1), u16 ragged row of its last token, u16 length, i32 store slot =
+rid + state_slot_offset, i32 load slot = rid}, padded in CUDA-graph mode to num_q_tokens rows with
+{0xFFFFFFFF, 0, 0, -1, -1}. The tuples carry, after sglang's fields, what pydsa's kernels read (the
+per-request slots and lengths, and the prefill's own records), so `compress_forward` runs on them with
+no conversion; a plan made elsewhere (without them) is refused by name.
+
+Only the online c128 configuration is pydsa's: fp32 vectors, D = 512, the V4 cache layout. The
+others (`is_online=False`, ratio 4, the fp4 indexer, `bf16_store`, the fp8 two-pool store, the V4.1
+layouts) raise NotImplementedError naming them. Where sglang refuses, pydsa does too, with one
+exception: a prefill plan whose num_q_tokens exceeds the sum of the extends (a padded bucket) is
+accepted; the rows past the real tokens belong to no segment.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import numpy as np
+import torch
+
+import pyplan
+
+from .c128 import DevicePlan, c128_decode, c128_prefill
+from .store import KVCache, kv_store
+
+__all__ = ["CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward", "compress_norm_rope_store",
+           "compress_forward_and_store"]
+
+HEAD_DIM, RATIO = 512, 128
+
+
+def _not_ours(what: str):
+    return NotImplementedError(f"pydsa implements sglang's online c128 path only (fp32, head_dim 512, the V4 "
+                               f"layout); {what} is not pydsa's: call sglang's own kernel for it")
+
+
+class CompressorDecodePlan(NamedTuple):
+    compress_ratio: int
+    plan_d: torch.Tensor                      # [B, 16] uint8, sglang's decode records
+    seq_lens: Optional[torch.Tensor] = None   # pydsa: int32 [B], length including the new token
+    slots: Optional[torch.Tensor] = None      # pydsa: int32 [B], rid + state_slot_offset
+
+    def copy_(self, other) -> None:
+        if not isinstance(other, CompressorDecodePlan) or self.compress_ratio != other.compress_ratio:
+            raise ValueError("copy_ takes a CompressorDecodePlan of the same compress ratio")
+        self.plan_d.copy_(other.plan_d)
+        if self.seq_lens is not None and other.seq_lens is not None:
+            self.seq_lens.copy_(other.seq_lens)
+            self.slots.copy_(other.slots)
+
+    @staticmethod
+    def generate_online(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                        state_slot_offset: int = 0) -> "CompressorDecodePlan":
+        """sglang's argument order; seq_lens and req_pool_indices int64 [B] on the device, req_to_token
+        shape-checked only (as in sglang). No host synchronization."""
+        if seq_lens.dtype != torch.int64 or req_pool_indices.dtype != torch.int64:
+            raise RuntimeError(f"seq_lens and req_pool_indices must be int64 (got {seq_lens.dtype}, "
+                               f"{req_pool_indices.dtype})")
+        if seq_lens.shape != req_pool_indices.shape or seq_lens.dim() != 1:
+            raise RuntimeError(f"seq_lens {list(seq_lens.shape)} and req_pool_indices {list(req_pool_indices.shape)} "
+                               f"must be 1-D of one length")
+        if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
+            raise RuntimeError("req_to_token must be a 2-D int32 tensor")
+        if state_slot_offset < 0:
+            raise RuntimeError(f"state_slot_offset must be >= 0 (got {state_slot_offset})")
+        seq = seq_lens.to(torch.int32)
+        slots = (req_pool_indices + int(state_slot_offset)).to(torch.int32)
+        plan_d = torch.stack([seq, slots, slots, torch.full_like(seq, -1)], dim=1).contiguous().view(torch.uint8)
+        return CompressorDecodePlan(RATIO, plan_d, seq, slots)
+
+    @property
+    def is_decode(self) -> bool:
+        return True
+
+
+class CompressorPrefillPlan(NamedTuple):
+    compress_ratio: int
+    plan_c: torch.Tensor                      # [M, 16] uint8, sglang's records of the segments closing a chunk
+    plan_w: torch.Tensor                      # [M, 16] uint8, of the trailing partial segments
+    pin_buffer: Optional[torch.Tensor] = None
+    records: object = None                    # pydsa: its own plan (host record arrays, or a DevicePlan)
+    indices: Optional[torch.Tensor] = None    # pydsa: int32 [B] store slots
+    load_indices: Optional[torch.Tensor] = None  # pydsa: int32 [B] load slots
+
+    def copy_(self, other) -> None:
+        if not isinstance(other, CompressorPrefillPlan) or self.compress_ratio != other.compress_ratio:
+            raise ValueError("copy_ takes a CompressorPrefillPlan of the same compress ratio")
+        self.plan_c.copy_(other.plan_c)
+        self.plan_w.copy_(other.plan_w)
+        if isinstance(self.records, DevicePlan) and isinstance(other.records, DevicePlan):
+            self.records.buffer.copy_(other.records.buffer)
+            self.indices.copy_(other.indices)
+            self.load_indices.copy_(other.load_indices)
+
+    @staticmethod
+    def generate_online(seq_lens, extend_lens, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
+                        num_q_tokens: int, use_cuda_graph: bool = False,
+                        state_slot_offset: int = 0) -> "CompressorPrefillPlan":
+        """sglang's argument order. seq_lens / extend_lens are read on the host (sglang passes host
+        copies); req_pool_indices int64 on the device. In CUDA-graph mode pydsa's records live in a
+        DevicePlan that copy_ refreshes, so a captured compress_forward reads the new plan."""
+        seq = np.ascontiguousarray(torch.as_tensor(seq_lens).detach().to(torch.int64).cpu().numpy())
+        ext = np.ascontiguousarray(torch.as_tensor(extend_lens).detach().to(torch.int64).cpu().numpy())
+        n, b = int(num_q_tokens), int(seq.shape[0])
+        if state_slot_offset < 0:
+            raise RuntimeError(f"state_slot_offset must be >= 0 (got {state_slot_offset})")
+        if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
+            raise RuntimeError("req_to_token must be a 2-D int32 tensor")
+        if int(ext.sum()) > 65536:
+            raise RuntimeError(f"sglang's prefill records hold 16-bit ragged rows; row {int(ext.sum()) - 1} "
+                               f"overflows (a prefill this long needs pydsa's own plan: pydsa.c128_prefill)")
+        padded = use_cuda_graph or n != int(ext.sum())
+        compress, write, nc, nw = pyplan.plan_prefill(seq, ext, num_tokens=n, graph=padded, return_counts=True)
+        dev = req_pool_indices.device
+        rid = req_pool_indices.to(torch.int64)
+        rows = n if use_cuda_graph else None
+        plan_c = _v2_records(compress, nc, rows, rid, state_slot_offset, dev)
+        plan_w = _v2_records(write, nw, rows, rid, state_slot_offset, dev)
+        indices = (rid + int(state_slot_offset)).to(torch.int32)
+        load = rid.to(torch.int32)
+        if use_cuda_graph and dev.type == "cuda":
+            records = DevicePlan(max(n, 1), max(b, 1), device=dev).plan(seq, ext, num_tokens=n)
+        else:
+            records = (compress[:nc].copy(), write[:nw].copy())
+        return CompressorPrefillPlan(RATIO, plan_c, plan_w, None, records, indices, load)
+
+    @property
+    def is_decode(self) -> bool:
+        return False
+
+
+def _v2_records(segments, count: int, rows, rid: torch.Tensor, offset: int, dev) -> torch.Tensor:
+    """sglang's 16-byte records of the first `count` segments, padded to `rows` (graph mode)."""
+    total = count if rows is None else rows
+    host = np.empty((total, 4), np.int32)
+    host[:, 0], host[:, 1], host[:, 2], host[:, 3] = -1, 0, -1, -1
+    real = segments[:count]
+    host[:count, 0] = (real["position"].astype(np.int64) + 1).astype(np.uint32).view(np.int32)
+    host[:count, 1] = (real["ragged_id"].astype(np.uint32) | (real["window_len"].astype(np.uint32) << 16)).view(np.int32)
+    batch = torch.from_numpy(real["batch_id"].astype(np.int64)).to(dev)
+    recs = torch.from_numpy(host).to(dev)
+    if count:
+        r = rid[batch]
+        recs[:count, 2] = (r + int(offset)).to(torch.int32)
+        recs[:count, 3] = r.to(torch.int32)
+    return recs.view(torch.uint8)
+
+
+def _plan_of(plan):
+    if isinstance(plan, CompressorDecodePlan):
+        if plan.seq_lens is None:
+            raise ValueError("this CompressorDecodePlan was not made by pydsa's generate_online (it lacks the "
+                             "slots pydsa's kernels read)")
+        return plan
+    if isinstance(plan, CompressorPrefillPlan):
+        if plan.records is None:
+            raise ValueError("this CompressorPrefillPlan was not made by pydsa's generate_online (it lacks the "
+                             "records pydsa's kernels read)")
+        return plan
+    raise TypeError(f"plan must be a pydsa.sglang CompressorDecodePlan or CompressorPrefillPlan "
+                    f"(got {type(plan).__name__})")
+
+
+def _check_config(head_dim, compress_ratio, is_online):
+    if not is_online:
+        raise _not_ours("is_online=False (the offline compressors)")
+    if compress_ratio != RATIO:
+        raise _not_ours(f"compress_ratio {compress_ratio}")
+    if head_dim != HEAD_DIM:
+        raise _not_ours(f"head_dim {head_dim}")
+
+
+def _run(kv_score_buffer, kv_score_input, ape, plan, out, store=None, cache_slots=None):
+    state = kv_score_buffer.view(-1, 1, kv_score_buffer.shape[-1])
+    if ape.dtype != kv_score_input.dtype:
+        ape = ape.to(dtype=kv_score_input.dtype)
+    ape = ape.view(-1, HEAD_DIM)
+    if plan.is_decode:
+        c128_decode(state, kv_score_input, out, ape, plan.slots, plan.seq_lens, store=store, cache_slots=cache_slots)
+        return
+    rows = out
+    if isinstance(plan.records, DevicePlan):  # compact rows of the DevicePlan's capacity
+        rows = None if out is None else out[:min(out.shape[0], plan.records.compress_capacity)]
+    elif out is not None:
+        rows = out[:len(plan.records[0])]
+    n = kv_score_input.shape[0]
+    c128_prefill(state, kv_score_input, rows, ape, plan.indices, plan.records, load_indices=plan.load_indices,
+                 compact=True, store=store, cache_slots=None if cache_slots is None else cache_slots[:n])
+
+
+def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: int, compress_ratio: int,
+                     out=None, is_online: bool = False):
+    """sglang's compress_forward for the online c128 path: decode (out [B, 512], a chunk's vector at
+    the rows whose token closes it) or prefill (compact out [plan_c rows, 512], plan order)."""
+    _check_config(head_dim, compress_ratio, is_online)
+    plan = _plan_of(plan)
+    if out is None:
+        out = kv_score_input.new_empty((plan[1].shape[0], head_dim))
+    _run(kv_score_buffer, kv_score_input, ape, plan, out)
+    return out
+
+
+_caches: dict = {}
+
+
+def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size) -> KVCache:
+    """The KVCache of one layer's buffers, made once (sglang passes the same tensors every step)."""
+    key = (kvcache.data_ptr(), kvcache.numel(), norm_weight.data_ptr(), freq_cis.data_ptr(), int(page_size),
+           float(norm_eps))
+    kv = _caches.get(key)
+    if kv is None:
+        if len(_caches) > 4096:
+            _caches.clear()
+        w = norm_weight if norm_weight.dtype == torch.float32 else norm_weight.float()
+        kv = _caches[key] = KVCache(kvcache, w, freq_cis, page_size=int(page_size), eps=float(norm_eps))
+    return kv
+
+
+def _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
+                        kvcache_rope):
+    if use_fp4 or fp4_k_write_metadata is not None or kvcache_scale is not None or rope_cache is not None:
+        raise _not_ours("the fp4 indexer store")
+    if bf16_store:
+        raise _not_ours("bf16_store")
+    if fp8_2buff or kvcache_rope is not None:
+        raise _not_ours("the fp8 two-pool store")
+    name = getattr(layout, "name", layout)
+    if str(name).upper() not in ("V4", "KVLAYOUT.V4"):
+        raise _not_ours(f"the {name} cache layout")
+    if kv.dtype != torch.float32 or kv.shape[-1] != HEAD_DIM:
+        raise _not_ours(f"a {kv.dtype} [.., {kv.shape[-1]}] store")
+
+
+def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
+                             use_fp4=False, bf16_store=False, kvcache_scale=None, rope_cache=None,
+                             fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None) -> None:
+    """sglang's store of a c128 layer's vectors: decode (row b stored when its seq_len closes a chunk,
+    at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row])."""
+    _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
+                        kvcache_rope)
+    cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
+    fields = plan[1].view(torch.int32).view(-1, 4)
+    seq = fields[:, 0].to(torch.int64) & 0xFFFFFFFF
+    if plan.is_decode:
+        slots = torch.where(seq % RATIO == 0, out_loc[:seq.shape[0]], -1)
+        rows = kv[:seq.shape[0]]
+    else:
+        valid = seq != 0xFFFFFFFF
+        ragged = (fields[:, 1] & 0xFFFF).to(torch.int64)
+        slots = torch.where(valid, out_loc[torch.where(valid, ragged, 0)], -1)
+        rows = kv[:seq.shape[0]]
+    positions = torch.where(seq >= RATIO, seq - RATIO, 0).to(torch.int32)
+    kv_store(rows, positions, slots, cache)
+
+
+def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,
+                               out_loc, kvcache, page_size, head_dim: int = HEAD_DIM, compress_ratio: int = RATIO,
+                               out=None):
+    """compress_forward then compress_norm_rope_store of its vectors, as one launch: every vector the
+    compression closes is normalized, quantized and stored into kvcache at out_loc (decode: per
+    request; prefill: per query token, by the closing token's row). Returns `out` when given."""
+    _check_config(head_dim, compress_ratio, True)
+    plan = _plan_of(plan)
+    cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
+    _run(kv_score_buffer, kv_score_input, ape, plan, out, store=cache, cache_slots=out_loc)
+    return out

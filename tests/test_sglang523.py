@@ -1,0 +1,245 @@
+"""sglang 0.5.23's online c128 API over pydsa (pydsa.sglang): plan bytes as sglang's planner writes them
+(a reference written here from its record layout), compress_forward and compress_norm_rope_store on
+pydsa's ops, the fused form equal to the two calls, the refusals of what is not pydsa's, the plugin."""
+import struct
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import pydsa
+import pyplan
+from conftest import DEVICES, HAS_GPU
+from pydsa import sglang, sglang_plugin
+
+D, CHUNK = 512, 128
+
+
+def ref_decode_plan(seq, rid, off):
+    return b"".join(struct.pack("<Iiii", int(s), int(r) + off, int(r) + off, -1) for s, r in zip(seq, rid))
+
+
+def ref_prefill_plan(seq, ext, rid, off, n, graph):
+    """sglang 0.5.23's planner: cut each extend at chunk ends; a piece that ends a chunk is a compress
+    record, the trailing piece a write record; {last position + 1, last ragged row | length << 16,
+    rid + off, rid}; graph mode pads both lists to n records {0xFFFFFFFF, 0, -1, -1}."""
+    c, w, counter = [], [], 0
+    for i, (s, e) in enumerate(zip(seq, ext)):
+        prefix, pos = s - e, s - e
+        while pos < s:
+            start = pos // CHUNK * CHUNK
+            end = min(s, start + CHUNK)
+            rec = struct.pack("<IHHii", end, counter + (end - 1 - prefix), end - pos, int(rid[i]) + off, int(rid[i]))
+            (c if (pos - start) + (end - pos) == CHUNK else w).append(rec)
+            pos = end
+        counter += e
+    pad = struct.pack("<IHHii", 0xFFFFFFFF, 0, 0, -1, -1)
+    if graph:
+        c, w = c + [pad] * (n - len(c)), w + [pad] * (n - len(w))
+    return b"".join(c), b"".join(w)
+
+
+def _bytes(t):
+    return t.cpu().contiguous().numpy().tobytes()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_plan_bytes_are_sglangs(device):
+    seq = torch.tensor([1, 128, 300, 5000], dtype=torch.int64, device=device)
+    rid = torch.tensor([3, 0, 7, 2], dtype=torch.int64, device=device)
+    r2t = torch.zeros(4, 8, dtype=torch.int32, device=device)
+    for off in (0, 9):
+        plan = sglang.CompressorDecodePlan.generate_online(seq, rid, r2t, off)
+        assert plan.plan_d.dtype == torch.uint8 and tuple(plan.plan_d.shape) == (4, 16) and plan.is_decode
+        assert _bytes(plan.plan_d) == ref_decode_plan(seq.tolist(), rid.tolist(), off)
+        assert plan.compress_ratio == 128 and plan[1] is plan.plan_d
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("graph", [False, True])
+def test_prefill_plan_bytes_are_sglangs(device, graph):
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        b = int(rng.integers(1, 9))
+        ext = rng.integers(1, 400, b)
+        seq = ext + rng.integers(0, 600, b)
+        n = int(ext.sum())
+        rid = torch.from_numpy(rng.permutation(20)[:b]).to(device)
+        plan = sglang.CompressorPrefillPlan.generate_online(torch.from_numpy(seq), torch.from_numpy(ext), rid,
+                                                            torch.zeros(20, 4, dtype=torch.int32, device=device),
+                                                            n, graph, 5)
+        c, w = ref_prefill_plan(seq.tolist(), ext.tolist(), rid.tolist(), 5, n, graph)
+        assert _bytes(plan.plan_c) == c and _bytes(plan.plan_w) == w and not plan.is_decode
+
+
+def test_prefill_plan_refusals_and_the_padded_bucket():
+    rid, r2t = torch.arange(2), torch.zeros(2, 4, dtype=torch.int32)
+    with pytest.raises(ValueError):
+        sglang.CompressorPrefillPlan.generate_online(torch.tensor([5, 5]), torch.tensor([0, 5]), rid, r2t, 5)
+    with pytest.raises(RuntimeError, match="16-bit ragged rows"):
+        sglang.CompressorPrefillPlan.generate_online(torch.tensor([70000]), torch.tensor([70000]), rid[:1], r2t, 70000)
+    # a bucket of 300 rows for 260 real tokens: sglang refuses, pydsa plans the real tokens
+    plan = sglang.CompressorPrefillPlan.generate_online(torch.tensor([200, 60]), torch.tensor([200, 60]), rid, r2t, 300)
+    c, w = ref_prefill_plan([200, 60], [200, 60], [0, 1], 0, 300, False)
+    assert _bytes(plan.plan_c) == c and _bytes(plan.plan_w) == w
+
+
+def _layer(device, b, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    state = torch.randn(b + 4, 3 * D, generator=gen) * 0.1
+    state[:, D:2 * D] = 2.0
+    w = torch.rand(D, generator=gen) + 0.5
+    freq = torch.polar(torch.ones(4096, 32), torch.rand(4096, 32, generator=gen) * 6.3)
+    cache = torch.full((256, 1728), 0xA5, dtype=torch.uint8)
+    return [t.to(device) for t in (state, torch.randn(CHUNK, D, generator=gen), w, freq, cache)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_compress_store_and_the_fused_form(device):
+    b = 6
+    state, ape, w, freq, cache = _layer(device, b)
+    seq = torch.tensor([128, 5, 256, 1, 384, 129], dtype=torch.int64, device=device)
+    rid = torch.tensor([4, 0, 1, 2, 3, 5], dtype=torch.int64, device=device)
+    kv = torch.randn(b, 2 * D).to(device)
+    loc = torch.arange(b, dtype=torch.int64, device=device) * 3
+    plan = sglang.CompressorDecodePlan.generate_online(seq, rid, torch.zeros(8, 8, dtype=torch.int32, device=device))
+    s1, s2, s3 = state.clone(), state.clone(), state.clone()
+    out = sglang.compress_forward(s1, kv, ape, plan, head_dim=D, compress_ratio=128, is_online=True)
+    ref = torch.full((b, D), float("nan"), device=device)
+    pydsa.c128_decode(s2.view(-1, 1, 3 * D), kv, ref, ape, rid.to(torch.int32), seq.to(torch.int32))
+    closing = seq % 128 == 0
+    assert torch.equal(out[closing], ref[closing]) and torch.equal(s1, s2)
+    two = cache.clone()
+    sglang.compress_norm_rope_store(out, plan, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc, kvcache=two,
+                                    page_size=2)
+    expect = cache.clone()
+    kvc = pydsa.KVCache(expect, w, freq, page_size=2, eps=1e-6)
+    pydsa.kv_store(out[closing], (seq[closing] - 128).to(torch.int32), loc[closing], kvc)
+    assert torch.equal(two, expect) and not torch.equal(two, cache)
+    fused = cache.clone()
+    sglang.compress_forward_and_store(s3, kv, ape, plan, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc,
+                                      kvcache=fused, page_size=2)
+    assert torch.equal(fused, two) and torch.equal(s3, s1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("graph", [False, True])
+def test_prefill_compress_store_and_the_fused_form(device, graph):
+    seq, ext = np.array([700, 129, 300, 40]), np.array([650, 129, 200, 40])
+    n, b = int(ext.sum()), 4
+    state, ape, w, freq, cache = _layer(device, b, 1)
+    rid = torch.tensor([2, 0, 3, 1], dtype=torch.int64, device=device)
+    kv = torch.randn(n, 2 * D).to(device)
+    loc = torch.randperm(n).to(torch.int64).to(device) % 500
+    plan = sglang.CompressorPrefillPlan.generate_online(torch.from_numpy(seq), torch.from_numpy(ext), rid,
+                                                        torch.zeros(8, 8, dtype=torch.int32, device=device), n, graph)
+    s1, s2, s3 = state.clone(), state.clone(), state.clone()
+    out = sglang.compress_forward(s1, kv, ape, plan, head_dim=D, compress_ratio=128, is_online=True)
+    records = pyplan.plan_prefill(seq, ext)
+    ref = torch.full((len(records[0]), D), float("nan"), device=device)
+    pydsa.c128_prefill(s2.view(-1, 1, 3 * D), kv, ref, ape, rid.to(torch.int32), records, compact=True)
+    k = len(records[0])
+    torch.testing.assert_close(out[:k], ref, rtol=1e-5, atol=1e-6)  # layouts may differ in the last bits
+    torch.testing.assert_close(s1, s2, rtol=1e-5, atol=1e-6)
+    two = cache.clone()
+    sglang.compress_norm_rope_store(out, plan, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc, kvcache=two,
+                                    page_size=2)
+    expect = cache.clone()
+    kvc = pydsa.KVCache(expect, w, freq, page_size=2, eps=1e-6)
+    pos = torch.from_numpy(records[0]["position"].astype(np.int64) - 127).to(torch.int32).to(device)
+    rows = torch.from_numpy(records[0]["ragged_id"].astype(np.int64)).to(device)
+    pydsa.kv_store(out[:k], pos, loc[rows], kvc)
+    assert torch.equal(two, expect) and not torch.equal(two, cache)
+    fused = cache.clone()
+    sglang.compress_forward_and_store(s3, kv, ape, plan, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc,
+                                      kvcache=fused, page_size=2)
+    assert torch.equal(fused, two)
+
+
+def test_what_is_not_pydsas_is_refused_by_name():
+    state, ape, w, freq, cache = _layer("cpu", 2)
+    plan = sglang.CompressorDecodePlan.generate_online(torch.tensor([5, 6]), torch.tensor([0, 1]),
+                                                       torch.zeros(2, 2, dtype=torch.int32))
+    kv = torch.zeros(2, 2 * D)
+    for kwargs, name in ((dict(is_online=False), "is_online=False"), (dict(is_online=True, compress_ratio=4), "ratio 4"),
+                         (dict(is_online=True, head_dim=128), "head_dim 128")):
+        args = {**dict(head_dim=D, compress_ratio=128), **kwargs}
+        with pytest.raises(NotImplementedError, match=name):
+            sglang.compress_forward(state, kv, ape, plan, **args)
+    store = dict(norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=torch.zeros(2, dtype=torch.int64), kvcache=cache,
+                 page_size=2)
+    for extra, name in ((dict(use_fp4=True), "fp4 indexer"), (dict(bf16_store=True), "bf16_store"),
+                        (dict(fp8_2buff=True), "two-pool"), (dict(layout="V41"), "V41")):
+        with pytest.raises(NotImplementedError, match=name):
+            sglang.compress_norm_rope_store(torch.zeros(2, D), plan, **store, **extra)
+    foreign = sglang.CompressorDecodePlan(128, plan.plan_d)  # made elsewhere: no slots for pydsa's kernels
+    with pytest.raises(ValueError, match="not made by pydsa"):
+        sglang.compress_forward(state, kv, ape, foreign, head_dim=D, compress_ratio=128, is_online=True)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@pytest.mark.gpu
+def test_graph_mode_prefill_plan_replays_after_copy():
+    """A captured compress_forward of a static graph-mode plan computes the plan copy_'d into it."""
+    seq, ext = np.array([300, 200]), np.array([300, 200])
+    n = 512
+    state, ape, w, freq, cache = _layer("cuda", 2, 2)
+    rid = torch.tensor([0, 1], dtype=torch.int64, device="cuda")
+    r2t = torch.zeros(4, 4, dtype=torch.int32, device="cuda")
+    static = sglang.CompressorPrefillPlan.generate_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n, True)
+    kv = torch.randn(n, 2 * D, device="cuda")
+    out = torch.full((n, D), float("nan"), device="cuda")
+    s = state.clone()
+    run = lambda: sglang.compress_forward(s, kv, ape, static, head_dim=D, compress_ratio=128, is_online=True, out=out)  # noqa: E731
+    run()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run()
+    seq2, ext2 = np.array([256, 384]), np.array([256, 384])
+    static.copy_(sglang.CompressorPrefillPlan.generate_online(torch.from_numpy(seq2), torch.from_numpy(ext2), rid, r2t,
+                                                              n, True))
+    s.copy_(state)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    ref = torch.full((5, D), float("nan"), device="cuda")
+    s2 = state.clone()
+    pydsa.c128_prefill(s2.view(-1, 1, 3 * D), kv[:640], ref, ape, rid.to(torch.int32),
+                       pyplan.plan_prefill(seq2, ext2), compact=True)
+    torch.testing.assert_close(out[:5], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_the_plugin_registers_its_hooks_and_passes_other_calls_through(monkeypatch):
+    registered = []
+
+    class HookType:
+        AROUND, REPLACE = "around", "replace"
+
+    class HookRegistry:
+        @staticmethod
+        def register(target, hook, kind):
+            registered.append((target, hook, kind))
+
+    module = types.ModuleType("sglang.srt.plugins.hook_registry")
+    module.HookRegistry, module.HookType = HookRegistry, HookType
+    for name in ("sglang", "sglang.srt", "sglang.srt.plugins"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", module)
+    sglang_plugin.register()
+    targets = {t: k for t, _, k in registered}
+    assert len(targets) == 10 and all(t.startswith("sglang.") for t in targets)
+    assert targets["sglang.kernels.ops.attention.dsv4.compress.compress_forward"] == "around"
+    assert targets["sglang.kernels.ops.attention.dsv4.online_c128_mtp.online_c128_mtp_commit_pending"] == "replace"
+    # an AROUND hook hands a configuration that is not pydsa's back to sglang's own function
+    calls = []
+    sglang_plugin._compress_forward(lambda *a, **k: calls.append(k) or "theirs", None, None, None, object(),
+                                    head_dim=128, compress_ratio=4, is_online=False)
+    assert calls and calls[0]["compress_ratio"] == 4
+
+
+def test_the_plugin_entry_point_is_declared():
+    import pathlib
+    text = (pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text()
+    assert '[project.entry-points."sglang.srt.plugins"]' in text and 'pydsa = "pydsa.sglang_plugin:register"' in text
