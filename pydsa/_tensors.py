@@ -51,11 +51,18 @@ def launch_stream(stream, device: int) -> int:
     return 0 if device < 0 else _current_raw_stream(device)
 
 
+# Arguments an op writes into: a read-only array there is refused (DLPack would hand it over writable).
+_WRITTEN = frozenset(("out", "state", "states", "error_count", "load_indices", "cache", "vectors_out"))
+
+
 def as_tensor(t, name: str) -> torch.Tensor:
     """t itself for a torch.Tensor; a zero-copy torch view of any other array that speaks DLPack
     (CuPy, JAX, numba, numpy); otherwise a TypeError naming the argument."""
     if isinstance(t, _Tensor):
         return t
+    flags = getattr(t, "flags", None)
+    if flags is not None and getattr(flags, "writeable", True) is False and name.split("[")[0] in _WRITTEN:
+        raise ValueError(f"{name} is a read-only array, and the op writes into it")
     if hasattr(t, "__dlpack__"):
         try:
             return torch.from_dlpack(t)

@@ -21,7 +21,7 @@ import ctypes as C
 
 from . import _calls
 from ._abi import COMMIT_FORMAT, FLAG_PDL, MAX_DRAFTS, VERIFY_FORMAT, check as _check_status, lib, pdl_flag
-from ._tensors import _float32, _int32, error_ptr, ptr, rows_ptr
+from ._tensors import _float32, _int32, as_tensor, error_ptr, ptr, rows_ptr
 from .c128 import CHUNK, DECLINED, _launch_once, _Prepared, _state
 from .store import store_fields
 
@@ -111,10 +111,10 @@ def _commit_fields(seq_lens, accepted, indices, bank_indices, bank_stride, num_d
                    states, num_slots, pdl, error_count) -> tuple:
     if type(num_drafts) is not int or not 1 <= num_drafts <= MAX_DRAFTS:
         raise ValueError(f"num_drafts must be an int in 1..{MAX_DRAFTS} (got {num_drafts!r})")
-    try:
-        dev, b = seq_lens.get_device(), seq_lens.shape[0]
-    except (AttributeError, IndexError, ValueError) as exc:
-        raise TypeError(f"seq_lens must be a 1-D int32 tensor (got {seq_lens!r})") from exc
+    seq_lens = as_tensor(seq_lens, "seq_lens")
+    if seq_lens.dim() != 1:
+        raise ValueError(f"seq_lens must have shape [B] (got {list(seq_lens.shape)})")
+    dev, b = seq_lens.get_device(), seq_lens.shape[0]
     sl = ptr(seq_lens, "seq_lens", _int32, dev, (b,))
     fields = dict(accepted=ptr(accepted, "accepted", _int32, dev, (b,)),
                   indices=ptr(indices, "indices", _int32, dev, (b,)),
@@ -125,7 +125,7 @@ def _commit_fields(seq_lens, accepted, indices, bank_indices, bank_stride, num_d
     d = sdt = 0
     layers, array = 0, None
     if states is not None:
-        states = list(states)
+        states = [as_tensor(st, f"states[{i}]") for i, st in enumerate(states)]
         if not states:
             raise ValueError("states must hold at least one state buffer")
         shapes = set()

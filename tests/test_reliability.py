@@ -455,3 +455,32 @@ def test_abi_mismatched_library_is_refused(tmp_path):
         pytest.skip("needs gcc")
     r = _import_with(str(lib))
     assert r.returncode != 0 and "ABI version 999" in r.stderr and "stale build" in r.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Arrays of other frameworks at the front door
+
+
+def test_commit_takes_numpy_arrays_like_tensors():
+    seq, accepted = np.array([5, 130], np.int32), np.array([1, 0], np.int32)
+    load = np.full(2, -9, np.int32)
+    pydsa.c128_commit(seq, accepted, np.zeros(2, np.int32), np.array([2, 4], np.int32), num_drafts=2,
+                      load_indices=load, num_slots=8)
+    assert load.tolist() == [3, 4]  # entry 1 of request 0's bank; request 1 accepted nothing: its entry 0
+    states = [np.random.default_rng(0).random((8, 1, 192), dtype=np.float32)]
+    before = states[0].copy()
+    pydsa.c128_commit(seq, accepted, np.zeros(2, np.int32), np.array([2, 4], np.int32), num_drafts=2, states=states,
+                      num_slots=8)
+    assert np.array_equal(states[0][0], before[3]) and np.array_equal(states[0][1:], before[1:])
+    with pytest.raises(TypeError, match="seq_lens must be a torch.Tensor or an array with __dlpack__"):
+        pydsa.c128_commit([5, 130], accepted, np.zeros(2, np.int32), np.array([2, 4], np.int32), num_drafts=2,
+                          load_indices=load, num_slots=8)
+
+
+def test_a_read_only_array_is_never_written_into():
+    out = np.zeros((2, 64), np.float32)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out is a read-only array"):
+        pydsa.c128_decode(torch.zeros(4, 1, 192), torch.zeros(2, 128), out, torch.zeros(128, 64),
+                          torch.zeros(2, dtype=torch.int32), torch.full((2,), 128, dtype=torch.int32))
+    assert not out.any()
