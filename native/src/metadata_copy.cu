@@ -14,28 +14,9 @@ namespace dsa {
 namespace {
 
 // 128 threads per block, tiles of kUnroll int4 per thread. Small tiles spread a small copy over
-// more SMs; large ones cut the per-tile work of a large copy. Measured on H200s (graph us):
-//   256 threads, unroll 8 / 4 / 2 / 1: K = 3, 32 x 2048 page table 2.64 / 2.39 / 2.37 / 2.29;
-//   128 x 4096 3.35 / 3.34 / 3.30 / 3.73; 64 x 8192 + real table + FlashMLA 4.28 / 3.57 / 3.51 /
-//   3.87; K = 1, 256 x 32768 18.47 / 18.41 / 18.62 / 22.36 (sweep 4 in
-//   benchmarks/results/variant-sweeps-nvidia-h200-2026-11-29.txt);
-//   small / large tiles of 2048 / 8192 int32 in blocks of 256 threads -> 2048 / 4096 in blocks
-//   of 128 (two runs, one lease): K = 3, 1 x 128 1.67 / 1.61 and 1.68 / 1.61; 32 x 2048 2.11 /
-//   2.06 and 2.12 / 2.07; 128 x 4096 3.22 / 3.14 and 3.23 / 3.15; 64 x 8192 + groups 3.49 / 3.27
-//   and 3.49 / 3.27; K = 1, 256 x 32768 18.34 / 17.84 and 18.35 / 17.86; K = 8, 32 x 2048 2.85 /
-//   2.89 and 2.87 / 2.88, 128 x 4096 5.63 / 5.68 and 5.63 / 5.67. Blocks of 64 threads (2048 /
-//   8192 int32) were faster on the larger copies and slower on the small ones (K = 3 1 x 128
-//   1.66, 32 x 2048 2.19; variant-sweeps-nvidia-h200-2026-11-30-fit.txt).
-// So small tiles go to blocks of 64 threads x 8 int4 (kNarrow) once there are more than 1.5 tiles
-// per SM, up to 16 blocks per SM. One block of 128 / of 64 threads per small tile where tiles > SMs /
-// where tiles > 2 SMs (C harness, graph us, minimum of three interleaved runs;
-// variant-sweeps-nvidia-h200-2026-11-30-per-destination.txt, sweep 3): K = 3 128 x 4096 3.03 / 3.00
-// / 3.04, 64 x 8192 + groups 3.14 / 3.07 / 3.07; K = 1 128 x 4096 2.27 / 2.15 / 2.27; K = 8
-// 128 x 4096 5.60 / 5.49 / 5.52; every other copy within 0.03 us. Where they begin: just over one
-// tile per SM (133 tiles) they lose, at 200 tiles they gain; 64-thread blocks from tiles > SMs /
-// > 1.5 SMs / 128-thread blocks throughout (C harness, graph us, minimum of three interleaved runs;
-// variant-sweeps-nvidia-h200-2026-11-30-narrow-threshold.txt): K = 1 129 x 2048 1.92 / 1.88 / 1.88,
-// K = 3 129 x 2048 2.32 / 2.28 / 2.30, 196 x 2048 2.71 / 2.70 / 2.76.
+// more SMs; large ones cut the per-tile work of a large copy. Small tiles go to blocks of 64
+// threads x 8 int4 (kNarrow) once there are more than 1.5 tiles per SM, up to 16 blocks per SM
+// (figures: docs/performance.md, "Fused metadata copy").
 constexpr int kThreads = 128, kNarrow = 64;
 constexpr int kSmallUnroll = 4, kNarrowUnroll = 8, kLargeUnroll = 8;
 // int32 per tile: `unroll` int4 per thread of a block of `block` threads.
@@ -45,18 +26,12 @@ static_assert(tile_elements(kNarrow, kNarrowUnroll) == tile_elements(kThreads, k
 constexpr int kMaxJobs = 9;
 // Grid cap: up to 16 blocks per SM (small tiles in narrow blocks, large tiles; small tiles in
 // blocks of 128 threads only while they number at most 1.5 per SM); large tiles begin at 2 x 8
-// small tiles per SM (kBlocksPerSm, dsa_metadata_copy). Large tiles,
-// 8 against 16 blocks per SM (C harness, graph us, variant-sweeps-nvidia-h200-2026-11-30-fit.txt):
-// K = 1 256 x 32768 17.89 / 18.16, 512 x 65536 71.59 / 68.81; K = 3 256 x 32768 36.70 / 35.86,
-// 512 x 65536 144.26 / 141.88 (the tree before, 256 threads x 8: 18.37, 69.27, 36.06, 142.84).
+// small tiles per SM (kBlocksPerSm, dsa_metadata_copy).
 constexpr int kBlocksPerSm = 8, kLargeBlocksPerSm = 16;
 
 // A job's kernel fields, for plans whose jobs carry kDst destinations: 1, 2 or 3 (the count known
 // at compile time, the parameters only as large as they need to be) or 0 (up to
-// DSA_MAX_DESTINATIONS, the count read at run time). Measured on an H200 (C harness, graph us, one
-// layout for every K / these): K = 3, 1 x 128 1.78 / 1.67, 32 x 2048 2.35 / 2.12, 128 x 4096 3.30 /
-// 3.22, 64 x 8192 + groups 3.46 / 3.48; K = 1, 32 x 2048 2.03 / 2.02, 256 x 32768 18.52 / 18.35;
-// K = 8, 32 x 2048 2.83 / 2.79 (sweep 4 in variant-sweeps-nvidia-h200-2026-11-30-prefetch.txt).
+// DSA_MAX_DESTINATIONS, the count read at run time).
 template <int kDst>
 struct CopyJob {
   static constexpr int kSlots = kDst > 0 ? kDst : DSA_MAX_DESTINATIONS;
@@ -75,11 +50,7 @@ struct CopyJob {
 // tiles, when every row of it is 16-byte aligned at the source and at each destination, is
 // repeated at fixed offsets ("direct"): its blocks copy without finding their job or checking
 // alignment. Every other block compares its tile with the job boundaries, then reads its job.
-// Before, every block found its job first (the boundaries, then the job's fields at an offset
-// computed from its index), then checked alignment: H200, C harness, graph us, that / this (minimum
-// of five interleaved runs): K = 3 1 x 128 1.44 / 1.36, 32 x 2048 1.88 / 1.77, 128 x 4096 2.97 /
-// 2.73, 64 x 8192 + groups 3.02 / 2.81; K = 1 32 x 2048 1.83 / 1.68; K = 8 32 x 2048 2.83 / 2.33;
-// the large copies within their run-to-run spread (variant-sweeps-nvidia-h200-2026-11-30-direct.txt).
+// (Finding the job first, then checking alignment, was slower: docs/performance.md.)
 template <int kDst>
 struct CopyPlan {
   uint32_t first_tile[kMaxJobs + 1];  // job j covers tiles [first_tile[j], first_tile[j + 1])
@@ -122,9 +93,7 @@ CopyPlan<kDst> plan_for(const CopyPlan<0>& all) {
 // n / d for 32-bit n with d's multiplier and shift from divisor_of (round-up method: the 33-bit sum
 // of the high product and n, shifted). A block finds its tile's row with it before its first load;
 // the compiled division there (no integer divide instruction: a sequence of dependent steps) cost
-// more. H200, C harness, graph us, division / multiplier: K = 3 128 x 4096 3.17 / 3.12,
-// 64 x 8192 + groups 3.28 / 3.20; K = 1 32 x 2048 1.98 / 1.92, 1 x 128 1.47 / 1.42
-// (variant-sweeps-nvidia-h200-2026-11-30-fit.txt, sweep 5).
+// more.
 __device__ __forceinline__ uint32_t quotient(uint32_t n, uint32_t mul, uint32_t shift) {
   return (uint32_t)(((uint64_t)__umulhi(mul, n) + n) >> shift);
 }
@@ -220,11 +189,7 @@ __global__ void __launch_bounds__(kBlock) metadata_copy_kernel(const __grid_cons
       continue;
     }
     // The tile's job: compares against every job boundary at fixed parameter offsets, all issued
-    // at once. A search loop read the boundaries one after another, each at a computed offset; H200,
-    // C harness, graph us, loop / compares (median of four): K = 3 128 x 4096 3.189 / 3.133,
-    // 64 x 8192 + groups 3.277 / 3.172, 32 x 2048 2.204 / 2.129, 1 x 128 1.677 / 1.606; a switch
-    // that also reads the job's fields at fixed offsets was slower (3.312 at 128 x 4096;
-    // sweep "Metadata copy: finding a tile's job" of variant-sweeps-nvidia-h200-2026-11-30-split.txt).
+    // at once (a search loop, or a switch reading the job's fields, was slower).
     int j = 0;
     uint32_t first = 0;
 #pragma unroll
@@ -401,14 +366,7 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, Jobs& jobs) {
 // block per SM when each block takes one tile and one destination, each block does so (the K
 // blocks of a tile each read its source, from L2 after the first): the copy then runs on K times
 // as many SMs. With more tiles than that, one block per tile storing to every destination is
-// faster: the extra source reads cost more than the extra blocks gain. Measured on an H200 (C
-// harness, graph us, minimum of three interleaved runs; one block per tile / per tile and
-// destination while tiles x K <= SMs / while tiles x K <= 2 SMs;
-// variant-sweeps-nvidia-h200-2026-11-30-per-destination.txt):
-//   K = 3: 1 x 128 1.51 / 1.44 / 1.45; 32 x 2048 1.98 / 1.88 / 1.89; 40 x 2048 (132 blocks) 1.92 /
-//   1.90 / 1.84; 64 x 2048 (204 blocks) 1.96 / 1.96 / 2.06; K = 2: 32 x 2048 1.78 / 1.74 / 1.74;
-//   64 x 2048 (136 blocks) 1.84 / 1.83 / 1.93. Splitting every plan: K = 3 128 x 4096 3.02 / 3.30,
-//   64 x 8192 + groups 3.08 / 3.37, 512 x 65536 143.3 / 149.0.
+// faster: the extra source reads cost more than the extra blocks gain (docs/performance.md).
 template <int kDst>
 cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStream_t stream, unsigned mode) {
   const int64_t tiles = plan.first_tile[plan.num_jobs];

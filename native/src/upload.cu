@@ -12,7 +12,7 @@ namespace {
 // ---- plan upload -----------------------------------------------------------------------------
 // A host plan into a device plan buffer, the records carried in the launch parameters: stream
 // order is the only synchronization, and nothing on the host has to outlive the call. Parameter
-// blocks of 256 B, 4 KB or 16 KB by the records of a launch: on an H200 host a launch costs the
+// blocks of 256 B, 4 KB or 16 KB by the records of a launch: on the H200 host a launch costs the
 // same up to 4.6 KB of parameters and 0.7-1.0 us more at 16 KB (2 us more at 32 KB).
 
 template <int kRecords>
