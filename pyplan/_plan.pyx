@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Cython planner: typed loops over the callers' buffers, no GIL held while planning."""
 from cpython.ref cimport Py_INCREF
-from libc.stdint cimport int64_t, uint32_t
+from libc.stdint cimport int64_t
 
 cimport numpy as cnp
 import numpy as np
@@ -18,21 +18,25 @@ SEGMENT_DTYPE = np.dtype(
 SENTINEL = 0xFFFFFFFF
 CHUNK = 128
 
-# Compile-time constants. The planner's coordinates are validated non-negative before any
-# arithmetic on them, so it divides by 128 with shifts and masks (signed division by a constant
-# adds a sign fix: B = 1024 of the bench's workload 7.43 -> 6.72 us on a 2-core x86 host).
 cdef enum:
     _CHUNK = 128
-    _CHUNK_LOG2 = 7
-    _CHUNK_MASK = 127
 cdef int64_t _MAX_COORDINATE = 0xFFFFFFFE
 cdef cnp.dtype _SEGMENT = SEGMENT_DTYPE
 
-ctypedef struct Segment:
-    uint32_t ragged_id
-    uint32_t batch_id
-    uint32_t position
-    uint32_t window_len
+cdef extern from "dsa_kernels.h":
+    ctypedef struct dsa_segment:
+        pass
+
+# The segment rules, shared with the library's C planner (native/src/plan_rules.h).
+cdef extern from "plan_rules.h" nogil:
+    int DSA_PLAN_BAD_SEQ
+    int DSA_PLAN_BAD_EXTEND
+    int DSA_PLAN_TOO_MANY
+    int dsa_plan_count(const int64_t* seq, const int64_t* ext, int64_t batch, int64_t* total,
+                       int64_t* num_compress, int64_t* num_write, int64_t* bad)
+    void dsa_plan_cut(const int64_t* seq, const int64_t* ext, int64_t batch, int graph, dsa_segment* compress,
+                      int64_t compress_capacity, dsa_segment* write, int64_t write_capacity,
+                      int64_t* num_compress, int64_t* num_write)
 
 
 def compress_capacity(int64_t num_tokens, int64_t batch_size):
@@ -119,33 +123,15 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
     cdef bint graph_mode = bool(graph)
 
     # Validate everything and count records before anything is written.
-    cdef int64_t total = 0, n_compress = 0, n_write = 0, s, e
-    cdef Py_ssize_t b, bad = -1
-    cdef int why = 0
+    cdef int64_t total = 0, n_compress = 0, n_write = 0, bad = 0
+    cdef int why
     with nogil:
-        for b in range(B):
-            s = seq[b]
-            e = ext[b]
-            if s < 0 or s > _MAX_COORDINATE:
-                why = 1
-                bad = b
-                break
-            if e <= 0 or e > s:
-                why = 2
-                bad = b
-                break
-            total += e
-            if total > _MAX_COORDINATE:
-                why = 3
-                bad = b
-                break
-            n_compress += (s >> _CHUNK_LOG2) - ((s - e) >> _CHUNK_LOG2)
-            n_write += (s & _CHUNK_MASK) != 0
-    if why == 1:
+        why = dsa_plan_count(seq, ext, B, &total, &n_compress, &n_write, &bad)
+    if why == DSA_PLAN_BAD_SEQ:
         _fail(f"seq_lens[{bad}] is {seq[bad]}; expected 0..{_MAX_COORDINATE}")
-    elif why == 2:
+    elif why == DSA_PLAN_BAD_EXTEND:
         _fail(f"extend_lens[{bad}] is {ext[bad]}; expected 1..seq_lens[{bad}] = {seq[bad]}")
-    elif why == 3:
+    elif why == DSA_PLAN_TOO_MANY:
         _fail(f"sum of extend_lens exceeds {_MAX_COORDINATE} at request {bad}")
 
     cdef int64_t tokens
@@ -190,55 +176,10 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
         compress_arr = _new_records(cap_c)
         write_arr = _new_records(cap_w)
 
-    cdef Segment* cseg = <Segment*>cnp.PyArray_DATA(compress_arr)
-    cdef Segment* wseg = <Segment*>cnp.PyArray_DATA(write_arr)
-    cdef int64_t c = 0, w = 0, ragged = 0, prefix, end, full_end, i, base
-    cdef Segment seg
+    cdef int64_t c = 0, w = 0
     with nogil:
-        for b in range(B):
-            s = seq[b]
-            e = ext[b]
-            prefix = s - e
-            base = ragged - prefix - 1  # the segment ending at position p - 1 has ragged_id base + p
-            seg.batch_id = <uint32_t>b
-            # The first segment runs to the end of the prefix's chunk or to seq_len.
-            end = ((prefix >> _CHUNK_LOG2) + 1) << _CHUNK_LOG2
-            if end > s:
-                end = s
-            seg.ragged_id = <uint32_t>(base + end)
-            seg.position = <uint32_t>(end - 1)
-            seg.window_len = <uint32_t>(end - prefix)
-            if (end & _CHUNK_MASK) == 0:
-                cseg[c] = seg
-                c += 1
-            else:
-                wseg[w] = seg
-                w += 1
-            # Then whole chunks, then the trailing partial chunk.
-            full_end = s & ~(<int64_t>_CHUNK_MASK)
-            seg.window_len = _CHUNK
-            while end < full_end:
-                end += _CHUNK
-                seg.ragged_id = <uint32_t>(base + end)
-                seg.position = <uint32_t>(end - 1)
-                cseg[c] = seg
-                c += 1
-            if end < s:
-                seg.ragged_id = <uint32_t>(base + s)
-                seg.position = <uint32_t>(s - 1)
-                seg.window_len = <uint32_t>(s - end)
-                wseg[w] = seg
-                w += 1
-            ragged += e
-        if graph_mode:
-            seg.ragged_id = 0xFFFFFFFF
-            seg.batch_id = 0xFFFFFFFF
-            seg.position = 0xFFFFFFFF
-            seg.window_len = 0xFFFFFFFF
-            for i in range(c, cap_c):
-                cseg[i] = seg
-            for i in range(w, cap_w):
-                wseg[i] = seg
+        dsa_plan_cut(seq, ext, B, graph_mode, <dsa_segment*>cnp.PyArray_DATA(compress_arr), cap_c,
+                     <dsa_segment*>cnp.PyArray_DATA(write_arr), cap_w, &c, &w)
     if not graph_mode and (cap_c != c or cap_w != w):
         if return_counts:
             return compress_arr[:c], write_arr[:w], c, w

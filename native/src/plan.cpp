@@ -1,22 +1,14 @@
-// Host prefill planner (docs/spec.md, the plan): cuts each request's new tokens [prefix, seq_len) at multiples
-// of 128 into compress segments (closing a chunk) and at most one trailing write segment.
+// Host prefill planner (docs/spec.md, the plan): the C entry point over the segment rules of
+// plan_rules.h (which the Cython planner shares), with the library's checks and messages.
 #include <cstdint>
 
 #include "common.h"
+#include "plan_rules.h"
 
 namespace {
 
 constexpr int64_t kChunk = DSA_CHUNK;
-// Positions and ragged rows are stored as uint32 with 0xFFFFFFFF reserved for the sentinel.
-constexpr int64_t kMaxCoordinate = 0xFFFFFFFELL;
-
-// Chunk index and offset of a coordinate already validated non-negative: unsigned arithmetic, so
-// the division by 128 is a shift without the sign fix of a signed one.
-inline int64_t chunk_of(int64_t v) { return (int64_t)((uint64_t)v / kChunk); }
-inline bool inside_chunk(int64_t v) { return (uint64_t)v % kChunk != 0; }
-
-const dsa_segment kSentinel = {DSA_SEGMENT_SENTINEL, DSA_SEGMENT_SENTINEL, DSA_SEGMENT_SENTINEL,
-                               DSA_SEGMENT_SENTINEL};
+constexpr int64_t kMaxCoordinate = DSA_PLAN_MAX_COORDINATE;
 
 // Validates every request and counts the records the plan needs; writes nothing.
 dsa_status count_segments(const dsa_plan_params& p, int64_t* num_compress, int64_t* num_write) {
@@ -30,24 +22,19 @@ dsa_status count_segments(const dsa_plan_params& p, int64_t* num_compress, int64
   if (p.num_tokens < 0 || p.num_tokens > kMaxCoordinate)
     return dsa::fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_tokens is %lld; expected 0..%lld", op,
                      (long long)p.num_tokens, (long long)kMaxCoordinate);
-  int64_t total = 0, compress = 0, write = 0;
-  for (int64_t b = 0; b < p.batch_size; ++b) {
-    const int64_t seq = p.seq_lens[b], extend = p.extend_lens[b];
-    if (seq < 0 || seq > kMaxCoordinate)
-      return dsa::fail(DSA_STATUS_INVALID_ARGUMENT,
-                       "%s: seq_lens[%lld] is %lld; expected 0..%lld", op, (long long)b,
-                       (long long)seq, (long long)kMaxCoordinate);
-    if (extend <= 0 || extend > seq)
-      return dsa::fail(DSA_STATUS_INVALID_ARGUMENT,
-                       "%s: extend_lens[%lld] is %lld; expected 1..seq_lens[%lld] = %lld", op,
-                       (long long)b, (long long)extend, (long long)b, (long long)seq);
-    total += extend;
-    if (total > kMaxCoordinate)
-      return dsa::fail(DSA_STATUS_INVALID_ARGUMENT,
-                       "%s: sum of extend_lens exceeds %lld at request %lld", op,
+  int64_t total = 0, compress = 0, write = 0, b = 0;
+  switch (dsa_plan_count(p.seq_lens, p.extend_lens, p.batch_size, &total, &compress, &write, &b)) {
+    case DSA_PLAN_BAD_SEQ:
+      return dsa::fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens[%lld] is %lld; expected 0..%lld", op, (long long)b,
+                       (long long)p.seq_lens[b], (long long)kMaxCoordinate);
+    case DSA_PLAN_BAD_EXTEND:
+      return dsa::fail(DSA_STATUS_INVALID_ARGUMENT, "%s: extend_lens[%lld] is %lld; expected 1..seq_lens[%lld] = %lld",
+                       op, (long long)b, (long long)p.extend_lens[b], (long long)b, (long long)p.seq_lens[b]);
+    case DSA_PLAN_TOO_MANY:
+      return dsa::fail(DSA_STATUS_INVALID_ARGUMENT, "%s: sum of extend_lens exceeds %lld at request %lld", op,
                        (long long)kMaxCoordinate, (long long)b);
-    compress += chunk_of(seq) - chunk_of(seq - extend);
-    write += inside_chunk(seq);
+    default:
+      break;
   }
   if (p.graph_mode ? total > p.num_tokens : total != p.num_tokens)
     return dsa::fail(DSA_STATUS_INVALID_ARGUMENT, "%s: sum of extend_lens is %lld but num_tokens is %lld (%s)",
@@ -82,31 +69,9 @@ extern "C" dsa_status dsa_c128_plan_prefill(const dsa_plan_params* params) {
   int64_t num_compress = 0, num_write = 0;
   DSA_TRY(count_segments(p, &num_compress, &num_write));
 
-  int64_t c = 0, w = 0, ragged = 0;
-  for (int64_t b = 0; b < p.batch_size; ++b) {
-    const int64_t seq = p.seq_lens[b], prefix = seq - p.extend_lens[b];
-    // The first segment runs to the end of the prefix's chunk or to seq_len; then whole chunks;
-    // then the trailing partial chunk.
-    int64_t end = (chunk_of(prefix) + 1) * kChunk;
-    if (end > seq) end = seq;
-    const dsa_segment first = {(uint32_t)(ragged + end - 1 - prefix), (uint32_t)b, (uint32_t)(end - 1),
-                               (uint32_t)(end - prefix)};
-    if (!inside_chunk(end))
-      p.compress[c++] = first;
-    else
-      p.write[w++] = first;
-    for (const int64_t full_end = chunk_of(seq) * kChunk; end < full_end;) {
-      end += kChunk;
-      p.compress[c++] = {(uint32_t)(ragged + end - 1 - prefix), (uint32_t)b, (uint32_t)(end - 1), (uint32_t)kChunk};
-    }
-    if (end < seq)
-      p.write[w++] = {(uint32_t)(ragged + seq - 1 - prefix), (uint32_t)b, (uint32_t)(seq - 1), (uint32_t)(seq - end)};
-    ragged += p.extend_lens[b];
-  }
-  if (p.graph_mode) {
-    for (int64_t i = c; i < p.compress_capacity; ++i) p.compress[i] = kSentinel;
-    for (int64_t i = w; i < p.write_capacity; ++i) p.write[i] = kSentinel;
-  }
+  int64_t c = 0, w = 0;
+  dsa_plan_cut(p.seq_lens, p.extend_lens, p.batch_size, p.graph_mode != 0, p.compress, p.compress_capacity, p.write,
+               p.write_capacity, &c, &w);
   if (p.num_compress) *p.num_compress = c;
   if (p.num_write) *p.num_write = w;
   return dsa::ok();
