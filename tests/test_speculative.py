@@ -26,7 +26,7 @@ class Worlds:
     """The same requests run two ways: speculatively (verify + commit, state read from `load`) and
     as plain decodes of the accepted tokens only (the reference world)."""
 
-    def __init__(self, device, d, b, v, state_dtype, copying, seed):
+    def __init__(self, device, d, b, v, state_dtype, copying, seed, store=False):
         self.device, self.d, self.b, self.v, self.copying = device, d, b, v, copying
         self.rng = np.random.default_rng(seed)
         gen = torch.Generator().manual_seed(seed)
@@ -47,6 +47,48 @@ class Worlds:
         self.vectors = 0
         self.max_err = 0.0
         self.bound = TOLERANCE if state_dtype == torch.float32 else BF16_BOUND
+        # With store: the speculative world's ops also store every vector they close into a paged
+        # cache; each accepted chunk's entry must equal the standalone store of its vector.
+        self.kv = self.scratch = None
+        self.slot_of, self.next_slot, self.entries = {}, 0, 0
+        if store:
+            w = torch.rand(d, generator=gen) + 0.5
+            angles = torch.rand(8192, 32, generator=gen) * 6.3
+            rot = torch.stack([angles.cos(), angles.sin()], -1).reshape(8192, 64).to(device)
+            page = pydsa.kv_page_bytes(d, 2)
+            self.kv = pydsa.KVCache(torch.zeros(2048, page, dtype=torch.uint8, device=device), w.to(device), rot,
+                                    page_size=2)
+            self.scratch = pydsa.KVCache(torch.zeros(1, page, dtype=torch.uint8, device=device), w.to(device), rot,
+                                         page_size=2)
+
+    def _slot(self):
+        self.next_slot = (self.next_slot + 1) % 4096
+        return self.next_slot
+
+    def _store_args(self, rows: int, closing: dict) -> dict:
+        """store= and cache_slots= for an op of `rows` rows; closing: row -> (request, position)."""
+        if self.kv is None:
+            return {}
+        slots = np.full(rows, -1, np.int64)
+        for row, key in closing.items():
+            slots[row] = self._slot()
+            self.slot_of[key] = int(slots[row])
+        return dict(store=self.kv, cache_slots=self._t(slots, torch.int64))
+
+    def _check_entry(self, r, pos, vec):
+        loc = self.slot_of.pop((r, pos), None)
+        if loc is None:
+            return
+        d, page = self.d, self.kv.page_bytes
+        pydsa.kv_store(vec.reshape(1, d).contiguous(), self._t([pos - CHUNK + 1]), self._t([0], torch.int64),
+                       self.scratch)
+        flat, ref = self.kv.cache.view(-1).cpu(), self.scratch.cache.view(-1).cpu()
+        base = (loc // 2) * page
+        data = flat[base + (loc % 2) * (d + 64): base + (loc % 2 + 1) * (d + 64)]
+        scales = flat[base + 2 * (d + 64) + (loc % 2) * 8: base + 2 * (d + 64) + (loc % 2) * 8 + d // 64 - 1]
+        assert torch.equal(data, ref[:d + 64]), f"request {r} chunk ending at {pos}: cache entry differs"
+        assert torch.equal(scales, ref[2 * (d + 64): 2 * (d + 64) + d // 64 - 1]), f"request {r} at {pos}: scales"
+        self.entries += 1
 
     def _t(self, x, dtype=torch.int32):
         return torch.as_tensor(np.ascontiguousarray(x), dtype=dtype).to(self.device)
@@ -59,6 +101,8 @@ class Worlds:
         self.max_err = max(self.max_err, err)
         self.vectors += 1
         assert err <= self.bound, f"request {r} chunk ending at {pos}: error {err:.2e} against float64"
+        if self.kv is not None:
+            self._check_entry(r, pos, vec)
 
     def prefill(self, extends):
         d = self.d
@@ -68,7 +112,14 @@ class Worlds:
         plan = pyplan.plan_prefill(seq, ext)
         kv = self._t(rows, torch.float32)
         outs = [torch.full((len(rows), d), float("nan"), device=self.device) for _ in range(2)]
-        pydsa.c128_prefill(self.spec, kv, outs[0], self.ape, self.main, plan, load_indices=self.load)
+        closing, off = {}, 0
+        for r, e in enumerate(extends):
+            for i in range(e):
+                if (self.seq[r] + i) % CHUNK == CHUNK - 1:
+                    closing[off + i] = (r, self.seq[r] + i)
+            off += e
+        pydsa.c128_prefill(self.spec, kv, outs[0], self.ape, self.main, plan, load_indices=self.load,
+                           **self._store_args(len(rows), closing))
         pydsa.c128_prefill(self.ref, kv, outs[1], self.ape, self.main, plan)
         assert torch.equal(outs[0].nan_to_num(7.0), outs[1].nan_to_num(7.0))
         self.load.copy_(self.main)
@@ -99,8 +150,9 @@ class Worlds:
         rows = _rows(self.rng, self.b, self.d)
         out = torch.full((self.b, self.d), float("nan"), device=self.device)
         seq = self._t([s + 1 for s in self.seq])
+        closing = {r: (r, s) for r, s in enumerate(self.seq) if s % CHUNK == CHUNK - 1}
         pydsa.c128_decode(self.spec, self._t(rows, torch.float32), out, self.ape, self.main, seq,
-                          load_indices=self.load)
+                          load_indices=self.load, **self._store_args(self.b, closing))
         ref = self._decode_ref(rows, [True] * self.b)
         assert torch.equal(out.nan_to_num(7.0), ref.nan_to_num(7.0))
         self.load.copy_(self.main)
@@ -111,8 +163,15 @@ class Worlds:
         out = torch.full((b * v, d), float("nan"), device=self.device)
         seq = self._t(self.seq)
         vl = None if verify_lens is None else self._t(verify_lens)
+        lens0 = [v] * b if verify_lens is None else verify_lens
+        closing = {r * v + j: (r, self.seq[r] + j) for r in range(b) for j in range(lens0[r])
+                   if (self.seq[r] + j) % CHUNK == CHUNK - 1}
         pydsa.c128_verify(self.spec, self._t(drafts, torch.float32), out, self.ape, self.load, seq, self.bank,
-                          bank_stride=self.stride, verify_lens=vl)
+                          bank_stride=self.stride, verify_lens=vl, **self._store_args(b * v, closing))
+        for r in range(b):  # a closing draft that is not accepted: its entry is the engine's to ignore
+            for j in range(lens0[r]):
+                if j >= accepted[r]:
+                    self.slot_of.pop((r, self.seq[r] + j), None)
         acc = self._t(accepted)
         if self.copying:
             pydsa.c128_commit(seq, acc, self.main, self.bank, num_drafts=v, bank_stride=self.stride, verify_lens=vl,
@@ -180,6 +239,35 @@ def test_any_schedule_equals_plain_decodes_of_the_accepted_tokens(device_name, s
                                   st.sampled_from([128, 256, 127]))) for _ in range(b)]
     worlds.prefill(firsts)
     _schedule(worlds, data, data.draw(st.integers(1, 8)))
+
+
+@pytest.mark.parametrize("device_name", DEVICES)
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@settings(max_examples=examples(8))
+@given(data=st.data())
+def test_any_schedule_with_the_store_on_stores_every_accepted_chunk(device_name, state_dtype, data):
+    """The schedule property with the store fused into the speculative world's prefill, decode and
+    verify: every accepted chunk's cache entry equals the standalone store of its vector, bit for bit."""
+    b = data.draw(st.integers(1, 3))
+    v = data.draw(st.sampled_from([2, 8]))
+    worlds = Worlds(torch.device(device_name), 128, b, v, state_dtype, False, data.draw(st.integers(0, 2**16)),
+                    store=True)
+    worlds.prefill([data.draw(st.one_of(st.integers(1, 300), st.integers(1, 2).map(lambda k: 128 * k - 2)))
+                    for _ in range(b)])
+    _schedule(worlds, data, data.draw(st.integers(1, 6)))
+
+
+def test_the_store_checks_entries_of_prefill_decode_and_verify():
+    """A fixed schedule around chunk ends with the store on: entries from every op were checked."""
+    worlds = Worlds(torch.device("cpu"), 128, 3, 8, torch.float32, False, 5, store=True)
+    worlds.prefill([120, 127, 1])  # request 1 closes its chunk on its next token
+    worlds.decode()
+    rng = np.random.default_rng(6)
+    for step in range(40):
+        worlds.verify(None, [int(rng.integers(0, 9)) for _ in range(3)])
+        worlds.check_states()
+    worlds.prefill([200, 200, 200])
+    assert worlds.entries >= 6 and worlds.vectors == worlds.entries
 
 
 def test_long_runs_of_rejections_and_chunk_crossings():
