@@ -21,7 +21,7 @@ import pyplan
 
 from . import _abi, _calls
 from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_NO_COOPERATIVE, FLAG_PDL, OUT_COMPACT, OUT_RAGGED,
-                   PREFILL_FORMAT, check as _check_status, lib, new, pdl_flag)
+                   DEFAULT_PDL_FLAG, PREFILL_FORMAT, check as _check_status, lib, new, pdl_flag)
 from .store import store_fields
 from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, launch_stream, ptr, resolve_device,
                        rows_ptr, shaped_ptr)
@@ -107,8 +107,9 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
     vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
     launches with programmatic dependent launch where every compiled architecture supports it."""
-    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, pdl_flag(pdl), error_count,
-                          load_indices, store, cache_slots)
+    flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
+    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, flags, error_count, load_indices,
+                          store, cache_slots)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
@@ -219,6 +220,11 @@ class DevicePlan:
         self.num_tokens, self.num_compress, self.num_write = tokens, nc, nw
         return self
 
+    @property
+    def host_records(self) -> tuple:
+        """The last plan's records as planned on the host: (compress, write) views of the real ones."""
+        return self._host[0][:self.num_compress], self._host[1][:self.num_write]
+
 
 def _prefill_flags(pdl, cooperative) -> int:
     return pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
@@ -281,7 +287,8 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     more host time but, for plans of many whole chunks, less device time).
     store / cache_slots (int64 [N], the slot of the vector a ragged row closes): store every closed
     vector into a pydsa.KVCache as well, in the same launch; `out` may then be None."""
-    flags = pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)  # _prefill_flags, inline
+    flags = ((DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0)
+             | (0 if cooperative else FLAG_NO_COOPERATIVE))  # _prefill_flags, inline
     status = DECLINED if store is not None else _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices,
                                                               stream, flags, error_count, compact)
     if status:

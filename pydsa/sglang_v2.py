@@ -116,19 +116,23 @@ class CompressorPrefillPlan(NamedTuple):
         if int(ext.sum()) > 65536:
             raise RuntimeError(f"sglang's prefill records hold 16-bit ragged rows; row {int(ext.sum()) - 1} "
                                f"overflows (a prefill this long needs pydsa's own plan: pydsa.c128_prefill)")
-        padded = use_cuda_graph or n != int(ext.sum())
-        compress, write, nc, nw = pyplan.plan_prefill(seq, ext, num_tokens=n, graph=padded, return_counts=True)
         dev = req_pool_indices.device
+        if use_cuda_graph and dev.type == "cuda":  # planned once, on the host side of the DevicePlan
+            records = DevicePlan(max(n, 1), max(b, 1), device=dev).plan(seq, ext, num_tokens=n)
+            compress, write = records.host_records
+        else:
+            compress, write, nc, nw = pyplan.plan_prefill(seq, ext, num_tokens=n,
+                                                          graph=use_cuda_graph or n != int(ext.sum()),
+                                                          return_counts=True)
+            records = (compress[:nc].copy(), write[:nw].copy())
+            compress, write = records
+        nc, nw = len(compress), len(write)
         rid = req_pool_indices.to(torch.int64)
         rows = n if use_cuda_graph else None
         plan_c = _v2_records(compress, nc, rows, rid, state_slot_offset, dev)
         plan_w = _v2_records(write, nw, rows, rid, state_slot_offset, dev)
         indices = (rid + int(state_slot_offset)).to(torch.int32)
         load = rid.to(torch.int32)
-        if use_cuda_graph and dev.type == "cuda":
-            records = DevicePlan(max(n, 1), max(b, 1), device=dev).plan(seq, ext, num_tokens=n)
-        else:
-            records = (compress[:nc].copy(), write[:nw].copy())
         return CompressorPrefillPlan(RATIO, plan_c, plan_w, None, records, indices, load)
 
     @property

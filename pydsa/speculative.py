@@ -20,7 +20,8 @@ from __future__ import annotations
 import ctypes as C
 
 from . import _calls
-from ._abi import COMMIT_FORMAT, FLAG_PDL, MAX_DRAFTS, VERIFY_FORMAT, check as _check_status, lib, pdl_flag
+from ._abi import (COMMIT_FORMAT, DEFAULT_PDL_FLAG, FLAG_PDL, MAX_DRAFTS, VERIFY_FORMAT, check as _check_status, lib,
+                   pdl_flag)
 from ._tensors import _float32, _int32, as_tensor, error_ptr, ptr, rows_ptr
 from .c128 import CHUNK, DECLINED, _launch_once, _Prepared, _state
 from .store import store_fields
@@ -77,7 +78,7 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     entry 0, entry j at + j*bank_stride; verify_lens [B] int32: drafts of each request (0..V), default V.
     store: a pydsa.KVCache that the vector a draft closes is stored into, at cache_slots[b*V+j] (int64
     [B*V]); an engine ignores the entries of rejected drafts. Nothing with B == 0 rows."""
-    flags = pdl_flag(pdl)
+    flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
     if type(bank_stride) is int and 1 <= bank_stride < 2**31:
         status = _calls.verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
                                stream, flags, error_count, store, cache_slots)

@@ -12,6 +12,7 @@ import pydsa
 import pyplan
 from conftest import DEVICES, HAS_GPU, examples, gpu
 from reference import BF16_BOUND, CHUNK, compress_offline, rel_err
+from test_store import entry_bytes
 
 TOLERANCE = 1e-5
 
@@ -79,15 +80,13 @@ class Worlds:
         loc = self.slot_of.pop((r, pos), None)
         if loc is None:
             return
-        d, page = self.d, self.kv.page_bytes
+        d = self.d
         pydsa.kv_store(vec.reshape(1, d).contiguous(), self._t([pos - CHUNK + 1]), self._t([0], torch.int64),
                        self.scratch)
-        flat, ref = self.kv.cache.view(-1).cpu(), self.scratch.cache.view(-1).cpu()
-        base = (loc // 2) * page
-        data = flat[base + (loc % 2) * (d + 64): base + (loc % 2 + 1) * (d + 64)]
-        scales = flat[base + 2 * (d + 64) + (loc % 2) * 8: base + 2 * (d + 64) + (loc % 2) * 8 + d // 64 - 1]
-        assert torch.equal(data, ref[:d + 64]), f"request {r} chunk ending at {pos}: cache entry differs"
-        assert torch.equal(scales, ref[2 * (d + 64): 2 * (d + 64) + d // 64 - 1]), f"request {r} at {pos}: scales"
+        data, scales = entry_bytes(self.kv.cache.cpu().numpy(), loc, d, 2)
+        ref_data, ref_scales = entry_bytes(self.scratch.cache.cpu().numpy(), 0, d, 2)
+        assert np.array_equal(data, ref_data), f"request {r} chunk ending at {pos}: cache entry differs"
+        assert np.array_equal(scales, ref_scales), f"request {r} chunk ending at {pos}: scales differ"
         self.entries += 1
 
     def _t(self, x, dtype=torch.int32):
