@@ -65,6 +65,17 @@ def _ops(device):
     load = idx.clone()
     layers = [spec, spec.clone(), spec.clone()]
     spec_bf16 = spec.to(torch.bfloat16)
+    # The store (D = 128 cache pages of 2 entries), fused and standalone; prepared forms beside.
+    cache = pydsa.KVCache(torch.zeros(64, pydsa.kv_page_bytes(D, 2), dtype=torch.uint8, device=dev),
+                          (torch.rand(D, generator=gen) + 0.5).to(dev), torch.randn(1024, 64, generator=gen).to(dev),
+                          page_size=2)
+    i64 = dict(dtype=torch.int64, device=dev)
+    slots_b = torch.arange(b, **i64)
+    slots_n = torch.arange(n, **i64) % 128
+    slots_v = torch.arange(b * v, **i64)
+    positions = torch.arange(b, dtype=torch.int32, device=dev) * 128
+    prepared_decode = pydsa.C128Decode(state, kv, None, ape, idx, seq_lens, store=cache, cache_slots=slots_b)
+    prepared_prefill = pydsa.C128Prefill(state, kvp, None, ape, pidx, plan, store=cache, cache_slots=slots_n)
     return {
         "decode": lambda: pydsa.c128_decode(state, kv, out, ape, idx, seq_lens),
         "decode from load_indices": lambda: pydsa.c128_decode(state, kv, out, ape, idx, seq_lens, load_indices=idx),
@@ -77,6 +88,15 @@ def _ops(device):
         "prefill, compact output": lambda: pydsa.c128_prefill(state, kvp, compact, ape, pidx, plan, compact=True),
         "prefill, re-planned DevicePlan": replan_and_prefill,
         "metadata copy, new sources": metadata_new_sources,
+        "decode + store": lambda: pydsa.c128_decode(state, kv, None, ape, idx, seq_lens, store=cache,
+                                                    cache_slots=slots_b),
+        "decode + store, prepared": prepared_decode.launch,
+        "verify + store": lambda: pydsa.c128_verify(spec, drafts, None, ape, idx, seq_lens, bank, store=cache,
+                                                    cache_slots=slots_v),
+        "prefill + store": lambda: pydsa.c128_prefill(state, kvp, None, ape, pidx, plan, store=cache,
+                                                      cache_slots=slots_n),
+        "prefill + store, prepared": prepared_prefill.launch,
+        "kv_store": lambda: pydsa.kv_store(out, positions, slots_b, cache),
     }
 
 

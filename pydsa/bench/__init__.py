@@ -1,10 +1,11 @@
 """`python -m pydsa bench`: the one maintained benchmark of every op and the planner.
 
-    python -m pydsa bench [all|planner|c128|metadata|step|sglang|speculative ...] [--json F] [--markdown F]
+    python -m pydsa bench [all|planner|c128|metadata|step|sglang|speculative|host ...] [--json F] [--markdown F]
         [--reference-build DIR] [--side-by-side F]
 
 The package is split by concern: harness (timers, floors), cases (per-call ops), steps (61-layer
-steps, sglang-style calls), speculative (verify, commit, the speculative step), targets (docs/performance.md
+steps, sglang-style calls), speculative (verify, commit, the speculative step), host (host time per
+call of every op, one-shot and prepared, against the empty launch), targets (docs/performance.md
 verdicts from same-run figures only), report (console, Markdown, plot).
 """
 from __future__ import annotations
@@ -23,12 +24,13 @@ from .. import _abi
 from . import harness
 from .cases import bench_c128, bench_metadata, bench_planner
 from .harness import floors
+from .host import bench_host
 from .report import markdown, plot, print_report
 from .speculative import bench_speculative, load_reference
 from .steps import bench_sglang, bench_step
 from .targets import targets
 
-KINDS = ("planner", "c128", "metadata", "step", "sglang", "speculative")
+KINDS = ("planner", "c128", "metadata", "step", "sglang", "speculative", "host")
 
 def _commit() -> str:
     """The source commit: $PYDSA_COMMIT when set (machines that get a copy of the tree without
@@ -96,6 +98,9 @@ def main(argv=None) -> int:
     if gpu and "speculative" in what:
         print("speculative decoding ...", flush=True)
         bench_speculative(rows, result["floors"], load_reference(args.reference_build) if args.reference_build else None)
+    if gpu and "host" in what:
+        print("host time per call ...", flush=True)
+        bench_host(rows)
     if not gpu and what - {"planner"}:
         print("no CUDA GPU: only the planner rows run here")
     side = None

@@ -5,7 +5,7 @@ import math
 
 
 SPECULATIVE = ("c128_verify", "c128_commit", "speculative_step")
-NOT_PER_CALL = ("planner", "step", "sglang", "c128_commit", "speculative_step")
+NOT_PER_CALL = ("planner", "step", "sglang", "c128_commit", "speculative_step", "host")
 
 
 def _fmt(v, spec=".2f"):
@@ -35,6 +35,11 @@ def print_report(result: dict) -> None:
         print("\nsglang-style call, host us | pydsa.sglang (empty launch) | direct call (empty launch)")
         for r in sg:
             print(f"  {r['case']:<48} {r['sglang_host_us']:.2f} ({r['host_empty_us']:.2f})  {r['direct_host_us']:.2f} ({r['direct_host_empty_us']:.2f})")
+    hosted = [r for r in result["rows"] if r["kernel"] == "host"]
+    if hosted:
+        print("\nhost us per call | call | empty launch | beyond the launch")
+        for r in hosted:
+            print(f"  {r['case']:<32} {r['host_us']:6.2f} {r['host_empty_us']:6.2f} {r['over_empty_us']:6.2f}")
     for r in (r for r in result["rows"] if r["kernel"] in SPECULATIVE):
         extra = "".join(f", {label} {r[key]:.2f} us" for key, label in (
             ("copy_graph_us", "copying every layer in one launch"), ("sglang_verify_us", "sglang's verify"),
