@@ -119,7 +119,12 @@ class Worlds:
             off += e
         pydsa.c128_prefill(self.spec, kv, outs[0], self.ape, self.main, plan, load_indices=self.load,
                            **self._store_args(len(rows), closing))
-        pydsa.c128_prefill(self.ref, kv, outs[1], self.ape, self.main, plan)
+        # A storing prefill takes a wide tile layout, and a prefill's sum order follows its layout
+        # (docs/spec.md, prefill): the reference world's prefill stores too (every slot negative:
+        # nothing is written) so that both worlds run the same arithmetic.
+        ref_store = {} if self.kv is None else dict(
+            store=self.scratch, cache_slots=self._t(np.full(len(rows), -1, np.int64), torch.int64))
+        pydsa.c128_prefill(self.ref, kv, outs[1], self.ape, self.main, plan, **ref_store)
         assert torch.equal(outs[0].nan_to_num(7.0), outs[1].nan_to_num(7.0))
         self.load.copy_(self.main)
         off = 0
