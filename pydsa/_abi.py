@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-import struct
 import sys
 from importlib import resources
 
@@ -37,10 +36,6 @@ STATUS_NAMES = {
 
 MODE_DECODE, MODE_TARGET_VERIFY, MODE_DRAFT_EXTEND = 0, 1, 2
 
-_p_i32 = C.POINTER(C.c_int32)
-_p_i64 = C.POINTER(C.c_int64)
-_p_f32 = C.POINTER(C.c_float)
-_p_u32 = C.POINTER(C.c_uint32)
 
 
 class Segment(C.Structure):
@@ -59,68 +54,14 @@ class PlanParams(C.Structure):
     ]
 
 
-class PlanUploadParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("device", C.c_int32),
-        ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("num_compress", C.c_int64), ("num_write", C.c_int64),
-        ("device_compress", C.c_void_p), ("device_write", C.c_void_p),
-        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
-        ("device_counts", C.c_void_p),
-    ]
 
 
-class DecodeParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
-        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
-        ("indices", C.c_void_p), ("seq_lens", C.c_void_p), ("error_count", C.c_void_p),
-        ("state_dtype", C.c_int32), ("reserved", C.c_int32), ("load_indices", C.c_void_p),
-        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
-    ]
 
 
-class VerifyParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
-        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
-        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
-        ("seq_lens", C.c_void_p), ("verify_lens", C.c_void_p), ("indices", C.c_void_p),
-        ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64), ("error_count", C.c_void_p),
-        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
-    ]
 
 
-class CommitParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
-        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
-        ("seq_lens", C.c_void_p), ("accepted", C.c_void_p), ("verify_lens", C.c_void_p),
-        ("indices", C.c_void_p), ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64),
-        ("load_indices", C.c_void_p), ("num_layers", C.c_int32), ("reserved", C.c_int32),
-        ("states", C.c_void_p), ("error_count", C.c_void_p),
-    ]
 
 
-class PrefillParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
-        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
-        ("indices", C.c_void_p), ("load_indices", C.c_void_p),
-        ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
-        ("counts", C.c_void_p), ("error_count", C.c_void_p),
-        ("state_dtype", C.c_int32), ("out_layout", C.c_int32),
-        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
-    ]
 
 
 class KvCache(C.Structure):
@@ -131,12 +72,6 @@ class KvCache(C.Structure):
     ]
 
 
-class KvStoreParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_vectors", C.c_int64), ("vectors", C.c_void_p), ("positions", C.c_void_p),
-        ("cache_slots", C.c_void_p), ("cache", C.c_void_p), ("error_count", C.c_void_p),
-    ]
 
 
 SOURCE_FIELDS = ("cache_seqlens", "cu_seqlens_k", "page_indices", "seqlens_expanded",
@@ -164,30 +99,12 @@ class MetadataDestination(C.Structure):
     ]
 
 
-class MetadataCopyParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("mode", C.c_int32),
-        ("bs", C.c_int64), ("page_rows", C.c_int64), ("page_width", C.c_int64),
-        ("expanded", C.c_int64), ("real_cols", C.c_int64), ("metadata_size", C.c_int64),
-        ("src", MetadataSources),
-        ("num_destinations", C.c_int32), ("reserved", C.c_int32),
-        ("destinations", C.c_void_p),
-    ]
 
-
-# The same layouts as struct formats, for filling a params buffer in one call on hot paths.
-DECODE_FORMAT = struct.Struct("=IIiiqq7QiiQQQ")
-VERIFY_FORMAT = struct.Struct("=IIiiqqii8QqQQQ")
-COMMIT_FORMAT = struct.Struct("=IIiiqqii5QqQiiQQ")
-PREFILL_FORMAT = struct.Struct("=IIiiqqq8Qqq2QiiQQ")
-STORE_FORMAT = struct.Struct("=IIiiq5Q")
-METADATA_FORMAT = struct.Struct("=IIiiqqqqqq9QiiQ")
 
 # dsa_struct_id -> mirror
-STRUCTS = {0: Segment, 1: PlanParams, 2: DecodeParams, 3: PrefillParams, 4: MetadataSources,
-           5: MetadataDestination, 6: MetadataCopyParams, 7: PlanUploadParams,
-           8: VerifyParams, 9: CommitParams, 10: KvCache, 11: KvStoreParams}
+# dsa_struct_id -> mirror, for the structs filled here through ctypes; the op params are filled by
+# pydsa/_calls.pyx, compiled against the header, and checked by their compiled sizes.
+STRUCTS = {0: Segment, 1: PlanParams, 4: MetadataSources, 5: MetadataDestination, 10: KvCache}
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
                "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
@@ -226,11 +143,14 @@ def _load() -> C.CDLL:
     if found != ABI_VERSION:
         raise ImportError(f"pydsa: {path} has ABI version {found} but this pydsa expects {ABI_VERSION} "
                           f"(a stale build); {_BUILD_HINT}")
-    for sid, mirror in STRUCTS.items():
+    from . import _calls
+    sizes = {sid: (mirror.__name__, C.sizeof(mirror)) for sid, mirror in STRUCTS.items()}
+    sizes.update({sid: (f"params struct {sid}", size) for sid, size in _calls.struct_sizes().items()})
+    for sid, (name, want) in sizes.items():
         size = lib.dsa_struct_size(sid)
-        if size != C.sizeof(mirror):
-            raise ImportError(f"pydsa: {path} lays out {mirror.__name__} in {size} bytes but pydsa's mirror "
-                              f"has {C.sizeof(mirror)} (a stale build); {_BUILD_HINT}")
+        if size != want:
+            raise ImportError(f"pydsa: {path} lays out {name} in {size} bytes but this pydsa has {want} "
+                              f"(a stale build); {_BUILD_HINT}")
     for name, restype in (("dsa_version_string", C.c_char_p), ("dsa_status_string", C.c_char_p),
                           ("dsa_last_error", C.c_char_p), ("dsa_cuda_architectures", C.c_char_p),
                           ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64),
@@ -242,21 +162,13 @@ def _load() -> C.CDLL:
     lib.dsa_empty_launch.argtypes = [C.c_int32, C.c_void_p]
     lib.dsa_c128_compress_capacity.argtypes = [C.c_int64, C.c_int64]
     lib.dsa_kv_page_bytes.argtypes = [C.c_int32, C.c_int32]
-    for name, params in (("dsa_c128_plan_prefill", PlanParams),):
-        fn = getattr(lib, name)
-        fn.restype = C.c_int
-        fn.argtypes = [C.POINTER(params)]
-    for name, params in (("dsa_c128_decode", DecodeParams), ("dsa_c128_prefill", PrefillParams),
-                         ("dsa_metadata_copy", MetadataCopyParams), ("dsa_c128_upload_plan", PlanUploadParams),
-                         ("dsa_c128_verify", VerifyParams), ("dsa_c128_commit", CommitParams),
-                         ("dsa_kv_store", KvStoreParams)):
+    lib.dsa_c128_plan_prefill.restype = C.c_int
+    lib.dsa_c128_plan_prefill.argtypes = [C.POINTER(PlanParams)]
+    for name in ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan", "dsa_c128_verify",
+                 "dsa_c128_commit", "dsa_kv_store"):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream
-    for fmt, mirror in ((DECODE_FORMAT, DecodeParams), (PREFILL_FORMAT, PrefillParams),
-                        (METADATA_FORMAT, MetadataCopyParams), (VERIFY_FORMAT, VerifyParams),
-                        (COMMIT_FORMAT, CommitParams), (STORE_FORMAT, KvStoreParams)):
-        assert fmt.size == C.sizeof(mirror), mirror.__name__
     lib.path = path
     return lib
 

@@ -1,19 +1,20 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The compiled call path of the per-step ops: read every tensor argument through the DLPack C
-exchange API (`type(t).__dlpack_c_exchange_api__`, DLPack 1.3), check it, fill the op's params
-on the C stack (or into a prepared buffer) and call the library's entry point directly, on the
-framework's current stream unless a stream is given.
+"""The one filler of every op's params: read each tensor argument, check it, fill the params on
+the C stack (one-shot calls) or into a prepared buffer, and call the library's entry point
+directly, on the framework's current stream unless a stream is given.
 
-A tensor costs one C call here (a few tens of ns) instead of five attribute reads through
-torch's Python bindings (~0.1 us each), and the launch skips ctypes. Every function returns
-DECLINED without writing or launching anything when an argument is not a tensor it can read or
-is not exactly what the op takes; the Python path in pydsa then handles the call (other DLPack
-arrays) or raises the error that names the argument. So this module holds no messages, and the
-Python path stays the one definition of what is accepted: the tests check that both fill the
-same bytes for valid arguments and that this path declines every invalid one.
+Tensors are read through the DLPack C exchange API (`type(t).__dlpack_c_exchange_api__`, DLPack
+1.3): one C call per tensor (a few tens of ns) instead of five attribute reads through torch's
+Python bindings (~0.1 us each). A torch tensor whose type lacks the API (an older torch) is read
+through its attributes instead (the slower reader). Every function returns DECLINED without
+writing or launching anything when an argument is not a tensor it can read or is not exactly
+what the op takes. The op modules then run their checks, which raise the error naming the
+argument, and call again with the arguments converted to torch tensors (zero-copy DLPack views of
+other arrays): so the checks hold every message, and this module every params layout.
 """
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.string cimport memset
 
 cdef extern from "Python.h":
     ctypedef struct PyTypeObject
@@ -120,8 +121,32 @@ cdef extern from "dsa_kernels.h":
         const int64_t* cache_slots
 
     ctypedef struct dsa_plan_upload_params:
+        uint32_t struct_size
+        int32_t device
+        const dsa_segment* compress
+        const dsa_segment* write
         int64_t num_compress
         int64_t num_write
+        dsa_segment* device_compress
+        dsa_segment* device_write
+        int64_t compress_capacity
+        int64_t write_capacity
+        int64_t* device_counts
+
+    ctypedef struct dsa_kv_store_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_vectors
+        const float* vectors
+        const int32_t* positions
+        const int64_t* cache_slots
+        const void* cache
+        uint32_t* error_count
+
+    ctypedef struct dsa_metadata_destination:
+        pass
 
     ctypedef struct dsa_metadata_sources:
         const int32_t* cache_seqlens
@@ -135,7 +160,10 @@ cdef extern from "dsa_kernels.h":
         const int32_t* flashmla_metadata
 
     ctypedef struct dsa_metadata_copy_params:
+        uint32_t struct_size
+        uint32_t flags
         int32_t device
+        int32_t mode
         int64_t bs
         int64_t page_rows
         int64_t page_width
@@ -143,6 +171,9 @@ cdef extern from "dsa_kernels.h":
         int64_t real_cols
         int64_t metadata_size
         dsa_metadata_sources src
+        int32_t num_destinations
+        int32_t reserved
+        const dsa_metadata_destination* destinations
 
 
 # ---- DLPack 1.3: the tensor view and the C exchange API table (the standard's C layout) --------
@@ -201,6 +232,7 @@ cdef Entry _metadata_entry = NULL
 cdef Entry _upload_entry = NULL
 cdef Entry _verify_entry = NULL
 cdef Entry _commit_entry = NULL
+cdef Entry _store_entry = NULL
 cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
 cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
 cdef const ExchangeAPI* _apis[MAX_TYPES]
@@ -210,6 +242,10 @@ cdef uintptr_t _error_counters[MAX_DEVICES + 1]  # default counter per device, [
 cdef object _device_plan_type = None
 cdef object _ndarray_type = None
 cdef object _record_lists = None
+cdef object _tensor_type = None                # the framework's tensor type (the slower reader's)
+cdef dict _dtype_keys = {}                     # its dtype objects -> dtype keys (the slower reader)
+cdef object _raw_stream = None                 # current raw stream of a device, without the exchange API
+cdef bint _attributes_only = False             # tests: read every tensor through the slower reader
 
 available = False
 """True once init() found the exchange API on the framework's tensor type."""
@@ -225,24 +261,50 @@ cdef const ExchangeAPI* _table(object tensor_type):
     return api
 
 
-def init(tensor_type, uintptr_t decode, uintptr_t prefill, uintptr_t metadata, uintptr_t upload, uintptr_t verify,
-         uintptr_t commit, device_plan_type, ndarray_type, record_lists):
-    """Binds the library's entry points (addresses), the framework's tensor type, and the plan
-    types with pyplan's reader of record arrays; sets and returns `available`."""
+def init(tensor_type, dict dtype_keys, raw_stream, uintptr_t decode, uintptr_t prefill, uintptr_t metadata,
+         uintptr_t upload, uintptr_t verify, uintptr_t commit, uintptr_t store, ndarray_type, record_lists):
+    """Binds the library's entry points (addresses), the framework's tensor type (its dtypes by
+    name: float32, bfloat16, int32, int64, uint8; its current-stream reader), and the plan types
+    with pyplan's reader of record arrays; sets and returns `available` (the exchange API)."""
     global _decode_entry, _prefill_entry, _metadata_entry, _upload_entry, _verify_entry, _commit_entry, _streams
-    global _device_plan_type, _ndarray_type, _record_lists, available
+    global _device_plan_type, _ndarray_type, _record_lists, available, _store_entry, _tensor_type, _dtype_keys
+    global _raw_stream
+    keys = dict(float32=F32, bfloat16=BF16, int32=I32, int64=I64, uint8=U8)
+    _dtype_keys = {dtype: keys[name] for name, dtype in dtype_keys.items()}
+    _tensor_type = tensor_type
+    _raw_stream = raw_stream
+    _store_entry = <Entry>store
     _verify_entry = <Entry>verify
     _commit_entry = <Entry>commit
     _decode_entry = <Entry>decode
     _prefill_entry = <Entry>prefill
     _metadata_entry = <Entry>metadata
     _upload_entry = <Entry>upload
-    _device_plan_type = device_plan_type
     _ndarray_type = ndarray_type
     _record_lists = record_lists
     _streams = _table(tensor_type)
     available = _streams != NULL
     return available
+
+
+def set_device_plan_type(device_plan_type):
+    global _device_plan_type
+    _device_plan_type = device_plan_type
+
+
+def read_attributes_only(bint on):
+    """Tests: read every tensor through its attributes (the reader for a torch without the
+    exchange API), as an older torch would be read."""
+    global _attributes_only
+    _attributes_only = on
+
+
+def struct_sizes():
+    """The params layouts this module fills, as compiled from the library's header:
+    {dsa_struct_id: size}, checked against the loaded library."""
+    return {2: sizeof(dsa_c128_decode_params), 3: sizeof(dsa_c128_prefill_params),
+            6: sizeof(dsa_metadata_copy_params), 7: sizeof(dsa_plan_upload_params),
+            8: sizeof(dsa_c128_verify_params), 9: sizeof(dsa_c128_commit_params), 11: sizeof(dsa_kv_store_params)}
 
 
 def set_error_counter(int dev, uintptr_t address):
@@ -267,6 +329,10 @@ cdef const ExchangeAPI* _api_of(object obj):
     return api
 
 
+cdef enum:
+    MAX_DIMS = 8
+
+
 cdef struct Arg:
     char* data
     int32_t dev      # CUDA ordinal, -1 host, -2 anything else
@@ -274,14 +340,40 @@ cdef struct Arg:
     int32_t ndim
     const int64_t* shape
     bint contiguous
+    int64_t dims[MAX_DIMS]  # the shape, when read through attributes
+
+
+cdef int _read_attributes(object obj, Arg* a) except -2:
+    """The slower reader: a framework tensor through its attributes (a torch without the exchange API)."""
+    cdef int i, n
+    if not isinstance(obj, _tensor_type):
+        return -1
+    try:
+        dtype = _dtype_keys.get(obj.dtype)
+        shape = obj.shape
+        n = len(shape)
+        if dtype is None or n > MAX_DIMS:
+            return -1
+        for i in range(n):
+            a.dims[i] = shape[i]
+        kind = obj.device.type
+        a.data = <char*><uintptr_t>obj.data_ptr()
+        a.dev = obj.get_device() if kind == "cuda" else (-1 if kind == "cpu" else -2)
+        a.dtype = dtype
+        a.ndim = n
+        a.shape = a.dims
+        a.contiguous = obj.is_contiguous()
+    except Exception:  # a tensor without storage or of another layout: not readable here
+        return -1
+    return 0
 
 
 cdef int _read(object obj, Arg* a) except -2:
     """0 and `a` filled for a tensor this path can read; -1 for anything else."""
-    cdef const ExchangeAPI* api = _api_of(obj)
+    cdef const ExchangeAPI* api = NULL if _attributes_only else _api_of(obj)
     cdef DLTensor t
     if api == NULL:
-        return -1
+        return _read_attributes(obj, a)
     if api.dltensor_from_py_object_no_sync(<void*>obj, &t) != 0:
         PyErr_Clear()
         return -1
@@ -384,9 +476,14 @@ cdef int _launch(Entry entry, const void* params, int32_t dev, object stream) ex
     cdef int status
     if stream is not None:
         s = <void*><uintptr_t>stream
-    elif dev >= 0 and (_streams == NULL or _streams.current_work_stream(DL_CUDA, dev, &s) != 0):
-        PyErr_Clear()
-        return -1
+    elif dev >= 0:
+        if _streams == NULL or _attributes_only:
+            if _raw_stream is None:
+                return -1
+            s = <void*><uintptr_t>_raw_stream(dev)
+        elif _streams.current_work_stream(DL_CUDA, dev, &s) != 0:
+            PyErr_Clear()
+            return -1
     if dev < 0:  # the host backend computes on this thread: let other Python threads run
         with nogil:
             status = entry(params, s)
@@ -452,10 +549,11 @@ def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags,
 
 
 def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, uint32_t flags, error_count,
-                load_indices=None):
+                load_indices=None, store=None, cache_slots=None):
     """Fills the decode params at `address`: True, or False with nothing written."""
     cdef dsa_c128_decode_params p
-    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices) < 0:
+    if _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices, store,
+                    cache_slots) < 0:
         return False
     (<dsa_c128_decode_params*>address)[0] = p
     return True
@@ -464,8 +562,10 @@ def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens,
 # ---- c128 prefill ---------------------------------------------------------------------------
 
 cdef int _fill_prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, indices, plan, load_indices,
-                       uint32_t flags, error_count, bint compact) except -2:
+                       uint32_t flags, error_count, bint compact, store=None, cache_slots=None) except -2:
     cdef Arg st, kv, o, ap, ix, lx, pc, pw
+    cdef const void* store_address
+    cdef const int64_t* slots
     cdef int32_t sdt
     cdef uint32_t* errors
     cdef uintptr_t cp, wp, counts = 0
@@ -507,8 +607,10 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, in
             return -1
     else:
         return -1
-    if (_matrix(out, &o, F32, dev, nc if compact else n, d) < 0 or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0
-            or _error_counter(error_count, dev, &errors) < 0):
+    o.data = NULL
+    if ((not (out is None and store is not None) and _matrix(out, &o, F32, dev, nc if compact else n, d) < 0)
+            or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0 or _error_counter(error_count, dev, &errors) < 0
+            or _store(store, cache_slots, dev, d, n, &store_address, &slots) < 0):
         return -1
     p.struct_size = sizeof(dsa_c128_prefill_params)
     p.flags = flags
@@ -531,25 +633,27 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, in
     p.error_count = errors
     p.state_dtype = sdt
     p.out_layout = DSA_OUT_COMPACT if compact else DSA_OUT_RAGGED
-    p.store = NULL
-    p.cache_slots = NULL
+    p.store = store_address
+    p.cache_slots = slots
     return 0
 
 
 def prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, uint32_t flags, error_count,
-            bint compact):
+            bint compact, store=None, cache_slots=None):
     """One-shot c128 prefill: the library's status, or DECLINED."""
     cdef dsa_c128_prefill_params p
-    if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact) < 0:
+    if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, store,
+                     cache_slots) < 0:
         return DECLINED
     return _launch(_prefill_entry, &p, p.device, stream)
 
 
 def fill_prefill(uintptr_t address, state, kv_score, out, ape, indices, plan, load_indices, uint32_t flags,
-                 error_count, bint compact):
+                 error_count, bint compact, store=None, cache_slots=None):
     """Fills the prefill params at `address`: True, or False with nothing written."""
     cdef dsa_c128_prefill_params p
-    if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact) < 0:
+    if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, store,
+                     cache_slots) < 0:
         return False
     (<dsa_c128_prefill_params*>address)[0] = p
     return True
@@ -564,16 +668,22 @@ cdef int _optional_vector(object obj, Arg* a, int32_t dev, int64_t n) except -2:
     return _vector(obj, a, I32, dev, n)
 
 
+cdef bint _int_in(object x, int64_t low, int64_t high):
+    """x is an int in low..high (a bool or another type is not)."""
+    return type(x) is int and low <= x <= high
+
+
 cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indices, seq_lens, bank_indices,
-                      int64_t bank_stride, verify_lens, uint32_t flags, error_count, store=None,
+                      object stride, verify_lens, uint32_t flags, error_count, store=None,
                       cache_slots=None) except -2:
     cdef Arg st, kv, o, ap, ix, sl, bk, vl
     cdef const void* store_address
     cdef const int64_t* slots
     cdef int32_t sdt
     cdef uint32_t* errors
-    if _state(state, &st, &sdt) < 0:
+    if not _int_in(stride, 1, 2**31 - 1) or _state(state, &st, &sdt) < 0:
         return -1
+    cdef int64_t bank_stride = stride
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3
     if _tensor(seq_lens, &sl, I32, dev, 1) < 0:
@@ -583,7 +693,7 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indi
         return -1
     cdef int64_t v = kv.shape[0] // b
     o.data = NULL
-    if (v < 1 or v > 16 or bank_stride < 1 or (out is not None and _matrix(out, &o, F32, dev, b * v, d) < 0)
+    if (v < 1 or v > 16 or (out is not None and _matrix(out, &o, F32, dev, b * v, d) < 0)
             or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0 or _vector(indices, &ix, I32, dev, b) < 0
             or _vector(bank_indices, &bk, I32, dev, b) < 0 or _optional_vector(verify_lens, &vl, dev, b) < 0
             or _error_counter(error_count, dev, &errors) < 0
@@ -612,7 +722,7 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indi
     return 0
 
 
-def verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, int64_t bank_stride, verify_lens, stream,
+def verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, stream,
            uint32_t flags, error_count, store=None, cache_slots=None):
     """One-shot c128 verify: the library's status, or DECLINED."""
     cdef dsa_c128_verify_params p
@@ -622,52 +732,140 @@ def verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, int64_t b
     return _launch(_verify_entry, &p, p.device, stream)
 
 
-def fill_verify(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, bank_indices, int64_t bank_stride,
-                verify_lens, uint32_t flags, error_count):
+def fill_verify(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride,
+                verify_lens, uint32_t flags, error_count, store=None, cache_slots=None):
     """Fills the verify params at `address`: True, or False with nothing written."""
     cdef dsa_c128_verify_params p
     if _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
-                    error_count) < 0:
+                    error_count, store, cache_slots) < 0:
         return False
     (<dsa_c128_verify_params*>address)[0] = p
     return True
 
 
-def commit_slots(seq_lens, accepted, indices, bank_indices, load_indices, int64_t num_slots, int32_t num_drafts,
-                 int64_t bank_stride, verify_lens, stream, uint32_t flags, error_count):
-    """One-shot commit that writes load_indices: the library's status, or DECLINED."""
-    cdef dsa_c128_commit_params p
-    cdef Arg sl, ac, ix, bk, ld, vl
+cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity, seq_lens, accepted, indices,
+                      bank_indices, load_indices, states, object slots_, object drafts_, object stride_, verify_lens,
+                      uint32_t flags, error_count) except -2:
+    """Either form: load_indices (the slots to resolve; num_slots bounds them) or states (a list of
+    state buffers alike, their pointers written into layers[capacity])."""
+    cdef Arg sl, ac, ix, bk, ld, vl, st
     cdef uint32_t* errors
-    if _read(seq_lens, &sl) < 0 or sl.dev == -2:
-        return DECLINED
+    cdef int32_t sdt = 0, first_sdt = 0
+    cdef int64_t num_slots = 0, d = 0, layers_n = 0, i
+    if (not _int_in(drafts_, 1, 16) or not _int_in(stride_, 1, 2**31 - 1) or (load_indices is None) == (states is None)
+            or _read(seq_lens, &sl) < 0 or sl.dev == -2 or sl.ndim != 1):
+        return -1
     cdef int32_t dev = sl.dev
-    cdef int64_t b = sl.shape[0] if sl.ndim == 1 else -1
-    if (b < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0 or _vector(accepted, &ac, I32, dev, b) < 0
+    cdef int64_t b = sl.shape[0]
+    if (_vector(seq_lens, &sl, I32, dev, b) < 0 or _vector(accepted, &ac, I32, dev, b) < 0
             or _vector(indices, &ix, I32, dev, b) < 0 or _vector(bank_indices, &bk, I32, dev, b) < 0
-            or _vector(load_indices, &ld, I32, dev, b) < 0 or _optional_vector(verify_lens, &vl, dev, b) < 0
-            or _error_counter(error_count, dev, &errors) < 0):
-        return DECLINED
+            or _optional_vector(verify_lens, &vl, dev, b) < 0 or _error_counter(error_count, dev, &errors) < 0):
+        return -1
+    ld.data = NULL
+    if states is None:
+        if not _int_in(slots_, 1, 2**31 - 1) or _vector(load_indices, &ld, I32, dev, b) < 0:
+            return -1
+        num_slots = slots_
+    else:
+        if type(states) is not list and type(states) is not tuple:
+            return -1
+        layers_n = len(states)
+        if layers_n < 1 or layers_n > capacity:
+            return -1
+        for i in range(layers_n):
+            if _state(states[i], &st, &sdt) < 0 or st.dev != dev:
+                return -1
+            if i == 0:
+                num_slots, d, first_sdt = st.shape[0], st.shape[2] // 3, sdt
+            elif st.shape[0] != num_slots or st.shape[2] != 3 * d or sdt != first_sdt:
+                return -1
+        for i in range(layers_n):  # every layer checked: now written
+            _read(states[i], &st)
+            layers[i] = st.data
     p.struct_size = sizeof(dsa_c128_commit_params)
     p.flags = flags
     p.device = dev
-    p.head_dim = 0
+    p.head_dim = <int32_t>d
     p.num_slots = num_slots
     p.batch_size = b
-    p.num_drafts = num_drafts
-    p.state_dtype = 0
+    p.num_drafts = <int32_t>drafts_
+    p.state_dtype = first_sdt
     p.seq_lens = <const int32_t*>sl.data
     p.accepted = <const int32_t*>ac.data
     p.verify_lens = <const int32_t*>vl.data
     p.indices = <const int32_t*>ix.data
     p.bank_indices = <const int32_t*>bk.data
-    p.bank_stride = bank_stride
+    p.bank_stride = stride_
     p.load_indices = <int32_t*>ld.data
-    p.num_layers = 0
+    p.num_layers = <int32_t>layers_n
     p.reserved = 0
-    p.states = NULL
+    p.states = layers if layers_n > 0 else NULL
     p.error_count = errors
-    return _launch(_commit_entry, &p, dev, stream)
+    return 0
+
+
+cdef enum:
+    STACK_LAYERS = 256  # a one-shot copying commit's layer pointers live on the C stack
+
+
+def commit(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots, num_drafts, bank_stride,
+           verify_lens, stream, uint32_t flags, error_count):
+    """One-shot c128 commit, either form: the library's status, or DECLINED."""
+    cdef dsa_c128_commit_params p
+    cdef void* layers[STACK_LAYERS]
+    if _fill_commit(&p, layers, STACK_LAYERS, seq_lens, accepted, indices, bank_indices, load_indices, states,
+                    num_slots, num_drafts, bank_stride, verify_lens, flags, error_count) < 0:
+        return DECLINED
+    return _launch(_commit_entry, &p, p.device, stream)
+
+
+def fill_commit(uintptr_t address, uintptr_t layers, int64_t capacity, seq_lens, accepted, indices, bank_indices,
+                load_indices, states, num_slots, num_drafts, bank_stride, verify_lens, uint32_t flags, error_count):
+    """Fills the commit params at `address` (a copying commit's layer pointers into `layers`, room
+    for `capacity`): True, or False with nothing written."""
+    cdef dsa_c128_commit_params p
+    if _fill_commit(&p, <void**>layers, capacity, seq_lens, accepted, indices, bank_indices, load_indices, states,
+                    num_slots, num_drafts, bank_stride, verify_lens, flags, error_count) < 0:
+        return False
+    (<dsa_c128_commit_params*>address)[0] = p
+    return True
+
+
+# ---- the standalone store -------------------------------------------------------------------
+
+cdef int _fill_store(dsa_kv_store_params* p, vectors, positions, cache_slots, cache, uint32_t flags,
+                     error_count) except -2:
+    cdef Arg v, ps, cs
+    cdef uint32_t* errors
+    if type(cache) is not _store_type:
+        return -1
+    cdef int32_t dev = cache.device
+    cdef int64_t d = cache.head_dim
+    if _tensor(vectors, &v, F32, dev, 2) < 0 or v.shape[1] != d:
+        return -1
+    cdef int64_t n = v.shape[0]
+    if (_vector(positions, &ps, I32, dev, n) < 0 or _vector(cache_slots, &cs, I64, dev, n) < 0
+            or _error_counter(error_count, dev, &errors) < 0):
+        return -1
+    p.struct_size = sizeof(dsa_kv_store_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = <int32_t>d
+    p.num_vectors = n
+    p.vectors = <const float*>v.data
+    p.positions = <const int32_t*>ps.data
+    p.cache_slots = <const int64_t*>cs.data
+    p.cache = <const void*><uintptr_t>cache.address
+    p.error_count = errors
+    return 0
+
+
+def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count):
+    """One-shot standalone store: the library's status, or DECLINED."""
+    cdef dsa_kv_store_params p
+    if _fill_store(&p, vectors, positions, cache_slots, cache, flags, error_count) < 0:
+        return DECLINED
+    return _launch(_store_entry, &p, p.device, stream)
 
 
 # ---- metadata copy --------------------------------------------------------------------------
@@ -698,6 +896,24 @@ cdef void _store_sources(dsa_metadata_copy_params* p, int64_t bs, int64_t rows, 
     p.src.real_page_table = <const int32_t*>rp.data
     p.src.num_splits = <const int32_t*>ns.data
     p.src.flashmla_metadata = <const int32_t*>fm.data
+
+
+def init_metadata(uintptr_t address, uint32_t flags, int32_t dev, int32_t mode, int32_t num_destinations,
+                  uintptr_t destinations):
+    """The metadata params at `address` for a bound set of destinations: device, mode and the
+    destination array; every size and source zero until a step's sources are filled."""
+    cdef dsa_metadata_copy_params* p = <dsa_metadata_copy_params*>address
+    cdef dsa_metadata_sources none
+    memset(&none, 0, sizeof(none))
+    p.struct_size = sizeof(dsa_metadata_copy_params)
+    p.flags = flags
+    p.device = dev
+    p.mode = mode
+    p.bs = p.page_rows = p.page_width = p.expanded = p.real_cols = p.metadata_size = 0
+    p.src = none
+    p.num_destinations = num_destinations
+    p.reserved = 0
+    p.destinations = <const dsa_metadata_destination*>destinations
 
 
 def fill_metadata_sources(uintptr_t address, bint decode, bint has_real_page_table, bint has_flashmla,
@@ -809,6 +1025,22 @@ def fill_flat_sources(uintptr_t address, bint decode, bint has_real_page_table, 
 
 # ---- prepared launches ----------------------------------------------------------------------
 
+def init_upload(uintptr_t address, int32_t dev, uintptr_t compress, uintptr_t write, uintptr_t device_compress,
+                uintptr_t device_write, int64_t compress_capacity, int64_t write_capacity, uintptr_t device_counts):
+    """The plan-upload params at `address` of a DevicePlan: host arrays, device buffer, capacities."""
+    cdef dsa_plan_upload_params* p = <dsa_plan_upload_params*>address
+    p.struct_size = sizeof(dsa_plan_upload_params)
+    p.device = dev
+    p.compress = <const dsa_segment*>compress
+    p.write = <const dsa_segment*>write
+    p.num_compress = p.num_write = 0
+    p.device_compress = <dsa_segment*>device_compress
+    p.device_write = <dsa_segment*>device_write
+    p.compress_capacity = compress_capacity
+    p.write_capacity = write_capacity
+    p.device_counts = <int64_t*>device_counts
+
+
 def upload(uintptr_t address, int64_t num_compress, int64_t num_write, int32_t dev, stream):
     """Sets the record counts of the plan-upload params at `address` (everything else prepared)
     and launches them: the library's status, or DECLINED when the current stream could not be read."""
@@ -818,7 +1050,7 @@ def upload(uintptr_t address, int64_t num_compress, int64_t num_write, int32_t d
     return _launch(_upload_entry, p, dev, stream)
 
 
-OP_DECODE, OP_PREFILL, OP_METADATA, OP_VERIFY, OP_COMMIT = 0, 1, 2, 3, 4
+OP_DECODE, OP_PREFILL, OP_METADATA, OP_VERIFY, OP_COMMIT, OP_STORE = 0, 1, 2, 3, 4, 5
 
 
 def launch(int op, uintptr_t address, int32_t dev, stream):
@@ -833,4 +1065,6 @@ def launch(int op, uintptr_t address, int32_t dev, stream):
         entry = _verify_entry
     elif op == 4:
         entry = _commit_entry
+    elif op == 5:
+        entry = _store_entry
     return _launch(entry, <const void*>address, dev, stream)

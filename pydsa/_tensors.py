@@ -90,6 +90,12 @@ def check(t, name: str, dtype, shape: tuple, device: torch.device) -> torch.Tens
     return t
 
 
+def arg(t, name: str, dtype, dev: int, shape: tuple) -> torch.Tensor:
+    """A contiguous tensor argument of `dtype` and exact `shape` (None: any size) on device `dev`,
+    checked: the tensor (a torch view of a DLPack array), or the error naming it."""
+    return check(t, name, dtype, shape, device_name(dev))
+
+
 def ptr(t, name: str, dtype, dev: int, shape: tuple) -> int:
     """Data pointer of a contiguous tensor argument of `dtype` and exact `shape` on device `dev`."""
     try:
@@ -97,36 +103,22 @@ def ptr(t, name: str, dtype, dev: int, shape: tuple) -> int:
             return t.data_ptr()
     except AttributeError:
         pass
-    return check(t, name, dtype, shape, device_name(dev)).data_ptr()
+    return arg(t, name, dtype, dev, shape).data_ptr()
 
 
-def rows_ptr(t, name: str, dtype, dev: int, width: int) -> tuple:
-    """(data pointer, rows) of a contiguous [rows, width] tensor argument on device `dev`."""
-    try:
-        if t.dtype is dtype and t.get_device() == dev and t.is_contiguous():
-            rows, w = t.shape
-            if w == width:
-                return t.data_ptr(), rows
-    except (AttributeError, ValueError):
-        pass
+def rows_arg(t, name: str, dtype, dev: int, width: int) -> tuple:
+    """(tensor, rows) of a contiguous [rows, width] tensor argument on device `dev`, checked."""
     t = as_tensor(t, name)
     rows = t.shape[0] if t.dim() == 2 else None
-    return check(t, name, dtype, (rows, width), device_name(dev)).data_ptr(), rows
+    return arg(t, name, dtype, dev, (rows, width)), rows
 
 
-def shaped_ptr(t, name: str, dtype, dev: int, ndim) -> tuple:
-    """(data pointer, shape) of a contiguous tensor argument with `ndim` dimensions on device
-    `dev`; ndim None accepts any shape."""
-    try:
-        if t.dtype is dtype and t.get_device() == dev and t.is_contiguous():
-            shape = t.shape
-            if ndim is None or len(shape) == ndim:
-                return t.data_ptr(), shape
-    except AttributeError:
-        pass
+def shaped_arg(t, name: str, dtype, dev: int, ndim) -> tuple:
+    """(tensor, shape) of a contiguous tensor argument with `ndim` dimensions on device `dev`,
+    checked; ndim None accepts any shape."""
     t = as_tensor(t, name)
     want = tuple(t.shape) if ndim is None or t.dim() == ndim else (None,) * ndim
-    return check(t, name, dtype, want, device_name(dev)).data_ptr(), t.shape
+    return arg(t, name, dtype, dev, want), t.shape
 
 
 _error_counters: dict = {}
@@ -145,19 +137,6 @@ def error_counter(device) -> torch.Tensor:
         _error_counters[dev] = counter
         _calls.set_error_counter(dev, counter.data_ptr())
     return counter
-
-
-_error_ptrs: dict = {}
-
-
-def error_ptr(error_count, dev: int) -> int:
-    """Pointer of `error_count` (checked) or of the default counter of `dev`."""
-    if error_count is None:
-        p = _error_ptrs.get(dev)
-        if p is None:
-            p = _error_ptrs[dev] = error_counter(dev).data_ptr()
-        return p
-    return ptr(error_count, "error_count", _int32, dev, (1,))
 
 
 def error_count(device="cpu") -> int:

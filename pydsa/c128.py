@@ -12,7 +12,6 @@ so a prefill needs no copy to the device.
 from __future__ import annotations
 
 import ctypes as C
-import threading
 
 import numpy as np
 import torch
@@ -20,81 +19,40 @@ import torch
 import pyplan
 
 from . import _abi, _calls
-from ._abi import (CHUNK, DECODE_FORMAT, FLAG_HOST_PLAN, FLAG_NO_COOPERATIVE, FLAG_PDL, OUT_COMPACT, OUT_RAGGED,
-                   DEFAULT_PDL_FLAG, PREFILL_FORMAT, check as _check_status, lib, new, pdl_flag)
-from .store import store_fields
-from ._tensors import (_float32, _int32, as_tensor, device_name, error_ptr, launch_stream, ptr, resolve_device,
-                       rows_ptr, shaped_ptr)
+from ._abi import (CHUNK, DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_NO_COOPERATIVE, check as _check_status, lib, new,
+                   pdl_flag)
+from ._op import DECLINED, SIZES, Prepared, call_checked, counter_arg, state_arg
+from ._tensors import _float32, _int32, arg, device_name, launch_stream, resolve_device, rows_arg, shaped_arg
+from .store import store_arg
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
 
-_decode_fn = lib.dsa_c128_decode
-_prefill_fn = lib.dsa_c128_prefill
-_upload_fn = lib.dsa_c128_upload_plan
-_STATE_DTYPES = {torch.float32: _abi.STATE_FLOAT32, torch.bfloat16: _abi.STATE_BFLOAT16}
-_DECODE_SIZE = DECODE_FORMAT.size
-_PREFILL_SIZE = PREFILL_FORMAT.size
+_fast_decode = _calls.decode
+_fast_prefill = _calls.prefill
 
 
-def _state(state) -> tuple:
-    """(pointer, device, num_slots, D, state dtype id) of the state argument [S, 1, 3D]."""
-    try:
-        sdt = _STATE_DTYPES.get(state.dtype)
-        slots, one, width = state.shape
-        if sdt is not None and one == 1 and width % 192 == 0 and width > 0 and state.is_contiguous():
-            return state.data_ptr(), state.get_device(), slots, width // 3, sdt
-    except (AttributeError, ValueError):
-        pass
-    state = as_tensor(state, "state")
-    if state.dtype not in _STATE_DTYPES:
-        raise TypeError(f"state must have dtype torch.float32 or torch.bfloat16 (got {state.dtype})")
-    if state.dim() != 3 or state.shape[1] != 1 or state.shape[2] % 3 != 0:
-        raise ValueError(f"state must have shape [num_slots, 1, 3*D] (got {list(state.shape)})")
-    d = state.shape[2] // 3
-    if d <= 0 or d % 64 != 0:
-        raise ValueError(f"head dim D = state.shape[2] / 3 = {d} must be a positive multiple of 64")
-    if not state.is_contiguous():
-        raise ValueError(f"state must be contiguous (got strides {state.stride()})")
-    if state.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"tensors must be on the CPU or a CUDA device (got {state.device})")
-    return state.data_ptr(), state.get_device(), state.shape[0], d, _STATE_DTYPES[state.dtype]
-
-
-# One params buffer per op and thread for the one-shot calls: filled in one pack_into, launched.
-_local = threading.local()
-
-
-def _launch_once(name: str, fmt, fn, fields: tuple, stream) -> None:
-    """The Python path of a one-shot call: params packed from checked fields, ctypes call."""
-    try:
-        buf, address = getattr(_local, name)
-    except AttributeError:
-        buf = C.create_string_buffer(fmt.size)
-        address = C.addressof(buf)
-        setattr(_local, name, (buf, address))
-    fmt.pack_into(buf, 0, *fields)
-    status = fn(address, launch_stream(stream, fields[2]))
-    if status:
-        _check_status(status)
-
-
-def _out_ptr(out, store, dev: int, shape: tuple) -> int:
-    """`out`'s pointer; None is allowed (0) when the op stores its vectors into a cache."""
+def _out_arg(out, store, dev: int, shape: tuple):
+    """`out`, checked; None is allowed when the op stores its vectors into a cache."""
     if out is None and store is not None:
-        return 0
-    return ptr(out, "out", _float32, dev, shape)
+        return None
+    return arg(out, "out", _float32, dev, shape)
 
 
-def _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices=None, store=None,
-                   cache_slots=None) -> tuple:
-    sp, dev, slots, d, sdt = _state(state)
-    kp, b = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
-    return (_DECODE_SIZE, pdl_flag(pdl), dev, d, slots, b, sp, kp,
-            _out_ptr(out, store, dev, (b, d)), ptr(ape, "ape", _float32, dev, (CHUNK, d)),
-            ptr(indices, "indices", _int32, dev, (b,)), ptr(seq_lens, "seq_lens", _int32, dev, (b,)),
-            error_ptr(error_count, dev), sdt, 0,
-            0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,)),
-            *store_fields(store, cache_slots, dev, d, b))
+def _optional_arg(t, name: str, dev: int, shape: tuple):
+    return None if t is None else arg(t, name, _int32, dev, shape)
+
+
+def _decode_checked(state, kv_score, out, ape, indices, seq_lens, error_count, load_indices=None, store=None,
+                    cache_slots=None) -> tuple:
+    """The decode's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
+    state, dev, _, d = state_arg(state)
+    kv_score, b = rows_arg(kv_score, "kv_score", _float32, dev, 2 * d)
+    return dict(state=state, kv_score=kv_score, out=_out_arg(out, store, dev, (b, d)),
+                ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=arg(indices, "indices", _int32, dev, (b,)),
+                seq_lens=arg(seq_lens, "seq_lens", _int32, dev, (b,)),
+                error_count=counter_arg(_optional_arg(error_count, "error_count", dev, (1,)), dev),
+                load_indices=_optional_arg(load_indices, "load_indices", dev, (b,)), store=store,
+                cache_slots=store_arg(store, cache_slots, dev, d, b)), dev
 
 
 def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
@@ -113,48 +71,23 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
-        _launch_once("decode", DECODE_FORMAT, _decode_fn,
-                     _decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count, load_indices,
-                                    store, cache_slots),
-                     stream)
+        call_checked(_fast_decode, *_decode_checked(state, kv_score, out, ape, indices, seq_lens, error_count,
+                                                     load_indices, store, cache_slots), stream, flags)
 
 
-class _Prepared:
-    """A validated call: a filled params buffer and the C entry point that takes it."""
-
-    _fn = None
-    _format = None
-    _op = None
-
-    def _bind_fields(self, fields: tuple) -> None:
-        self._buf = C.create_string_buffer(self._format.size)
-        self._format.pack_into(self._buf, 0, *fields)
-        self._address = C.addressof(self._buf)
-        self._dev = fields[2]
-        self.device = device_name(self._dev)
-
-    def launch(self, stream=None) -> None:
-        """Runs the prepared call on `stream` (raw handle) or the current stream."""
-        status = _launch(self._op, self._address, self._dev, stream)
-        if status:
-            if status == DECLINED:
-                status = self._fn(self._address, launch_stream(stream, self._dev))
-            _check_status(status)
-
-
-class C128Decode(_Prepared):
+class C128Decode(Prepared):
     """A validated decode call over fixed buffers; launch() re-runs it (e.g. for CUDA-graph
     capture or replay) with no re-validation. Contents of the buffers may change between launches."""
 
-    _fn = _decode_fn
-    _format = DECODE_FORMAT
     _op = _calls.OP_DECODE
+    _struct = 2
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None,
                  cache_slots=None, pdl=None, error_count=None):
-        self._bind_fields(_decode_fields(state, kv_score, out, ape, indices, seq_lens, pdl, error_count,
-                                         load_indices, store, cache_slots))
-        self._keep = (state, kv_score, out, ape, indices, seq_lens, error_count, load_indices, store, cache_slots)
+        self._bind(_calls.fill_decode, _decode_checked,
+                   dict(state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
+                        error_count=error_count, load_indices=load_indices, store=store, cache_slots=cache_slots),
+                   dict(flags=pdl_flag(pdl)))
 
 
 class DevicePlan:
@@ -195,12 +128,11 @@ class DevicePlan:
         # The host side of the plan, and the upload params over it (prepared once; plan() sets the counts).
         self._host = (np.empty(self.compress_capacity, pyplan.SEGMENT_DTYPE),
                       np.empty(self.write_capacity, pyplan.SEGMENT_DTYPE))
-        up = self._upload = new(_abi.PlanUploadParams)
-        up.device = self._dev
-        up.compress, up.write = self._host[0].ctypes.data, self._host[1].ctypes.data
-        up.device_compress, up.device_write, up.device_counts = self.compress_ptr, self.write_ptr, self.counts_ptr
-        up.compress_capacity, up.write_capacity = self.compress_capacity, self.write_capacity
-        self._upload_address = C.addressof(up)
+        self._upload = C.create_string_buffer(SIZES[7])
+        self._upload_address = C.addressof(self._upload)
+        _calls.init_upload(self._upload_address, self._dev, self._host[0].ctypes.data, self._host[1].ctypes.data,
+                           self.compress_ptr, self.write_ptr, self.compress_capacity, self.write_capacity,
+                           self.counts_ptr)
 
     def plan(self, seq_lens, extend_lens, *, num_tokens=None, stream=None) -> "DevicePlan":
         """Plans on the host and enqueues the upload of the plan on `stream` (raw handle) or the
@@ -215,7 +147,7 @@ class DevicePlan:
         status = _upload(self._upload_address, nc, nw, self._dev, stream)
         if status:
             if status == DECLINED:  # the counts are set: only the stream could not be read
-                status = _upload_fn(self._upload_address, launch_stream(stream, self._dev))
+                status = _calls.upload(self._upload_address, nc, nw, self._dev, launch_stream(stream, self._dev))
             _check_status(status)
         self.num_tokens, self.num_compress, self.num_write = tokens, nc, nw
         return self
@@ -230,48 +162,45 @@ def _prefill_flags(pdl, cooperative) -> int:
     return pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
 
 
-def _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, store=None,
-                    cache_slots=None) -> tuple:
-    sp, dev, slots, d, sdt = _state(state)
-    kp, n = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
-    try:
-        b = indices.shape[0]
-    except (AttributeError, IndexError):
-        b = None
-    ip = ptr(indices, "indices", _int32, dev, (b,))
-    lp = 0 if load_indices is None else ptr(load_indices, "load_indices", _int32, dev, (b,))
+def _plan_arg(plan, dev: int):
+    """The plan checked: (plan as the filler takes it, compress capacity)."""
+    if type(plan) is list and len(plan) == 2:
+        plan = tuple(plan)
     if type(plan) is tuple and len(plan) == 2 and type(plan[0]) is np.ndarray:
-        cp, nc, wp, nw = pyplan.record_lists(plan[0], plan[1])
-        counts = 0
-        flags |= FLAG_HOST_PLAN
-    elif type(plan) is tuple and len(plan) == 2 and isinstance(plan[0], torch.Tensor):
+        _, nc, _, _ = pyplan.record_lists(plan[0], plan[1])  # raises for arrays that are not record lists
+        return plan, nc
+    if type(plan) is tuple and len(plan) == 2 and type(plan[0]) is not np.ndarray:
         # Record tensors as sglang keeps them: uint8 [M, 16], on the op's device (read there) or
         # in host memory (carried inside the launches).
-        where = plan[0].get_device()
+        compress, write = plan
+        where = getattr(compress, "get_device", lambda: dev)()
         if where != dev and where != -1:
-            raise ValueError(f"plan tensors are on {plan[0].device} but the other tensors are on {device_name(dev)}")
-        cp, (nc, _) = shaped_ptr(plan[0], "plan[0] (compress)", torch.uint8, where, 2)
-        wp, (nw, _) = shaped_ptr(plan[1], "plan[1] (write)", torch.uint8, where, 2)
-        if plan[0].shape[1] != 16 or plan[1].shape[1] != 16:
-            raise ValueError(f"plan tensors must have shape [M, 16] (got {list(plan[0].shape)} and {list(plan[1].shape)})")
-        counts = 0
-        if where == -1:
-            flags |= FLAG_HOST_PLAN
-    elif isinstance(plan, DevicePlan):
+            raise ValueError(f"plan tensors are on {compress.device} but the other tensors are on {device_name(dev)}")
+        compress, (nc, width_c) = shaped_arg(compress, "plan[0] (compress)", torch.uint8, where, 2)
+        write, (_, width_w) = shaped_arg(write, "plan[1] (write)", torch.uint8, where, 2)
+        if width_c != 16 or width_w != 16:
+            raise ValueError(f"plan tensors must have shape [M, 16] (got {list(compress.shape)} and {list(write.shape)})")
+        return (compress, write), nc
+    if isinstance(plan, DevicePlan):
         if plan._dev != dev:
             raise ValueError(f"plan is a DevicePlan on {plan.device} but the tensors are on {device_name(dev)}")
-        cp, nc, wp, nw, counts = (plan.compress_ptr, plan.compress_capacity, plan.write_ptr,
-                                  plan.write_capacity, plan.counts_ptr)
-    else:
-        if type(plan) is list and len(plan) == 2:
-            return _prefill_fields(state, kv_score, out, ape, indices, tuple(plan), load_indices, flags,
-                                   error_count, compact, store, cache_slots)
-        raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
-                        "record tensors) or a DevicePlan")
-    op = _out_ptr(out, store, dev, (nc if compact else n, d))
-    return (_PREFILL_SIZE, flags, dev, d, slots, b, n, sp, kp, op, ptr(ape, "ape", _float32, dev, (CHUNK, d)),
-            ip, lp, cp, wp, nc, nw, counts, error_ptr(error_count, dev), sdt, OUT_COMPACT if compact else OUT_RAGGED,
-            *store_fields(store, cache_slots, dev, d, n))
+        return plan, plan.compress_capacity
+    raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
+                    "record tensors) or a DevicePlan")
+
+
+def _prefill_checked(state, kv_score, out, ape, indices, plan, load_indices, error_count, compact, store=None,
+                     cache_slots=None) -> tuple:
+    """The prefill's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
+    state, dev, _, d = state_arg(state)
+    kv_score, n = rows_arg(kv_score, "kv_score", _float32, dev, 2 * d)
+    indices, (b,) = shaped_arg(indices, "indices", _int32, dev, 1)
+    plan, nc = _plan_arg(plan, dev)
+    return dict(state=state, kv_score=kv_score, out=_out_arg(out, store, dev, (nc if compact else n, d)),
+                ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=indices, plan=plan,
+                load_indices=_optional_arg(load_indices, "load_indices", dev, (b,)),
+                error_count=counter_arg(_optional_arg(error_count, "error_count", dev, (1,)), dev),
+                compact=bool(compact), store=store, cache_slots=store_arg(store, cache_slots, dev, d, n)), dev
 
 
 def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
@@ -289,31 +218,20 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     vector into a pydsa.KVCache as well, in the same launch; `out` may then be None."""
     flags = ((DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0)
              | (0 if cooperative else FLAG_NO_COOPERATIVE))  # _prefill_flags, inline
-    status = DECLINED if store is not None else _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices,
-                                                              stream, flags, error_count, compact)
+    status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count, compact,
+                           store, cache_slots)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
-        _launch_once("prefill", PREFILL_FORMAT, _prefill_fn,
-                     _prefill_fields(state, kv_score, out, ape, indices, plan, load_indices, flags, error_count,
-                                     compact, store, cache_slots), stream)
+        call_checked(_fast_prefill, *_prefill_checked(state, kv_score, out, ape, indices, plan, load_indices,
+                                                       error_count, compact, store, cache_slots), stream, flags)
 
 
-# The compiled call path (pydsa/_calls.pyx): tensors read through the DLPack C exchange API, the
-# entry points called directly. Where it declines a call (an argument it cannot read or that is
-# wrong, or a torch without the exchange API) the Python path above takes it.
-_calls.init(torch.Tensor, C.cast(_decode_fn, C.c_void_p).value, C.cast(_prefill_fn, C.c_void_p).value,
-            C.cast(lib.dsa_metadata_copy, C.c_void_p).value, C.cast(lib.dsa_c128_upload_plan, C.c_void_p).value,
-            C.cast(lib.dsa_c128_verify, C.c_void_p).value, C.cast(lib.dsa_c128_commit, C.c_void_p).value,
-            DevicePlan, np.ndarray, pyplan.record_lists)
-DECLINED = _calls.DECLINED
-_fast_decode = _calls.decode
-_fast_prefill = _calls.prefill
-_launch = _calls.launch
+_calls.set_device_plan_type(DevicePlan)
 _upload = _calls.upload
 
 
-class C128Prefill(_Prepared):
+class C128Prefill(Prepared):
     """A validated prefill call over fixed buffers (docs/spec.md, prefill); launch() re-runs it.
 
     `plan` is a (compress, write) pair of SEGMENT_DTYPE record arrays from pyplan.plan_prefill,
@@ -321,15 +239,16 @@ class C128Prefill(_Prepared):
     out=...) and launch again), or a DevicePlan (read in place on the device: re-plan, then launch
     or replay a graph that captured this call)."""
 
-    _fn = _prefill_fn
-    _format = PREFILL_FORMAT
     _op = _calls.OP_PREFILL
+    _struct = 3
 
     def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
                  cache_slots=None, pdl=None, error_count=None, cooperative=True):
-        self._bind_fields(_prefill_fields(state, kv_score, out, ape, indices, plan, load_indices,
-                                          _prefill_flags(pdl, cooperative), error_count, compact, store, cache_slots))
-        self._keep = (state, kv_score, out, ape, indices, plan, load_indices, error_count)
+        self._bind(_calls.fill_prefill, _prefill_checked,
+                   dict(state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, plan=plan,
+                        load_indices=load_indices, error_count=error_count, compact=bool(compact), store=store,
+                        cache_slots=cache_slots),
+                   dict(flags=_prefill_flags(pdl, cooperative)))
 
 
 def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None):

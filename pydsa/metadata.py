@@ -15,14 +15,14 @@ import ctypes as C
 import torch
 
 from . import _calls
-from ._abi import (FLAG_PDL, MAX_DESTINATIONS, METADATA_FORMAT, MODE_DECODE, MODE_DRAFT_EXTEND,
-                   MODE_TARGET_VERIFY, MetadataCopyParams, MetadataDestination, check as _check_status, lib)
-from ._tensors import _int32, as_tensor, device_index, launch_stream, shaped_ptr
+from ._abi import (FLAG_PDL, MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY,
+                   MetadataDestination, check as _check_status)
+from ._op import DECLINED, SIZES
+from ._tensors import _int32, as_tensor, device_index, launch_stream, shaped_arg
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
 MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_extend": MODE_DRAFT_EXTEND}
-_copy_fn = lib.dsa_metadata_copy
 _fill_sources = _calls.fill_metadata_sources  # the compiled reader of a step's sources
 _launch = _calls.launch
 _OP = _calls.OP_METADATA
@@ -40,8 +40,6 @@ _DEST_FIELDS = (
     ("flashmla_num_splits", "num_splits", 1),
     ("flashmla_metadata", "flashmla_metadata", 0),
 )
-_pack = METADATA_FORMAT.pack_into
-_SIZE = METADATA_FORMAT.size
 _REQUIRED = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlens", "dsa_cu_seqlens_k")
 
 
@@ -108,9 +106,9 @@ class MetadataCopy:
         self._keep = destinations
         self._flags = FLAG_PDL if pdl else 0
         self._dests_address = C.addressof(self._dests)
-        self._params = MetadataCopyParams()
+        self._params = C.create_string_buffer(SIZES[6])
         self._address = C.addressof(self._params)
-        self._fill(0, 0, 0, 0, 0, 0, *(0,) * 9)  # device, mode and destinations; sources per step
+        _calls.init_metadata(self._address, self._flags, self._dev, self.mode, len(destinations), self._dests_address)
         self._last = (None,) * 9  # the source tensors the params were last built from
 
     def _check_dest(self, t, name, kind):
@@ -144,7 +142,7 @@ class MetadataCopy:
                              real_page_table, num_splits, flashmla_metadata):
                 self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                               seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
-            else:  # the Python path: checks (naming the argument that is wrong) and fills
+            else:  # the checks (naming the argument that is wrong), then the filler
                 self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                               seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
         self.launch(stream)
@@ -163,63 +161,69 @@ class MetadataCopy:
             raise RuntimeError("MetadataCopy.launch: no sources bound; call bind(...) or call the object with sources")
         status = _launch(_OP, self._address, self._dev, stream)
         if status:
-            if status == _calls.DECLINED:
-                status = _copy_fn(self._address, launch_stream(stream, self._dev))
+            if status == DECLINED:  # the current stream could not be read there
+                status = _launch(_OP, self._address, self._dev, launch_stream(stream, self._dev))
             _check_status(status)
+
+    def fill_flat(self, bs: int, max_len: int, max_seqlen_k: int, expanded: int, *sources) -> bool:
+        """sglang's convention (sizes given, every source taken flat; pydsa.sglang): fills one step's
+        sources through the compiled filler. True when filled, False (nothing written, nothing
+        bound) when the filler declined them."""
+        self._last = (None,) * 9
+        if not _calls.fill_flat_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, bs,
+                                        max_len, max_seqlen_k, expanded, *sources):
+            return False
+        self._last = (True,) + (None,) * 8  # bound: launch() may run; the next __call__ re-checks its sources
+        return True
 
     def _prepare(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                  seqlens_expanded, real_page_table, num_splits, flashmla_metadata) -> None:
-        """Checks the sources and fills the params with their pointers and sizes; on success they
-        become the bound sources, on failure nothing stays bound."""
+        """Checks the sources (an error names the one that is wrong) and fills the params with them
+        through the compiled filler; on success they become the bound sources, on failure nothing
+        stays bound."""
         self._last = (None,) * 9
         dev = self._dev
-        cs, (bs,) = shaped_ptr(cache_seqlens, "cache_seqlens", _int32, dev, 1)
-        cu, (n_cu,) = shaped_ptr(cu_seqlens_k, "cu_seqlens_k", _int32, dev, 1)
+        cache_seqlens, (bs,) = shaped_arg(cache_seqlens, "cache_seqlens", _int32, dev, 1)
+        cu_seqlens_k, (n_cu,) = shaped_arg(cu_seqlens_k, "cu_seqlens_k", _int32, dev, 1)
         if n_cu != bs + 1:
             raise _bad("cu_seqlens_k", f"expected {bs + 1} elements (bs + 1), got {n_cu}")
-        pi, (rows, width) = shaped_ptr(page_indices, "page_indices", _int32, dev, 2)
+        page_indices, (rows, width) = shaped_arg(page_indices, "page_indices", _int32, dev, 2)
         if self.decode:
             if seqlens_expanded is not None:
                 raise _bad("seqlens_expanded", "is not used in DECODE mode")
             if rows != bs:
                 raise _bad("page_indices", f"DECODE copies bs = {bs} rows but page_indices has {rows}")
-            n, se = bs, 0
+            n = bs
         else:
             if seqlens_expanded is None:
                 raise _bad("seqlens_expanded", "is required in TARGET_VERIFY and DRAFT_EXTEND modes")
-            se, (n,) = shaped_ptr(seqlens_expanded, "seqlens_expanded", _int32, dev, 1)
-        dc, (n_dc,) = shaped_ptr(dsa_cache_seqlens, "dsa_cache_seqlens", _int32, dev, 1)
+            seqlens_expanded, (n,) = shaped_arg(seqlens_expanded, "seqlens_expanded", _int32, dev, 1)
+        dsa_cache_seqlens, (n_dc,) = shaped_arg(dsa_cache_seqlens, "dsa_cache_seqlens", _int32, dev, 1)
         if n_dc != n:
             raise _bad("dsa_cache_seqlens", f"expected {n} elements, got {n_dc}")
-        du, (n_du,) = shaped_ptr(dsa_cu_seqlens_k, "dsa_cu_seqlens_k", _int32, dev, 1)
+        dsa_cu_seqlens_k, (n_du,) = shaped_arg(dsa_cu_seqlens_k, "dsa_cu_seqlens_k", _int32, dev, 1)
         if n_du != n + 1:
             raise _bad("dsa_cu_seqlens_k", f"expected {n + 1} elements, got {n_du}")
         if (real_page_table is not None) != self.has_real_page_table:
             raise _bad("real_page_table", "must be given exactly when the destinations carry real_page_table")
-        rp, real_cols = 0, 0
         if real_page_table is not None:
-            rp, (r_rows, real_cols) = shaped_ptr(real_page_table, "real_page_table", _int32, dev, 2)
+            real_page_table, (r_rows, _) = shaped_arg(real_page_table, "real_page_table", _int32, dev, 2)
             if r_rows != rows:
                 raise _bad("real_page_table", f"has {r_rows} rows but page_indices has {rows}")
         if (num_splits is not None or flashmla_metadata is not None) != self.has_flashmla or \
                 (num_splits is None) != (flashmla_metadata is None):
             raise _bad("num_splits/flashmla_metadata", "the FlashMLA group is all-or-nothing and must match the destinations")
-        ns, fm, meta = 0, 0, 0
         if num_splits is not None:
-            ns, (n_ns,) = shaped_ptr(num_splits, "num_splits", _int32, dev, 1)
+            num_splits, (n_ns,) = shaped_arg(num_splits, "num_splits", _int32, dev, 1)
             if n_ns != n + 1:
                 raise _bad("num_splits", f"expected {n + 1} elements, got {n_ns}")
-            fm, shape = shaped_ptr(flashmla_metadata, "flashmla_metadata", _int32, dev, None)
-            meta = shape.numel()
-        self._fill(bs, rows, width, n, real_cols, meta, cs, cu, pi, se, dc, du, rp, ns, fm)
-        self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                      seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
-
-    def _fill(self, bs, rows, width, n, real_cols, meta, *sources) -> None:
-        """Writes the launch params: sizes (docs/spec.md, metadata copy; n = expanded entries outside DECODE) and the
-        nine source pointers in dsa_metadata_sources order (0 for an absent one)."""
-        _pack(self._params, 0, _SIZE, self._flags, self._dev, self.mode, bs, rows, width, 0 if self.decode else n,
-              real_cols, meta, *sources, len(self._keep), 0, self._dests_address)
+            flashmla_metadata, _ = shaped_arg(flashmla_metadata, "flashmla_metadata", _int32, dev, None)
+        sources = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k, seqlens_expanded,
+                   real_page_table, num_splits, flashmla_metadata)
+        if not _fill_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, *sources):
+            raise RuntimeError("pydsa: the metadata params filler declined sources that passed their checks "
+                               "(a bug in pydsa; please report it with the sources' shapes)")
+        self._last = sources
 
 
 def metadata_copy(sources: dict, destinations, *, mode="decode", stream=None, pdl=False) -> None:

@@ -27,7 +27,6 @@ import torch
 
 import pyplan
 
-from . import _calls
 from ._abi import MODE_DECODE
 from ._tensors import _int32, device_name
 from .c128 import c128_decode, c128_prefill
@@ -49,10 +48,6 @@ _DEST_KEYS = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlen
 
 # Bound copies per destination set: sglang refreshes the same static buffers every step.
 _bound: dict = {}
-# What a bound copy's `_last` holds after an sglang call: sources filled in sglang's conventions,
-# so a later MetadataCopy call with source objects re-checks them in its own.
-_BOUND_BY_SGLANG = (object(),) + (None,) * 8
-_fill_flat = _calls.fill_flat_sources
 
 
 def _require_int32(tensors, names) -> None:
@@ -88,8 +83,8 @@ def _bind(mode: int, groups) -> MetadataCopy:
     return copy
 
 
-def _flat(t, name: str, dev: int, need: int) -> int:
-    """Pointer of a contiguous int32 source on `dev` holding at least `need` elements."""
+def _flat(t, name: str, dev: int, need: int):
+    """A contiguous int32 source on `dev` holding at least `need` elements, checked."""
     if t.dtype is not _int32:
         raise RuntimeError(f"{name} must have dtype int32 (got {t.dtype})")
     if t.get_device() != dev:
@@ -98,22 +93,21 @@ def _flat(t, name: str, dev: int, need: int) -> int:
         raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
     if t.numel() < need:
         raise ValueError(f"{name} holds {t.numel()} elements but {need} are copied")
-    return t.data_ptr()
+    return t
 
 
-def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seqlen_k: int, expanded: int) -> None:
-    if _fill_flat(copy._address, mode == MODE_DECODE, copy.has_real_page_table, copy.has_flashmla, bs, max_len,
-                  max_seqlen_k, expanded, *sources):  # the compiled path (pydsa/_calls.pyx)
-        copy._last = _BOUND_BY_SGLANG
-        copy.launch()
-        return
+def _checked_flat(copy: MetadataCopy, decode: bool, sources, bs, max_len, max_seqlen_k, expanded) -> tuple:
+    """The sources of an sglang-convention copy checked (an error names the one that is wrong)."""
+    sizes = dict(bs=bs, max_len=max_len, max_seqlen_k=max_seqlen_k, seqlens_expanded_size=expanded)
+    for name, value in sizes.items():
+        if type(value) is not int:
+            raise TypeError(f"{name} must be an int (got {type(value).__name__} {value!r})")
+        if not 0 <= value < 2**31:
+            raise ValueError(f"bs, max_len, max_seqlen_k and seqlens_expanded_size must be in 0..2**31-1 "
+                             f"(got {bs}, {max_len}, {max_seqlen_k}, {expanded})")
     (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k,
      real_page_table, num_splits, flashmla_metadata) = sources
-    if bs < 0 or max_len < 0 or max_seqlen_k < 0 or expanded < 0:
-        raise ValueError(f"bs, max_len, max_seqlen_k and seqlens_expanded_size must be >= 0 "
-                         f"(got {bs}, {max_len}, {max_seqlen_k}, {expanded})")
-    decode = mode == MODE_DECODE
-    dev = copy._dev
+    dev = copy.device.index if copy.device.type == "cuda" else -1
     rows, width = (bs, max_len) if decode else (page_indices.shape[0], max_seqlen_k)
     n = bs if decode else expanded
     if (real_page_table is not None) != copy.has_real_page_table:
@@ -124,17 +118,23 @@ def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seq
                          "match the destinations")
     real_cols = real_page_table.shape[1] if real_page_table is not None else 0
     meta = flashmla_metadata.numel() if flashmla_metadata is not None else 0
-    copy._fill(bs, rows, width, n, real_cols, meta,
-               _flat(cache_seqlens, "cache_seqlens_src", dev, bs),
-               _flat(cu_seqlens_k, "cu_seqlens_k_src", dev, bs + 1),
-               _flat(page_indices, "page_indices_src", dev, rows * width),
-               0 if decode else _flat(seqlens_expanded, "seqlens_expanded_src", dev, n),
-               _flat(dsa_cache_seqlens, "nsa_cache_seqlens_src", dev, n),
-               _flat(dsa_cu_seqlens_k, "nsa_cu_seqlens_k_src", dev, n + 1),
-               0 if real_page_table is None else _flat(real_page_table, "real_page_table_src", dev, rows * real_cols),
-               0 if num_splits is None else _flat(num_splits, "flashmla_num_splits_src", dev, n + 1),
-               0 if flashmla_metadata is None else _flat(flashmla_metadata, "flashmla_metadata_src", dev, meta))
-    copy._last = _BOUND_BY_SGLANG
+    return (_flat(cache_seqlens, "cache_seqlens_src", dev, bs),
+            _flat(cu_seqlens_k, "cu_seqlens_k_src", dev, bs + 1),
+            _flat(page_indices, "page_indices_src", dev, rows * width),
+            _flat(dsa_cache_seqlens, "nsa_cache_seqlens_src", dev, n),
+            seqlens_expanded if decode else _flat(seqlens_expanded, "seqlens_expanded_src", dev, n),
+            _flat(dsa_cu_seqlens_k, "nsa_cu_seqlens_k_src", dev, n + 1),
+            None if real_page_table is None else _flat(real_page_table, "real_page_table_src", dev, rows * real_cols),
+            None if num_splits is None else _flat(num_splits, "flashmla_num_splits_src", dev, n + 1),
+            None if flashmla_metadata is None else _flat(flashmla_metadata, "flashmla_metadata_src", dev, meta))
+
+
+def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seqlen_k: int, expanded: int) -> None:
+    if not copy.fill_flat(bs, max_len, max_seqlen_k, expanded, *sources):
+        checked = _checked_flat(copy, mode == MODE_DECODE, sources, bs, max_len, max_seqlen_k, expanded)
+        if not copy.fill_flat(bs, max_len, max_seqlen_k, expanded, *checked):
+            raise RuntimeError("pydsa: the metadata params filler declined sglang sources that passed their checks "
+                               "(a bug in pydsa; please report it with the sources' shapes)")
     copy.launch()
 
 

@@ -20,18 +20,16 @@ from __future__ import annotations
 import ctypes as C
 
 from . import _calls
-from ._abi import (COMMIT_FORMAT, DEFAULT_PDL_FLAG, FLAG_PDL, MAX_DRAFTS, VERIFY_FORMAT, check as _check_status, lib,
-                   pdl_flag)
-from ._tensors import _float32, _int32, as_tensor, error_ptr, ptr, rows_ptr
-from .c128 import CHUNK, DECLINED, _launch_once, _Prepared, _state
-from .store import store_fields
+from ._abi import DEFAULT_PDL_FLAG, FLAG_PDL, MAX_DRAFTS, check as _check_status, pdl_flag
+from ._op import DECLINED, Prepared, call_checked, counter_arg, state_arg
+from ._tensors import _float32, _int32, arg, as_tensor, rows_arg
+from .c128 import CHUNK
+from .store import store_arg
 
 __all__ = ["c128_verify", "c128_commit", "C128Verify", "C128Commit", "bank_bytes"]
 
-_verify_fn = lib.dsa_c128_verify
-_commit_fn = lib.dsa_c128_commit
-_VERIFY_SIZE = VERIFY_FORMAT.size
-_COMMIT_SIZE = COMMIT_FORMAT.size
+_fast_verify = _calls.verify
+_fast_commit = _calls.commit
 
 
 def bank_bytes(batch_size: int, num_drafts: int, head_dim: int = 512, state_dtype_bytes: int = 4) -> int:
@@ -45,24 +43,29 @@ def _stride(bank_stride) -> int:
     return bank_stride
 
 
-def _verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, pdl,
-                   error_count, store=None, cache_slots=None) -> tuple:
-    sp, dev, slots, d, sdt = _state(state)
+def _optional(t, name: str, dev: int, shape: tuple):
+    return None if t is None else arg(t, name, _int32, dev, shape)
+
+
+def _verify_checked(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
+                    error_count, store=None, cache_slots=None) -> tuple:
+    """The verify's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
+    state, dev, _, d = state_arg(state)
     try:
         b = seq_lens.shape[0]
     except (AttributeError, IndexError):
         b = None
-    sl = ptr(seq_lens, "seq_lens", _int32, dev, (b,))
-    kp, rows = rows_ptr(kv_score, "kv_score", _float32, dev, 2 * d)
+    seq_lens = arg(seq_lens, "seq_lens", _int32, dev, (b,))
+    kv_score, rows = rows_arg(kv_score, "kv_score", _float32, dev, 2 * d)
     if b == 0 or rows % b != 0 or not 1 <= rows // b <= MAX_DRAFTS:
         raise ValueError(f"kv_score must have B * V rows with B = seq_lens.shape[0] = {b} and V in 1..{MAX_DRAFTS} "
                          f"(got {rows} rows)")
-    v = rows // b
-    return (_VERIFY_SIZE, pdl_flag(pdl), dev, d, slots, b, v, sdt, sp, kp,
-            0 if out is None else ptr(out, "out", _float32, dev, (rows, d)), ptr(ape, "ape", _float32, dev, (CHUNK, d)),
-            sl, 0 if verify_lens is None else ptr(verify_lens, "verify_lens", _int32, dev, (b,)),
-            ptr(indices, "indices", _int32, dev, (b,)), ptr(bank_indices, "bank_indices", _int32, dev, (b,)),
-            _stride(bank_stride), error_ptr(error_count, dev), *store_fields(store, cache_slots, dev, d, rows))
+    return dict(state=state, kv_score=kv_score, out=None if out is None else arg(out, "out", _float32, dev, (rows, d)),
+                ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=arg(indices, "indices", _int32, dev, (b,)),
+                seq_lens=seq_lens, bank_indices=arg(bank_indices, "bank_indices", _int32, dev, (b,)),
+                bank_stride=_stride(bank_stride), verify_lens=_optional(verify_lens, "verify_lens", dev, (b,)),
+                error_count=counter_arg(_optional(error_count, "error_count", dev, (1,)), dev), store=store,
+                cache_slots=store_arg(store, cache_slots, dev, d, rows)), dev
 
 
 def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1, verify_lens=None,
@@ -79,76 +82,71 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     store: a pydsa.KVCache that the vector a draft closes is stored into, at cache_slots[b*V+j] (int64
     [B*V]); an engine ignores the entries of rejected drafts. Nothing with B == 0 rows."""
     flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
-    if type(bank_stride) is int and 1 <= bank_stride < 2**31:
-        status = _calls.verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
-                               stream, flags, error_count, store, cache_slots)
+    status = _fast_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
+                          stream, flags, error_count, store, cache_slots)
+    if status:
         if status != DECLINED:
-            if status:
-                _check_status(status)
+            _check_status(status)  # raises
+        if getattr(seq_lens, "shape", None) is not None and tuple(seq_lens.shape) == (0,):
             return
-    if getattr(seq_lens, "shape", None) is not None and tuple(seq_lens.shape) == (0,):
-        return
-    _launch_once("verify", VERIFY_FORMAT, _verify_fn,
-                 _verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
-                                pdl, error_count, store, cache_slots), stream)
+        call_checked(_fast_verify, *_verify_checked(state, kv_score, out, ape, indices, seq_lens, bank_indices,
+                                                     bank_stride, verify_lens, error_count, store, cache_slots),
+                     stream, flags)
 
 
-class C128Verify(_Prepared):
+class C128Verify(Prepared):
     """A validated verify over fixed buffers; launch() re-runs it (CUDA-graph capture or replay)."""
 
-    _fn = _verify_fn
-    _format = VERIFY_FORMAT
     _op = _calls.OP_VERIFY
+    _struct = 8
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1,
                  verify_lens=None, store=None, cache_slots=None, pdl=None, error_count=None):
-        self._bind_fields(_verify_fields(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride,
-                                         verify_lens, pdl, error_count, store, cache_slots))
-        self._keep = (state, kv_score, out, ape, indices, seq_lens, bank_indices, verify_lens, error_count, store,
-                      cache_slots)
+        self._bind(_calls.fill_verify, _verify_checked,
+                   dict(state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
+                        bank_indices=bank_indices, bank_stride=bank_stride, verify_lens=verify_lens,
+                        error_count=error_count, store=store, cache_slots=cache_slots),
+                   dict(flags=pdl_flag(pdl)))
 
 
-def _commit_fields(seq_lens, accepted, indices, bank_indices, bank_stride, num_drafts, verify_lens, load_indices,
-                   states, num_slots, pdl, error_count) -> tuple:
+def _commit_checked(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots, num_drafts,
+                    bank_stride, verify_lens, error_count) -> tuple:
+    """The commit's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
     if type(num_drafts) is not int or not 1 <= num_drafts <= MAX_DRAFTS:
         raise ValueError(f"num_drafts must be an int in 1..{MAX_DRAFTS} (got {num_drafts!r})")
     seq_lens = as_tensor(seq_lens, "seq_lens")
     if seq_lens.dim() != 1:
         raise ValueError(f"seq_lens must have shape [B] (got {list(seq_lens.shape)})")
     dev, b = seq_lens.get_device(), seq_lens.shape[0]
-    sl = ptr(seq_lens, "seq_lens", _int32, dev, (b,))
-    fields = dict(accepted=ptr(accepted, "accepted", _int32, dev, (b,)),
-                  indices=ptr(indices, "indices", _int32, dev, (b,)),
-                  bank=ptr(bank_indices, "bank_indices", _int32, dev, (b,)),
-                  verify=0 if verify_lens is None else ptr(verify_lens, "verify_lens", _int32, dev, (b,)))
+    checked = dict(seq_lens=arg(seq_lens, "seq_lens", _int32, dev, (b,)),
+                   accepted=arg(accepted, "accepted", _int32, dev, (b,)),
+                   indices=arg(indices, "indices", _int32, dev, (b,)),
+                   bank_indices=arg(bank_indices, "bank_indices", _int32, dev, (b,)),
+                   verify_lens=_optional(verify_lens, "verify_lens", dev, (b,)), num_drafts=num_drafts,
+                   bank_stride=_stride(bank_stride), num_slots=num_slots,
+                   error_count=counter_arg(_optional(error_count, "error_count", dev, (1,)), dev),
+                   load_indices=None, states=None)
     if (load_indices is None) == (states is None):
         raise ValueError("give exactly one of load_indices (the slots to resolve) and states (the layers to copy)")
-    d = sdt = 0
-    layers, array = 0, None
     if states is not None:
-        states = [as_tensor(st, f"states[{i}]") for i, st in enumerate(states)]
+        if not isinstance(states, (list, tuple)):
+            raise TypeError(f"states must be a list of state buffers (got {type(states).__name__})")
         if not states:
             raise ValueError("states must hold at least one state buffer")
+        layers = [state_arg(st, f"states[{i}]") for i, st in enumerate(states)]
         shapes = set()
-        for i, st in enumerate(states):
-            _, sdev, slots, d, sdt = _state(st)
+        for i, (st, sdev, _, _) in enumerate(layers):
             if sdev != dev:
                 raise ValueError(f"states[{i}] is on {st.device} but seq_lens is on {seq_lens.device}")
             shapes.add((tuple(st.shape), st.dtype))
         if len(shapes) != 1:
             raise ValueError(f"every state buffer in states must have one shape and dtype (got {sorted(map(str, shapes))})")
-        num_slots = slots
-        layers = len(states)
-        array = (C.c_void_p * layers)(*(st.data_ptr() for st in states))
-        load = 0
+        checked["states"] = [st for st, _, _, _ in layers]
     else:
-        load = ptr(load_indices, "load_indices", _int32, dev, (b,))
+        checked["load_indices"] = arg(load_indices, "load_indices", _int32, dev, (b,))
         if type(num_slots) is not int or not 1 <= num_slots < 2**31:
             raise ValueError(f"num_slots must be an int in 1..2**31-1 with load_indices (got {num_slots!r})")
-    packed = (_COMMIT_SIZE, FLAG_PDL if pdl else 0, dev, d, num_slots, b, num_drafts, sdt, sl, fields["accepted"],
-              fields["verify"], fields["indices"], fields["bank"], _stride(bank_stride), load, layers, 0,
-              0 if array is None else C.addressof(array), error_ptr(error_count, dev))
-    return packed, array
+    return checked, dev
 
 
 def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
@@ -162,33 +160,40 @@ def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_s
     state buffers alike: the accepted bank entry is copied onto indices[b] in every one, in one
     launch per 64 layers."""
     flags = FLAG_PDL if pdl else 0
-    if (states is None and load_indices is not None and type(num_drafts) is int and 1 <= num_drafts <= MAX_DRAFTS
-            and type(bank_stride) is int and 1 <= bank_stride < 2**31 and type(num_slots) is int
-            and 1 <= num_slots < 2**31):
-        status = _calls.commit_slots(seq_lens, accepted, indices, bank_indices, load_indices, num_slots, num_drafts,
-                                     bank_stride, verify_lens, stream, flags, error_count)
+    status = _fast_commit(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots, num_drafts,
+                          bank_stride, verify_lens, stream, flags, error_count)
+    if status:
         if status != DECLINED:
-            if status:
-                _check_status(status)
+            _check_status(status)  # raises
+        checked, dev = _commit_checked(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots,
+                                       num_drafts, bank_stride, verify_lens, error_count)
+        if checked["states"] is not None and len(checked["states"]) > _STACK_LAYERS:  # pointers off the stack
+            C128Commit(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
+                       verify_lens=verify_lens, states=states, pdl=pdl, error_count=error_count).launch(stream)
             return
-    fields, array = _commit_fields(seq_lens, accepted, indices, bank_indices, bank_stride, num_drafts, verify_lens,
-                                   load_indices, states, num_slots, pdl, error_count)
-    _launch_once("commit", COMMIT_FORMAT, _commit_fn, fields, stream)
-    del array  # the library read the layer pointers during the call
+        call_checked(_fast_commit, checked, dev, stream, flags)
 
 
-class C128Commit(_Prepared):
+_STACK_LAYERS = 256  # a one-shot copying commit's layer pointers on the C stack (pydsa/_calls.pyx)
+
+
+class C128Commit(Prepared):
     """A validated commit over fixed buffers (c128_commit's arguments); launch() re-runs it, e.g.
     inside the CUDA graph of a speculative step."""
 
-    _fn = _commit_fn
-    _format = COMMIT_FORMAT
     _op = _calls.OP_COMMIT
+    _struct = 9
 
     def __init__(self, seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
                  load_indices=None, num_slots=2**31 - 1, states=None, pdl=False, error_count=None):
-        fields, self._array = _commit_fields(seq_lens, accepted, indices, bank_indices, bank_stride, num_drafts,
-                                             verify_lens, load_indices, states, num_slots, pdl, error_count)
-        self._bind_fields(fields)
-        self._keep = (seq_lens, accepted, indices, bank_indices, verify_lens, load_indices, states, error_count)
+        n = len(states) if isinstance(states, (list, tuple)) else 0
+        self._layers = (C.c_void_p * max(1, n))()
 
+        def fill_commit(address, **a):
+            return _calls.fill_commit(address, C.addressof(self._layers), n, **a)
+
+        self._bind(fill_commit, _commit_checked,
+                   dict(seq_lens=seq_lens, accepted=accepted, indices=indices, bank_indices=bank_indices,
+                        load_indices=load_indices, states=states, num_slots=num_slots, num_drafts=num_drafts,
+                        bank_stride=bank_stride, verify_lens=verify_lens, error_count=error_count),
+                   dict(flags=FLAG_PDL if pdl else 0))

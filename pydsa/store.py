@@ -13,13 +13,14 @@ import ctypes as C
 import torch
 
 from . import _abi, _calls
-from ._abi import CACHE_V4, KvCache, STORE_FORMAT, check as _check_status, lib, new, pdl_flag
-from ._tensors import _float32, device_index, error_ptr, launch_stream, ptr
+from ._abi import CACHE_V4, DEFAULT_PDL_FLAG, FLAG_PDL, KvCache, check as _check_status, lib, new
+from ._op import DECLINED, call_checked, counter_arg
+from ._tensors import _float32, arg, device_index, ptr
 
 __all__ = ["KVCache", "kv_store", "kv_page_bytes"]
 
 _int64 = torch.int64
-_store_fn = lib.dsa_kv_store
+_fast_store = _calls.store
 
 
 def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
@@ -83,12 +84,12 @@ class KVCache:
 _calls.set_store_type(KVCache)
 
 
-def store_fields(store, cache_slots, dev: int, d: int, rows: int) -> tuple:
-    """(store address, cache_slots pointer) of an op's optional store; (0, 0) without one."""
+def store_arg(store, cache_slots, dev: int, d: int, rows: int):
+    """An op's optional store checked: its cache_slots tensor (int64 [rows]), or None without a store."""
     if store is None:
         if cache_slots is not None:
             raise ValueError("cache_slots is given without store=")
-        return 0, 0
+        return None
     if not isinstance(store, KVCache):
         raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
     if store.device != dev:
@@ -98,30 +99,31 @@ def store_fields(store, cache_slots, dev: int, d: int, rows: int) -> tuple:
         raise ValueError(f"store is for D = {store.head_dim} but the op's head dim is {d}")
     if cache_slots is None:
         raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
-    return store.address, ptr(cache_slots, "cache_slots", _int64, dev, (rows,))
+    return arg(cache_slots, "cache_slots", _int64, dev, (rows,))
+
+
+def _store_checked(vectors, positions, cache_slots, cache, error_count) -> tuple:
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
+    dev, d = cache.device, cache.head_dim
+    vectors = arg(vectors, "vectors", _float32, dev, (None, d))
+    n = vectors.shape[0]
+    return dict(vectors=vectors, positions=arg(positions, "positions", torch.int32, dev, (n,)),
+                cache_slots=arg(cache_slots, "cache_slots", _int64, dev, (n,)), cache=cache,
+                error_count=counter_arg(None if error_count is None else arg(error_count, "error_count", torch.int32,
+                                                                             dev, (1,)), dev)), dev
 
 
 def kv_store(vectors, positions, cache_slots, cache: KVCache, *, stream=None, pdl=None, error_count=None) -> None:
     """Stores vectors [N, D] float32 into `cache`: vector i at cache slot cache_slots[i] (int64 [N];
     negative: skipped; past the cache: skipped and counted) with rotary row positions[i] (int32 [N],
     its chunk's first position; outside the table: skipped and counted)."""
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
-    dev, d = cache.device, cache.head_dim
-    vectors_t = vectors if isinstance(vectors, torch.Tensor) else torch.from_dlpack(vectors)
-    if vectors_t.dim() != 2:
-        raise ValueError(f"vectors must have shape [N, {d}] (got {list(vectors_t.shape)})")
-    n = vectors_t.shape[0]
-    fields = (STORE_FORMAT.size, pdl_flag(pdl), dev, d, n,
-              ptr(vectors_t, "vectors", _float32, dev, (n, d)),
-              ptr(positions, "positions", torch.int32, dev, (n,)),
-              ptr(cache_slots, "cache_slots", _int64, dev, (n,)),
-              cache.address, error_ptr(error_count, dev))
-    buf = C.create_string_buffer(STORE_FORMAT.size)
-    STORE_FORMAT.pack_into(buf, 0, *fields)
-    status = _store_fn(C.addressof(buf), launch_stream(stream, dev))
+    flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
+    status = _fast_store(vectors, positions, cache_slots, cache, stream, flags, error_count)
     if status:
-        _check_status(status)
+        if status != DECLINED:
+            _check_status(status)  # raises
+        call_checked(_fast_store, *_store_checked(vectors, positions, cache_slots, cache, error_count), stream, flags)
 
 
 del _abi

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import c_structs
 import pydsa
 from pydsa import _abi
 
@@ -59,16 +60,22 @@ def test_header_documents_the_abi_version_rule():
     assert "ABI version rule" in text and "#define DSA_ABI_VERSION" in text
 
 
-@pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", _abi.DecodeParams), ("dsa_c128_prefill", _abi.PrefillParams),
-                                       ("dsa_metadata_copy", _abi.MetadataCopyParams), ("dsa_c128_plan_prefill", _abi.PlanParams),
-                                       ("dsa_c128_upload_plan", _abi.PlanUploadParams)])
-@pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(_abi.DecodeParams)])
+@pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", c_structs.DecodeParams), ("dsa_c128_prefill", c_structs.PrefillParams),
+                                       ("dsa_metadata_copy", c_structs.MetadataCopyParams), ("dsa_c128_plan_prefill", _abi.PlanParams),
+                                       ("dsa_c128_upload_plan", c_structs.PlanUploadParams)])
+@pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(c_structs.DecodeParams)])
 def test_wrong_struct_size_is_refused_with_a_clear_message(fn, struct, delta):
     p = _abi.new(struct)
     p.struct_size = max(0, p.struct_size + delta)
     args = [ctypes.byref(p)] + ([] if fn == "dsa_c128_plan_prefill" else [None])
     assert getattr(_abi.lib, fn)(*args) == 2
     assert f"expects {ctypes.sizeof(struct)}" in _abi.lib.dsa_last_error().decode()
+
+
+def test_the_test_mirrors_and_the_compiled_filler_lay_out_every_struct_as_the_library():
+    from pydsa import _calls
+    for sid, mirror in c_structs.STRUCTS.items():
+        assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(mirror) == _calls.struct_sizes()[sid], mirror.__name__
 
 
 def test_null_params_are_refused():

@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import c_structs
 import pydsa
 import pyplan
 from pydsa import _abi, sglang
@@ -487,14 +488,14 @@ def test_device_plan_replan_to_fewer_records_updates_the_counts(device):
     assert raw[16 * (1 + plan.compress_capacity):][:16].view(pyplan.SEGMENT_DTYPE).tolist() == [(4, 0, 4, 5)]
 
 
-def test_device_plan_upload_falls_back_to_the_ctypes_call(device, monkeypatch):
+def test_device_plan_upload_falls_back_to_the_stream_looked_up_here(device, monkeypatch):
     """Where the compiled upload declines after setting the counts (it could not read the current
-    stream), plan() launches the same params through the ctypes entry point: the buffer holds the
-    plan's counts and records."""
+    stream), plan() launches the same params on the stream looked up in Python: the buffer holds
+    the plan's counts and records."""
     import pydsa.c128 as c128_module
 
     def declining(address, num_compress, num_write, dev, stream):  # _calls.upload's contract, minus the launch
-        params = _abi.PlanUploadParams.from_address(address)
+        params = c_structs.PlanUploadParams.from_address(address)
         params.num_compress, params.num_write = num_compress, num_write
         return c128_module.DECLINED
 
@@ -512,7 +513,7 @@ def _upload_params(device, num_compress, num_write, cap_c, cap_w):
     import ctypes
     host = np.zeros(max(num_compress, num_write, 1), pyplan.SEGMENT_DTYPE)
     dst = torch.full((16 * (1 + cap_c + cap_w),), 0xAB, dtype=torch.uint8, device=device)
-    p = _abi.new(_abi.PlanUploadParams)
+    p = _abi.new(c_structs.PlanUploadParams)
     p.device = -1 if device.type == "cpu" else device.index or 0
     p.compress = p.write = host.ctypes.data
     p.num_compress, p.num_write = num_compress, num_write
@@ -737,7 +738,7 @@ def test_prefill_plan_must_be_records(device):
 def test_abi_refuses_a_wrong_struct_size():
     import ctypes
     from pydsa import _abi
-    p = _abi.new(_abi.DecodeParams)
+    p = _abi.new(c_structs.DecodeParams)
     p.struct_size -= 8
     status = _abi.lib.dsa_c128_decode(ctypes.byref(p), None)
     assert status == 2
@@ -753,7 +754,7 @@ def test_gpu_decode_refuses_a_batch_beyond_int32_before_launching():
     d = 128
     args = _valid(torch.device("cuda"), d=d)
     state0 = args["state"].clone()
-    p = _abi.new(_abi.DecodeParams)
+    p = _abi.new(c_structs.DecodeParams)
     p.device, p.head_dim, p.num_slots, p.batch_size = torch.cuda.current_device(), d, 4, 2 ** 31
     for field in ("state", "kv_score", "out", "ape", "indices", "seq_lens"):
         setattr(p, field, args[field].data_ptr())

@@ -1,8 +1,10 @@
-"""The compiled call path (pydsa/_calls.pyx) against the Python path it stands in for.
+"""The one params filler (pydsa/_calls.pyx) and the checks in front of it.
 
-For valid arguments both must fill the very same params bytes; for an argument that is wrong in
-any one way the compiled path must decline (write nothing, launch nothing) so that the Python
-path raises the error naming it. And the one-shot calls must really take the compiled path."""
+For valid arguments the filler fills, through either of its readers (the DLPack exchange API and
+the attribute reader for a torch without it), the same bytes, and the same bytes again from the
+arguments as the checks convert them (DLPack views of other arrays). For an argument that is wrong
+in any one way the filler declines (writes nothing, launches nothing) and the checks raise the error
+naming it. And the one-shot calls really take the filler without the checks."""
 import ctypes as C
 
 import numpy as np
@@ -14,9 +16,12 @@ import pydsa
 import pyplan
 from conftest import DEVICES, examples
 from pydsa import _calls, c128
-from pydsa._abi import DECODE_FORMAT, PREFILL_FORMAT
+from pydsa._op import SIZES
+from pydsa._tensors import error_counter
 
 POISON = b"\xab"
+for _dev in [-1] + list(range(torch.cuda.device_count())):
+    error_counter(_dev)  # the default counters exist (the first call of a process makes them)
 
 
 def _buffer(size):
@@ -24,8 +29,27 @@ def _buffer(size):
     return buf, C.addressof(buf)
 
 
+def _fill(fill, sid, args, **extra):
+    """(filled?, params bytes) of fill(address, **args, **extra) into a poisoned buffer."""
+    buf, address = _buffer(SIZES[sid])
+    ok = fill(address, **args, **extra)
+    return ok, buf.raw
+
+
+def _both_readers(fill, sid, args, **extra):
+    """The params through the exchange API and through the attribute reader: they must agree."""
+    first = _fill(fill, sid, args, **extra)
+    _calls.read_attributes_only(True)
+    try:
+        second = _fill(fill, sid, args, **extra)
+    finally:
+        _calls.read_attributes_only(False)
+    assert first == second
+    return first
+
+
 def test_the_compiled_path_is_on_with_a_torch_that_has_the_exchange_api():
-    # torch >= 2.10 exports the DLPack C exchange API; with an older torch the Python path runs.
+    # torch >= 2.10 exports the DLPack C exchange API; with an older torch the attribute reader runs.
     assert _calls.available == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
     assert _calls.available, f"torch {torch.__version__} lacks __dlpack_c_exchange_api__"
 
@@ -63,32 +87,16 @@ def _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, gen):
     return args
 
 
-def _python_decode(args, flags, error_count):
-    buf, _ = _buffer(DECODE_FORMAT.size)
-    DECODE_FORMAT.pack_into(buf, 0, *c128._decode_fields(*args.values(), bool(flags), error_count))
-    return buf.raw
+def _decode_fill(args, flags, error_count):
+    return dict(args, error_count=error_count), dict(flags=flags)
 
 
-def _compiled_decode(args, flags, error_count):
-    buf, address = _buffer(DECODE_FORMAT.size)
-    ok = _calls.fill_decode(address, *args.values(), flags, error_count)
-    return ok, buf.raw
-
-
-def _python_prefill(args, flags, error_count, compact):
-    a = dict(args)
-    plan, load = a.pop("plan"), a.pop("load_indices")
-    buf, _ = _buffer(PREFILL_FORMAT.size)
-    PREFILL_FORMAT.pack_into(buf, 0, *c128._prefill_fields(*a.values(), plan, load, flags, error_count, compact))
-    return buf.raw
-
-
-def _compiled_prefill(args, flags, error_count, compact):
-    a = dict(args)
-    plan, load = a.pop("plan"), a.pop("load_indices")
-    buf, address = _buffer(PREFILL_FORMAT.size)
-    ok = _calls.fill_prefill(address, *a.values(), plan, load, flags, error_count, compact)
-    return ok, buf.raw
+def _checked_bytes(checker, fill, sid, args, extra):
+    """The params filled from the arguments as the checks return them (raises what the checks raise)."""
+    checked, _ = checker(**args)
+    ok, raw = _fill(fill, sid, checked, **extra)
+    assert ok, "the filler declined arguments that passed the checks"
+    return raw
 
 
 # ---------------------------------------------------------------------------------------------
@@ -98,14 +106,13 @@ def _compiled_prefill(args, flags, error_count, compact):
 @settings(max_examples=examples(40))
 @given(d=st.sampled_from([64, 128, 192, 512]), b=st.integers(0, 40), slots=st.integers(1, 9), bf16=st.booleans(),
        pdl=st.booleans(), own_counter=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_decode_fills_the_same_params_as_the_python_path(device, d, b, slots, bf16, pdl, own_counter, seed):
+def test_decode_fills_the_same_params_through_every_reader(device, d, b, slots, bf16, pdl, own_counter, seed):
     dev = torch.device(device)
     args = _decode_args(dev, d, b, slots, bf16, torch.Generator().manual_seed(seed))
     counter = torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None
-    flags = 1 if pdl else 0
-    expected = _python_decode(args, flags, counter)
-    ok, got = _compiled_decode(args, flags, counter)
-    assert ok and got == expected
+    args = dict(args, error_count=counter)
+    ok, got = _both_readers(_calls.fill_decode, 2, args, flags=1 if pdl else 0)
+    assert ok and got == _checked_bytes(c128._decode_checked, _calls.fill_decode, 2, args, dict(flags=1 if pdl else 0))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -114,15 +121,15 @@ def test_decode_fills_the_same_params_as_the_python_path(device, d, b, slots, bf
        bf16=st.booleans(), plan_kind=st.sampled_from(["arrays", "tensors", "host_tensors", "device_plan"]),
        compact=st.booleans(), load=st.booleans(), pdl=st.booleans(), cooperative=st.booleans(),
        own_counter=st.booleans(), seed=st.integers(0, 2**31 - 1))
-def test_prefill_fills_the_same_params_as_the_python_path(device, d, extends, bf16, plan_kind, compact, load, pdl,
-                                                         cooperative, own_counter, seed):
+def test_prefill_fills_the_same_params_through_every_reader(device, d, extends, bf16, plan_kind, compact, load, pdl,
+                                                            cooperative, own_counter, seed):
     dev = torch.device(device)
     args = _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, torch.Generator().manual_seed(seed))
     counter = torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None
+    args = dict(args, error_count=counter, compact=compact)
     flags = c128._prefill_flags(pdl, cooperative)
-    expected = _python_prefill(args, flags, counter, compact)
-    ok, got = _compiled_prefill(args, flags, counter, compact)
-    assert ok and got == expected
+    ok, got = _both_readers(_calls.fill_prefill, 3, args, flags=flags)
+    assert ok and got == _checked_bytes(c128._prefill_checked, _calls.fill_prefill, 3, args, dict(flags=flags))
 
 
 def _metadata_case(dev, mode, bs, width, expanded, real, flash, meta_shape):
@@ -166,19 +173,26 @@ def _compiled_metadata(copy, src):
 @given(mode=st.sampled_from(["decode", "target_verify", "draft_extend"]), bs=st.integers(0, 20),
        width=st.integers(1, 40), expanded=st.integers(0, 30), real=st.booleans(), flash=st.booleans(),
        meta_shape=st.sampled_from([(7,), (3, 4), (2, 1, 5), (0,)]), k=st.integers(1, 3))
-def test_metadata_fills_the_same_params_as_the_python_path(device, mode, bs, width, expanded, real, flash, meta_shape, k):
+def test_metadata_fills_the_same_params_through_every_reader(device, mode, bs, width, expanded, real, flash,
+                                                             meta_shape, k):
     src, dst = _metadata_case(torch.device(device), mode, bs, width, expanded, real, flash, meta_shape)
-    python = pydsa.MetadataCopy([dst] * k, mode=mode)
-    python._prepare(*(src.get(k) for k in _SOURCE_ORDER))
+    checked = pydsa.MetadataCopy([dst] * k, mode=mode)
+    checked._prepare(*(src.get(k) for k in _SOURCE_ORDER))  # the checks, then the filler
     compiled = pydsa.MetadataCopy([dst] * k, mode=mode)
     ok, before, got = _compiled_metadata(compiled, src)
+    _calls.read_attributes_only(True)
+    try:
+        slow = pydsa.MetadataCopy([dst] * k, mode=mode)
+        ok_slow, _, got_slow = _compiled_metadata(slow, src)
+    finally:
+        _calls.read_attributes_only(False)
     # equal but for the last field, each object's own destinations array
-    assert ok and got[:-8] == bytes(python._params)[:-8] and got[-8:] == before[-8:]
+    assert ok and ok_slow and got[:-8] == bytes(checked._params)[:-8] == got_slow[:-8] and got[-8:] == before[-8:]
 
 
 # ---------------------------------------------------------------------------------------------
-# Agrees with the Python path on arguments changed one at a time: where the Python path raises,
-# the compiled path declines and writes nothing; where it accepts, the same bytes
+# Arguments changed one at a time: where the checks raise, the filler declines and writes nothing;
+# where they accept, the filler fills the same bytes from the checked arguments
 
 def _variants(t, dev):
     """Changes to one tensor argument: most make it wrong, a few (a longer state) keep it valid."""
@@ -200,16 +214,15 @@ def _variants(t, dev):
     return out
 
 
-def _agree(python, compiled, poison):
-    """python(): params bytes or an exception; compiled(): (ok, bytes). Returns True if rejected."""
+def _agree(checker, fill, sid, args, extra):
+    """Returns True if the checks reject the arguments (and then the filler declined them too)."""
+    ok, raw = _fill(fill, sid, args, **extra)
     try:
-        expected = python()
+        expected = _checked_bytes(checker, fill, sid, args, extra)
     except (TypeError, ValueError):
-        ok, raw = compiled()
-        assert not ok and raw == poison
+        assert not ok and raw == POISON * SIZES[sid]
         return True
-    ok, raw = compiled()
-    assert ok and raw == expected
+    assert not ok or raw == expected  # an array the filler cannot read itself is declined, then converted
     return False
 
 
@@ -222,11 +235,7 @@ def test_decode_agrees_on_every_changed_argument(device, name):
     rejected = 0
     for bad in _variants(base[name], dev):
         args = dict(base, **{name: bad})
-        counter = args.pop("error_count")
-        rejected += _agree(lambda: _python_decode(args, 0, counter), lambda: _compiled_decode(args, 0, counter),
-                           POISON * DECODE_FORMAT.size)
-        if rejected:
-            assert _calls.decode(*args.values(), None, 0, counter) in (c128.DECLINED, 0)
+        rejected += _agree(c128._decode_checked, _calls.fill_decode, 2, args, dict(flags=0))
     assert rejected >= 5
 
 
@@ -236,6 +245,7 @@ def test_decode_agrees_on_every_changed_argument(device, name):
 def test_prefill_agrees_on_every_changed_argument(device, plan_kind, name):
     dev = torch.device(device)
     base = _prefill_args(dev, 64, [130, 5], False, plan_kind, False, True, torch.Generator().manual_seed(0))
+    base = dict(base, error_count=None, compact=False)
     if name.startswith("plan"):
         if plan_kind == "device_plan":
             return  # a DevicePlan has no record arrays to change
@@ -249,8 +259,7 @@ def test_prefill_agrees_on_every_changed_argument(device, plan_kind, name):
         cases = [dict(base, **{name: bad}) for bad in _variants(base[name], dev)]
     rejected = 0
     for args in cases:
-        rejected += _agree(lambda: _python_prefill(args, 0, None, False), lambda: _compiled_prefill(args, 0, None, False),
-                           POISON * PREFILL_FORMAT.size) if not isinstance(args["plan"], list) else 0
+        rejected += _agree(c128._prefill_checked, _calls.fill_prefill, 3, args, dict(flags=0))
     assert rejected >= 4
 
 
@@ -265,25 +274,16 @@ def test_metadata_agrees_on_every_changed_source(device, mode, name):
     rejected = 0
     for bad in variants:
         case = dict(src, **{name: bad})
-        python = pydsa.MetadataCopy([dst, dst], mode=mode)
+        checked = pydsa.MetadataCopy([dst, dst], mode=mode)
         compiled = pydsa.MetadataCopy([dst, dst], mode=mode)
-
-        def python_fill():
-            python._prepare(*(case.get(k) for k in _SOURCE_ORDER))
-            return bytes(python._params)[:-8]
-
-        def compiled_fill():
-            ok, before, after = _compiled_metadata(compiled, case)
-            return ok, (after[:-8] if ok else (after == before))
-
+        ok, before, after = _compiled_metadata(compiled, case)
         try:
-            expected = python_fill()
+            checked._prepare(*(case.get(k) for k in _SOURCE_ORDER))
         except (TypeError, ValueError):
-            ok, unchanged = compiled_fill()
-            assert not ok and unchanged, (name, bad)
+            assert not ok and after == before, (name, bad)
             rejected += 1
             continue
-        assert compiled_fill() == (True, expected)
+        assert not ok or after[:-8] == bytes(checked._params)[:-8]
     assert rejected >= min(3, len(variants))
 
 
@@ -298,7 +298,8 @@ def test_one_shot_calls_launch_through_the_compiled_path(device, monkeypatch):
     gen = torch.Generator().manual_seed(3)
     args = _decode_args(dev, 64, 5, 6, False, gen)
     pydsa.c128_decode(*args.values())  # creates the default error counter once
-    monkeypatch.setattr(c128, "_launch_once", python_path)
+    monkeypatch.setattr(c128, "_decode_checked", python_path)
+    monkeypatch.setattr(c128, "_prefill_checked", python_path)
     monkeypatch.setattr(pydsa.metadata.MetadataCopy, "_prepare", python_path)
     pydsa.c128_decode(*args.values())
     for kind in ("arrays", "tensors", "device_plan"):
@@ -330,7 +331,7 @@ def test_sglang_metadata_copy_takes_the_compiled_path(device, monkeypatch):
     def python_path(*a):
         raise AssertionError("the Python path ran")
 
-    monkeypatch.setattr(pydsa.metadata.MetadataCopy, "_fill", python_path)
+    monkeypatch.setattr(sglang, "_checked_flat", python_path)
     sglang.fused_metadata_copy_cuda(*args, 1, 4, 0, 8, 6)
     assert torch.equal(dst["page_table_1"][:6, :8], src["page_indices"])
     assert torch.equal(dst["flashmla_metadata"], src["flashmla_metadata"].reshape(-1))

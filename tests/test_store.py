@@ -384,35 +384,48 @@ def test_fused_decode_graph_replay():
     assert torch.equal(first, kvc.cache)
 
 
-def test_storing_calls_take_the_compiled_path_and_match_the_python_path():
-    """A storing decode and verify through pydsa/_calls.pyx (not declined) write what the Python path writes."""
-    from pydsa import _calls, _abi
-    from pydsa.c128 import _decode_fields, _launch_once, _decode_fn
+def test_storing_calls_through_every_reader_write_the_same_bytes():
+    """A storing decode, verify, prefill and standalone store write the same bytes whether the filler
+    reads the tensors through the exchange API, through their attributes (an older torch), or the
+    checks first convert numpy arrays; and the filler itself declines a store it cannot take."""
+    from pydsa import _calls
     d, b = 512, 6
-    state = torch.randn(b, 1, 3 * d)
-    ape, kv = torch.randn(CHUNK, d), torch.randn(b, 2 * d)
+    gen = torch.Generator().manual_seed(4)
+    state = torch.randn(4 * b, 1, 3 * d, generator=gen)
+    ape, kv = torch.randn(CHUNK, d, generator=gen), torch.randn(b, 2 * d, generator=gen)
     idx = torch.arange(b, dtype=torch.int32)
     seq = torch.tensor([128, 256, 3, 384, 1, 512], dtype=torch.int32)
     slots = torch.arange(b, dtype=torch.int64)
-    fast, slow = make_cache(d, 2, 4, 600, "cpu"), make_cache(d, 2, 4, 600, "cpu")
-    s1, s2 = state.clone(), state.clone()
-    errors = torch.zeros(1, dtype=torch.int32)
-    assert _calls.decode(s1, kv, None, ape, idx, seq, None, 0, errors, None, fast, slots) == 0
-    _launch_once("decode_test", _abi.DECODE_FORMAT, _decode_fn,
-                 _decode_fields(s2, kv, None, ape, idx, seq, False, errors, None, slow, slots), None)
-    assert torch.equal(fast.cache, slow.cache) and torch.equal(s1, s2)
-    assert not (fast.cache == POISON).all()
-    # cache_slots without a store, or of the wrong dtype: declined (the Python path raises the error)
-    assert _calls.decode(s1, kv, None, ape, idx, seq, None, 0, errors, None, None, slots) == _calls.DECLINED
-    assert _calls.decode(s1, kv, None, ape, idx, seq, None, 0, errors, None, fast, slots.int()) == _calls.DECLINED
     bank = torch.arange(b, dtype=torch.int32) + b
-    big = torch.randn(4 * b, 1, 3 * d)
-    v1, v2 = make_cache(d, 2, 12, 600, "cpu"), make_cache(d, 2, 12, 600, "cpu")
-    drafts, vslots = torch.randn(b * 2, 2 * d), torch.arange(2 * b, dtype=torch.int64)
+    drafts, vslots = torch.randn(b * 2, 2 * d, generator=gen), torch.arange(2 * b, dtype=torch.int64)
     seq_v = torch.tensor([127, 126, 0, 255, 3, 1], dtype=torch.int32)
-    b1, b2 = big.clone(), big.clone()
-    assert _calls.verify(b1, drafts, None, ape, idx, seq_v, bank, 1, None, None, 0, errors, v1, vslots) == 0
-    _launch_once("verify_test", _abi.VERIFY_FORMAT, pydsa._abi.lib.dsa_c128_verify,
-                 pydsa.speculative._verify_fields(b2, drafts, None, ape, idx, seq_v, bank, 1, None, False, errors,
-                                                  v2, vslots), None)
-    assert torch.equal(v1.cache, v2.cache) and torch.equal(b1, b2) and not (v1.cache == POISON).all()
+    pseq, pext = np.array([300, 130], np.int64), np.array([300, 129], np.int64)
+    plan = pyplan.plan_prefill(pseq, pext)
+    kvp, pslots = torch.randn(429, 2 * d, generator=gen), torch.arange(429, dtype=torch.int64)
+    vectors, positions = torch.randn(b, d, generator=gen), torch.arange(b, dtype=torch.int32) * 7
+
+    def run(to):
+        cache, st = make_cache(d, 2, 512, 600, "cpu"), state.clone()
+        pydsa.c128_decode(st, to(kv), None, to(ape), to(idx), to(seq), store=cache, cache_slots=to(slots))
+        pydsa.c128_verify(st, to(drafts), None, to(ape), to(idx), to(seq_v), to(bank), store=cache,
+                          cache_slots=to(vslots) + 8)
+        pydsa.c128_prefill(st, to(kvp), None, to(ape), to(idx[:2]), plan, store=cache, cache_slots=to(pslots) + 24)
+        pydsa.kv_store(to(vectors), to(positions), to(slots) + 500, cache)
+        return cache.cache, st
+
+    fast = run(lambda t: t)
+    _calls.read_attributes_only(True)
+    try:
+        attributes = run(lambda t: t)
+    finally:
+        _calls.read_attributes_only(False)
+    converted = run(lambda t: t.numpy())
+    assert not (fast[0] == POISON).all()
+    for other in (attributes, converted):
+        assert torch.equal(fast[0], other[0]) and torch.equal(fast[1], other[1])
+    errors = torch.zeros(1, dtype=torch.int32)
+    cache = make_cache(d, 2, 4, 600, "cpu")
+    # cache_slots without a store, or of the wrong dtype: declined (the checks raise the error)
+    assert _calls.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, None, slots) == _calls.DECLINED
+    assert _calls.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, cache, slots.int()) == _calls.DECLINED
+    assert _calls.store(vectors, positions, slots.int(), cache, None, 0, errors) == _calls.DECLINED

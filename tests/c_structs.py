@@ -1,0 +1,92 @@
+"""ctypes mirrors of the op params structs of dsa_kernels.h, for tests that call the C entry points
+directly as a C caller would (the library fills these through pydsa/_calls.pyx)."""
+import ctypes as C
+
+from pydsa._abi import MetadataSources
+
+class PlanUploadParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("device", C.c_int32),
+        ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("num_compress", C.c_int64), ("num_write", C.c_int64),
+        ("device_compress", C.c_void_p), ("device_write", C.c_void_p),
+        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
+        ("device_counts", C.c_void_p),
+    ]
+
+
+class DecodeParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
+        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
+        ("indices", C.c_void_p), ("seq_lens", C.c_void_p), ("error_count", C.c_void_p),
+        ("state_dtype", C.c_int32), ("reserved", C.c_int32), ("load_indices", C.c_void_p),
+        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
+    ]
+
+
+class VerifyParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
+        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
+        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
+        ("seq_lens", C.c_void_p), ("verify_lens", C.c_void_p), ("indices", C.c_void_p),
+        ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64), ("error_count", C.c_void_p),
+        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
+    ]
+
+
+class CommitParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
+        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
+        ("seq_lens", C.c_void_p), ("accepted", C.c_void_p), ("verify_lens", C.c_void_p),
+        ("indices", C.c_void_p), ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64),
+        ("load_indices", C.c_void_p), ("num_layers", C.c_int32), ("reserved", C.c_int32),
+        ("states", C.c_void_p), ("error_count", C.c_void_p),
+    ]
+
+
+class PrefillParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_slots", C.c_int64), ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
+        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
+        ("indices", C.c_void_p), ("load_indices", C.c_void_p),
+        ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
+        ("counts", C.c_void_p), ("error_count", C.c_void_p),
+        ("state_dtype", C.c_int32), ("out_layout", C.c_int32),
+        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
+    ]
+
+
+class KvStoreParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("num_vectors", C.c_int64), ("vectors", C.c_void_p), ("positions", C.c_void_p),
+        ("cache_slots", C.c_void_p), ("cache", C.c_void_p), ("error_count", C.c_void_p),
+    ]
+
+
+class MetadataCopyParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
+        ("device", C.c_int32), ("mode", C.c_int32),
+        ("bs", C.c_int64), ("page_rows", C.c_int64), ("page_width", C.c_int64),
+        ("expanded", C.c_int64), ("real_cols", C.c_int64), ("metadata_size", C.c_int64),
+        ("src", MetadataSources),
+        ("num_destinations", C.c_int32), ("reserved", C.c_int32),
+        ("destinations", C.c_void_p),
+    ]
+
+
+STRUCTS = {2: DecodeParams, 3: PrefillParams, 6: MetadataCopyParams, 7: PlanUploadParams, 8: VerifyParams,
+           9: CommitParams, 11: KvStoreParams}
