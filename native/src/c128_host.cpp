@@ -32,9 +32,7 @@ void host_store_vector(const float* x, int D, const dsa_kv_cache& c, int64_t loc
     total = g == 0 ? p[0] : add_rn(total, p[0]);
   }
   const float r = rms_factor(total, D, c.eps);
-  int log2 = 0;
-  while ((1 << log2) < c.page_size) ++log2;
-  const EntryOffsets at = entry_offsets(loc, log2, page_bytes(D, c.page_size), D);
+  const EntryOffsets at = entry_offsets(loc, page_log2_of(c.page_size), page_bytes(D, c.page_size), D);
   uint8_t* const data = c.cache + at.data;
   for (int g = 0; g + 1 < groups; ++g) {
     float y[kStoreGroup], amax = 0.0f;

@@ -38,9 +38,7 @@ dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int h
   out->norm_weight = c->norm_weight, out->rotary = c->rotary;
   out->num_positions = c->num_positions, out->capacity = c->num_pages * ps;
   out->page_stride = page_bytes(head_dim, ps), out->eps = c->eps;
-  int log2 = 0;
-  while ((1 << log2) < ps) ++log2;
-  out->page_log2 = log2;
+  out->page_log2 = page_log2_of(ps);
   return DSA_STATUS_OK;
 }
 

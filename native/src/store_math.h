@@ -98,6 +98,13 @@ DSA_HD int64_t page_bytes(int head_dim, int64_t page_size) {
   return (page_size * (row + entry_scale_bytes(head_dim)) + row - 1) / row * row;
 }
 
+// log2 of a power-of-two page size (checked by store_launch).
+DSA_HD int page_log2_of(int64_t page_size) {
+  int log2 = 0;
+  while (((int64_t)1 << log2) < page_size) ++log2;
+  return log2;
+}
+
 // Byte offsets of cache slot `loc`'s data row and scale row (page_size = 1 << page_log2).
 struct EntryOffsets {
   int64_t data;
