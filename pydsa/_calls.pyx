@@ -222,7 +222,7 @@ cdef enum:
     MAX_DEVICES = 64
 
 DECLINED = -1
-"""Returned when nothing was launched or written: the Python path takes the call."""
+"""Returned when nothing was launched or written: the op's checks take the call."""
 
 ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
 
@@ -983,7 +983,7 @@ def fill_flat_sources(uintptr_t address, bint decode, bint has_real_page_table, 
     if not (type(bs_) is int and type(max_len_) is int and type(max_seqlen_k_) is int and type(expanded_) is int
             and 0 <= bs_ < 2**31 and 0 <= max_len_ < 2**31 and 0 <= max_seqlen_k_ < 2**31
             and 0 <= expanded_ < 2**31):
-        return False  # sizes the products below could overflow with: the Python path says what is wrong
+        return False  # sizes the products below could overflow with: the checks say what is wrong
     bs, max_len, max_seqlen_k, expanded = bs_, max_len_, max_seqlen_k_, expanded_
     if ((real_page_table is not None) != has_real_page_table
             or (num_splits is not None) != has_flashmla or (flashmla_metadata is not None) != has_flashmla):

@@ -292,7 +292,7 @@ def test_metadata_agrees_on_every_changed_source(device, mode, name):
 
 def test_one_shot_calls_launch_through_the_compiled_path(device, monkeypatch):
     def python_path(*args):
-        raise AssertionError("the Python path ran")
+        raise AssertionError("the checks ran")
 
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(3)
@@ -309,9 +309,9 @@ def test_one_shot_calls_launch_through_the_compiled_path(device, monkeypatch):
     src, dst = _metadata_case(dev, "target_verify", 4, 8, 6, True, True, (2, 3))
     pydsa.MetadataCopy([dst, dst], mode="target_verify")(**src)
     assert torch.equal(dst["page_table_1"][:6, :8], src["page_indices"])
-    # A numpy array is not something the compiled path reads: the Python path takes it.
+    # A numpy array is not something the filler reads: the checks convert it.
     host = {k: (v.cpu().numpy() if k != "state" else v.cpu()) for k, v in args.items()}
-    with pytest.raises(AssertionError, match="the Python path ran"):
+    with pytest.raises(AssertionError, match="the checks ran"):
         pydsa.c128_decode(*host.values())
 
 
@@ -329,11 +329,50 @@ def test_sglang_metadata_copy_takes_the_compiled_path(device, monkeypatch):
         t.zero_()
 
     def python_path(*a):
-        raise AssertionError("the Python path ran")
+        raise AssertionError("the checks ran")
 
     monkeypatch.setattr(sglang, "_checked_flat", python_path)
     sglang.fused_metadata_copy_cuda(*args, 1, 4, 0, 8, 6)
     assert torch.equal(dst["page_table_1"][:6, :8], src["page_indices"])
     assert torch.equal(dst["flashmla_metadata"], src["flashmla_metadata"].reshape(-1))
-    with pytest.raises(AssertionError, match="the Python path ran"):  # a size that is not an int
+    with pytest.raises(AssertionError, match="the checks ran"):  # a size that is not an int
         sglang.fused_metadata_copy_cuda(*args, 1, 4.0, 0, 8, 6)
+
+
+def test_storing_and_speculative_one_shot_calls_take_the_filler_without_the_checks(device, monkeypatch):
+    """Valid torch tensors never reach the checks: the storing decode, prefill and verify, the
+    standalone store and both commits are filled and launched by the compiled filler alone."""
+    from pydsa import speculative, store
+    dev = torch.device(device)
+    gen = torch.Generator().manual_seed(8)
+    d, b, v = 128, 4, 3
+    i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
+    cache = pydsa.KVCache(torch.zeros(64, pydsa.kv_page_bytes(d, 2), dtype=torch.uint8, device=dev),
+                          (torch.rand(d, generator=gen) + 0.5).to(dev), torch.randn(2048, 64, generator=gen).to(dev),
+                          page_size=2)
+    state = torch.randn(b + b * (v + 1), 1, 3 * d, generator=gen).to(dev)
+    ape, idx = torch.randn(128, d, generator=gen).to(dev), torch.arange(b, **i32)
+    seq = torch.tensor([127, 255, 3, 1000], **i32)
+    bank = torch.arange(b, b + b * (v + 1), v + 1, **i32)
+    plan = pyplan.plan_prefill(np.array([300, 130]), np.array([300, 129]))
+    pydsa.c128_decode(state, torch.randn(b, 2 * d, generator=gen).to(dev), None, ape, idx, seq + 1, store=cache,
+                      cache_slots=torch.arange(b, **i64))  # the default counter exists from here on
+
+    def checks(*args, **kwargs):
+        raise AssertionError("the checks ran")
+
+    for module, name in ((c128, "_decode_checked"), (c128, "_prefill_checked"), (speculative, "_verify_checked"),
+                         (speculative, "_commit_checked"), (store, "_store_checked")):
+        monkeypatch.setattr(module, name, checks)
+    pydsa.c128_decode(state, torch.randn(b, 2 * d, generator=gen).to(dev), None, ape, idx, seq + 1, store=cache,
+                      cache_slots=torch.arange(b, **i64))
+    pydsa.c128_prefill(state, torch.randn(429, 2 * d, generator=gen).to(dev), None, ape, idx[:2], plan, store=cache,
+                       cache_slots=torch.arange(429, **i64) % 128)
+    pydsa.c128_verify(state, torch.randn(b * v, 2 * d, generator=gen).to(dev), None, ape, idx, seq, bank,
+                      store=cache, cache_slots=torch.arange(b * v, **i64))
+    pydsa.kv_store(torch.randn(b, d, generator=gen).to(dev), torch.arange(b, **i32), torch.arange(b, **i64), cache)
+    accepted = torch.tensor([0, 3, 1, 2], **i32)
+    pydsa.c128_commit(seq, accepted, idx, bank, load_indices=idx.clone(), num_drafts=v)
+    pydsa.c128_commit(seq, accepted, idx, bank, states=[state, state.clone()], num_drafts=v)
+    with pytest.raises(AssertionError, match="the checks ran"):  # a numpy array goes to the checks
+        pydsa.kv_store(torch.randn(b, d).numpy(), torch.arange(b, dtype=torch.int32), torch.arange(b), cache)
