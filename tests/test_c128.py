@@ -695,35 +695,64 @@ def test_mixed_devices_are_refused():
         pydsa.c128_decode(**args)
 
 
-def test_corrupted_plan_records_are_skipped_and_counted(device):
-    """Records outside the input, crossing a chunk, on the wrong list, with a bad request index or
-    a slot outside the state are skipped, counted, and write nothing."""
-    d = 64
-    n = 300
+_BAD_COMPRESS = [(300, 0, 127, 1),          # ragged row past the input
+                 (130, 0, 255, 129),      # window longer than a chunk
+                 (9, 0, 127, 11),         # starts before ragged row 0
+                 (50, 5, 127, 10),        # request index past B
+                 (60, 0, 126, 10),        # does not close its chunk
+                 (140, 0, 127, 0x10005),  # window past 16 bits (its low bits are a valid 5)
+                 (150, 0, 127, 0xFFFFFFFF),  # a sentinel's window in a usable record
+                 (0xFFFFFFFF, 0, 0, 0)]   # half a sentinel
+_BAD_WRITE = [(80, 0, 127, 5)]            # closes its chunk: wrong list
+
+
+def _corrupt_prefill(device, compress, write, as_tensors=False):
+    d, n = 64, 300
     state0 = random_state(3, d, torch.Generator().manual_seed(1)).to(device)
     state = state0.clone()
     out = torch.full((n, d), POISON, device=device)
-    bad_compress = np.array([(n, 0, 127, 1),          # ragged row past the input
-                             (130, 0, 255, 129),      # window longer than a chunk
-                             (9, 0, 127, 11),         # starts before ragged row 0
-                             (50, 5, 127, 10),        # request index past B
-                             (60, 0, 126, 10),        # does not close its chunk
-                             (70, 1, 127, 10),        # load slot out of range (mid-chunk start)
-                             (140, 0, 127, 0x10005),  # window past 16 bits (its low bits are a valid 5)
-                             (150, 0, 127, 0xFFFFFFFF),  # a sentinel's window in a usable record
-                             (0xFFFFFFFF, 0, 0, 0)],  # half a sentinel
-                            pyplan.SEGMENT_DTYPE)
-    bad_write = np.array([(80, 0, 127, 5),            # closes its chunk: wrong list
-                          (90, 2, 50, 5),             # store slot out of range
-                          (0xFFFFFFFF,) * 4],         # a real sentinel: skipped, not counted
-                         pyplan.SEGMENT_DTYPE)
     counter = torch.zeros(1, dtype=torch.int32, device=device)
     idx = torch.tensor([0, 1, 77], dtype=torch.int32, device=device)
     load = torch.tensor([0, -4, 1], dtype=torch.int32, device=device)
-    pydsa.c128_prefill(state, torch.randn(n, 2 * d, device=device), out, torch.zeros(CHUNK, d, device=device),
-                       idx, (bad_compress, bad_write), load_indices=load, error_count=counter)
-    assert int(counter.item()) == 11
-    assert torch.equal(state, state0) and torch.isnan(out).all()
+    plan = (np.array(compress, pyplan.SEGMENT_DTYPE), np.array(write, pyplan.SEGMENT_DTYPE))
+    if as_tensors:  # records in device memory: data, like slots
+        plan = tuple(torch.from_numpy(r.view(np.uint8).reshape(-1, 16).copy()).to(device) for r in plan)
+    try:
+        pydsa.c128_prefill(state, torch.randn(n, 2 * d, device=device), out, torch.zeros(CHUNK, d, device=device),
+                           idx, plan, load_indices=load, error_count=counter)
+    finally:
+        assert torch.equal(state, state0) and torch.isnan(out).all()  # nothing written either way
+    return int(counter.item())
+
+
+@pytest.mark.parametrize("record", range(len(_BAD_COMPRESS) + len(_BAD_WRITE)))
+def test_a_host_plan_record_that_does_not_fit_the_call_is_an_error_naming_it(device, record):
+    """A host plan is read on the host: a record outside the call's tokens or requests, crossing or
+    not closing its chunk as its list requires, fails the call before anything runs, naming it (a plan
+    made for another batch, a kv_score shorter than the plan, indices shorter than its requests)."""
+    good_compress, good_write = [(200, 0, 127, 10)], [(250, 1, 50, 5)]
+    if record < len(_BAD_COMPRESS):
+        compress, write, which, at = good_compress + [_BAD_COMPRESS[record]], good_write, "compress", 1
+    else:
+        compress, write, which, at = good_compress, good_write + [_BAD_WRITE[0]], "write", 1
+    with pytest.raises(pydsa.DsaError, match=f"{which} record {at} .* does not fit this call"):
+        _corrupt_prefill(device, compress, write)
+
+
+def test_slots_of_a_host_plan_are_data_skipped_and_counted(device):
+    """Slots live in tensors: a load slot or store slot outside the state skips its record and counts."""
+    assert _corrupt_prefill(device, [(70, 1, 127, 10)], [(90, 2, 50, 5), (0xFFFFFFFF,) * 4]) == 2
+
+
+@pytest.mark.gpu
+def test_corrupted_device_plan_records_are_skipped_and_counted():
+    """Records in device memory are data: records outside the input, crossing a chunk, on the wrong
+    list, with a bad request index or a slot outside the state are skipped, counted, and write nothing."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    compress = _BAD_COMPRESS + [(70, 1, 127, 10)]  # and a load slot out of range (mid-chunk start)
+    write = _BAD_WRITE + [(90, 2, 50, 5), (0xFFFFFFFF,) * 4]  # a store slot out of range; a real sentinel
+    assert _corrupt_prefill("cuda", compress, write, as_tensors=True) == 11
 
 
 def test_prefill_plan_must_be_records(device):

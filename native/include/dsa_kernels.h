@@ -20,8 +20,10 @@
  *
  * Errors: every op returns a dsa_status. dsa_last_error() returns a sentence (thread-local,
  * valid until the thread's next call) naming the argument that was wrong and why.
- * Index values inside tensors (slots, plan records) are data: out-of-range values are skipped and
- * counted in the optional device-side `error_count` (a uint32 the caller owns and zeroes).
+ * Index values inside tensors (slots, device plans' records) are data: out-of-range values are skipped
+ * and counted in the optional device-side `error_count` (a uint32 the caller owns and zeroes). A host
+ * plan (DSA_FLAG_HOST_PLAN) is read on the host first: a record that does not fit the call fails it
+ * with DSA_STATUS_INVALID_ARGUMENT, naming the record, before anything runs.
  */
 #ifndef DSA_KERNELS_H
 #define DSA_KERNELS_H

@@ -1,8 +1,10 @@
-// Argument checks shared by the c128 ops (host code): alignment, head size, slots, state dtype.
+// Argument checks shared by the c128 ops (host code): alignment, head size, slots, state dtype, host plans.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
+#include "c128_math.h"
 #include "common.h"
 
 namespace dsa {
@@ -54,6 +56,31 @@ dsa_status check_speculative(const P& p, const char* op) {
   if (p.batch_size > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected at most %d", op,
                 (long long)p.batch_size, INT32_MAX);
+  return DSA_STATUS_OK;
+}
+
+// A host plan (DSA_FLAG_HOST_PLAN: records in host memory, read during the call) is checked before
+// anything runs: a record that is not a sentinel and breaks the segment rules for this call (outside
+// its num_tokens rows or batch_size requests, longer than its chunk allows, or not closing its chunk
+// as its list requires) fails the call, naming it. Device plans' records are data, skipped and counted.
+inline dsa_status check_host_plan(const dsa_c128_prefill_params& p, const char* op) {
+  if (!(p.flags & DSA_FLAG_HOST_PLAN)) return DSA_STATUS_OK;
+  for (const bool compress : {true, false}) {
+    const dsa_segment* list = compress ? p.compress : p.write;
+    int64_t count = compress ? p.compress_capacity : p.write_capacity;
+    if (p.counts != nullptr) count = std::max<int64_t>(0, std::min(count, p.counts[compress ? 0 : 1]));
+    for (int64_t i = 0; i < count; ++i) {
+      const dsa_segment& s = list[i];
+      if (is_sentinel(s) || segment_ok(s, compress, p.num_tokens, p.batch_size)) continue;
+      return fail(DSA_STATUS_INVALID_ARGUMENT,
+                  "%s: %s record %lld {ragged_id %u, batch_id %u, position %u, window_len %u} does not fit this "
+                  "call (%lld tokens, %lld requests; a %s record %s its chunk, 1 <= window_len <= position %% 128 + 1, "
+                  "ragged_id + 1 >= window_len): a plan made for other inputs?",
+                  op, compress ? "compress" : "write", (long long)i, s.ragged_id, s.batch_id, s.position,
+                  s.window_len, (long long)p.num_tokens, (long long)p.batch_size, compress ? "compress" : "write",
+                  compress ? "closes" : "ends before the end of");
+    }
+  }
   return DSA_STATUS_OK;
 }
 

@@ -674,6 +674,7 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
                 p.out_layout, DSA_OUT_RAGGED, DSA_OUT_COMPACT);
   if (p.compress_capacity + p.write_capacity == 0 || p.batch_size == 0 || p.num_tokens == 0) return ok();
   DSA_TRY(check_common(p, op));
+  DSA_TRY(check_host_plan(p, op));
   if (p.out == nullptr && p.store == nullptr && p.compress_capacity > 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out is null but the plan has compress records", op);
   StoreLaunch st = {};
