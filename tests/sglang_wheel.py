@@ -1,0 +1,172 @@
+"""Run as a script by tests/test_sglang_wheel.py, in its own process: sglang 0.5.23's real modules (its
+wheel installed without its dependencies) with pydsa's plugin loaded by sglang's own plugin loader, and
+sglang's own compress.py calls made on CPU tensors. Prints one JSON line of findings.
+
+sglang's package __init__ imports its whole runtime, so the package is entered without it, and the
+third-party modules its imported modules name but that are not installed (triton, zmq, ...) are stood
+in for by permissive stand-ins: what is checked is sglang's code that pydsa's hooks touch."""
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import types
+
+
+class _Base:
+    def __init_subclass__(cls, **kwargs):
+        pass
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+
+class _Stand(types.ModuleType):
+    """A missing third-party module: every attribute is another stand-in, a call returns one, and as a
+    decorator it returns what it decorates."""
+
+    def __init__(self, name):
+        super().__init__(name)
+        self.__path__ = []
+
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        child = _Stand(f"{self.__name__}.{name}")
+        setattr(self, name, child)
+        return child
+
+    def __call__(self, *args, **kwargs):
+        return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else _Stand(self.__name__ + "()")
+
+    def __mro_entries__(self, bases):
+        return (_Base,)
+
+    def __iter__(self):
+        return iter(())
+
+    def __bool__(self):
+        return False
+
+
+class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Stands in for the named top-level modules (and their submodules) only."""
+
+    def __init__(self):
+        self.names = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] not in self.names:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        return _Stand(spec.name)
+
+    def exec_module(self, module):
+        pass
+
+
+def main():
+    found = {}
+    origin = importlib.util.find_spec("sglang").submodule_search_locations[0]
+    package = types.ModuleType("sglang")
+    package.__path__ = [origin]
+    sys.modules["sglang"] = package
+    stand_ins = _StandIns()
+    sys.meta_path.insert(0, stand_ins)
+    os.environ["SGLANG_PLUGINS"] = "pydsa"
+
+    import torch
+    modules = ("sglang.srt.plugins", "sglang.kernels.ops.attention.dsv4.compress",
+               "sglang.kernels.ops.attention.dsv4.online_c128_mtp", "sglang.kernels.ops.attention.dsa.fused_metadata_copy",
+               "sglang.srt.layers.attention.dsv4.compressor_v2")
+    for _ in range(64):  # import sglang's modules, standing in for each third-party module found missing
+        try:
+            for name in modules:
+                importlib.import_module(name)
+            break
+        except ModuleNotFoundError as exc:
+            top = (exc.name or "").split(".")[0]
+            if not top or top in stand_ins.names or top in ("sglang", "torch", "pydsa", "pyplan", "numpy"):
+                raise
+            stand_ins.names.add(top)
+            for name in [m for m in sys.modules if m.startswith("sglang.")]:
+                del sys.modules[name]
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+    import pydsa
+    from pydsa import sglang as ours, sglang_plugin
+
+    load_plugins()  # sglang's loader: finds pydsa's entry point, runs register(), applies the hooks
+    found["registered"] = sorted(t for t in HookRegistry._hooks if any(
+        getattr(h, "__module__", "").startswith("pydsa") for _, h, _ in HookRegistry._hooks[t]))
+    found["patched"] = sorted(HookRegistry._patched)
+    found["ours"] = sorted(t for t, _, _ in sglang_plugin.hooks())
+
+    compress = importlib.import_module("sglang.kernels.ops.attention.dsv4.compress")
+    mtp = importlib.import_module("sglang.kernels.ops.attention.dsv4.online_c128_mtp")
+    meta = importlib.import_module("sglang.kernels.ops.attention.dsa.fused_metadata_copy")
+    def calls(installed, hook) -> bool:  # sglang's wrapper around a REPLACE hook holds the hook in its closure
+        return any(cell.cell_contents is hook for cell in (getattr(installed, "__closure__", None) or ()))
+
+    found["replaced"] = {name: calls(getattr(module, name), getattr(ours, name)) for module, name in (
+        (mtp, "online_c128_mtp_write_prefix_states"), (mtp, "online_c128_mtp_mark_pending"),
+        (mtp, "online_c128_mtp_commit_pending"), (meta, "fused_metadata_copy_cuda"),
+        (meta, "fused_metadata_copy_multi_cuda"))}
+
+    # sglang's own calls, as its compressor makes them, on CPU tensors (pydsa's host backend)
+    d = 512
+    gen = torch.Generator().manual_seed(5)
+    b = 3
+    seq = torch.tensor([128, 300, 1024], dtype=torch.int64)
+    rid = torch.tensor([2, 0, 1], dtype=torch.int64)
+    r2t = torch.zeros(4, 8, dtype=torch.int32)
+    state = torch.randn(8, 1, 3 * d, generator=gen) * 0.1
+    kv = torch.randn(b, 2 * d, generator=gen)
+    ape = torch.randn(128, d, generator=gen)
+    plan = compress.CompressorDecodePlan.generate_online(seq, rid, r2t, 4)
+    mine = ours.CompressorDecodePlan.generate_online(seq, rid, r2t, 4)
+    found["decode_plan_is_pydsas"] = type(plan) is ours.CompressorDecodePlan and torch.equal(plan.plan_d, mine.plan_d)
+    s1, s2 = state.clone(), state.clone()
+    out = compress.compress_forward(s1, kv, ape, plan, head_dim=d, compress_ratio=128, is_online=True)
+    ref = ours.compress_forward(s2, kv, ape, mine, head_dim=d, compress_ratio=128, is_online=True)
+    found["decode_state_equal"] = torch.equal(s1, s2)
+    found["decode_out_equal"] = torch.equal(out[seq % 128 == 0], ref[seq % 128 == 0])
+    w = torch.rand(d, generator=gen) + 0.5
+    angles = torch.rand(2048, 32, generator=gen)
+    freq = torch.polar(torch.ones_like(angles), angles)
+    loc = torch.tensor([5, 1, 2], dtype=torch.int64)
+    c1 = torch.full((8, pydsa.kv_page_bytes(d, 2)), 0xA5, dtype=torch.uint8)
+    c2 = c1.clone()
+    compress.compress_norm_rope_store(out, plan, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc,
+                                      kvcache=c1, page_size=2)
+    ours.compress_norm_rope_store(ref, mine, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc,
+                                  kvcache=c2, page_size=2)
+    found["store_equal"] = torch.equal(c1, c2) and not bool((c1 == 0xA5).all())
+    ext = torch.tensor([100, 300, 5], dtype=torch.int64)
+    pseq = ext + torch.tensor([28, 0, 1019])
+    n = int(ext.sum())
+    pplan = compress.CompressorPrefillPlan.generate_online(pseq, ext, rid, r2t, n, False, 4)
+    pmine = ours.CompressorPrefillPlan.generate_online(pseq, ext, rid, r2t, n, False, 4)
+    kvp = torch.randn(n, 2 * d, generator=gen)
+    s1, s2 = state.clone(), state.clone()
+    pout = compress.compress_forward(s1, kvp, ape, pplan, head_dim=d, compress_ratio=128, is_online=True)
+    pref = ours.compress_forward(s2, kvp, ape, pmine, head_dim=d, compress_ratio=128, is_online=True)
+    found["prefill_plan_is_pydsas"] = (type(pplan) is ours.CompressorPrefillPlan
+                                       and torch.equal(pplan.plan_c, pmine.plan_c) and torch.equal(pplan.plan_w, pmine.plan_w))
+    found["prefill_equal"] = torch.equal(s1, s2) and torch.equal(pout[:len(pmine.records[0])], pref[:len(pmine.records[0])])
+    # a configuration that is not pydsa's goes to sglang's own code (here: its JIT kernel loader)
+    try:
+        compress.compress_forward(state.clone(), kv, ape, plan, head_dim=d, compress_ratio=4, is_online=False)
+        found["not_ours_reached_sglang"] = False
+    except Exception as exc:  # sglang's own path, with its kernels stood in for
+        found["not_ours_reached_sglang"] = "pydsa" not in repr(exc)
+    found["stand_ins"] = sorted(stand_ins.names)
+    print("FINDINGS " + json.dumps(found))
+
+
+if __name__ == "__main__":
+    main()

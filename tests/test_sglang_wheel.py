@@ -1,0 +1,36 @@
+"""sglang 0.5.23 itself: with its wheel installed (without its dependencies: `pip install --no-deps
+sglang==0.5.23 msgspec orjson psutil`, as CI does), sglang's own plugin loader finds pydsa's entry
+point, applies every hook, and sglang's own compress.py calls, made on CPU tensors, reach pydsa and
+give what pydsa's calls give. Runs tests/sglang_wheel.py in a process of its own (it enters sglang's
+package without its runtime and stands in for the third-party modules that are not installed)."""
+import importlib.metadata
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+
+def _sglang_version():
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(_sglang_version() != "0.5.23", reason="sglang 0.5.23's wheel is not installed")
+def test_sglangs_loader_applies_the_plugin_and_its_compressor_calls_reach_pydsa(tmp_path):
+    script = pathlib.Path(__file__).with_name("sglang_wheel.py")
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("FINDINGS ")]
+    assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-3000:]
+    found = json.loads(lines[-1][len("FINDINGS "):])
+    assert found["registered"] == found["ours"] and len(found["ours"]) == 10
+    assert set(found["ours"]) <= set(found["patched"])  # every target resolved in sglang's modules
+    assert all(found["replaced"].values()), found["replaced"]
+    for key in ("decode_plan_is_pydsas", "decode_state_equal", "decode_out_equal", "store_equal",
+                "prefill_plan_is_pydsas", "prefill_equal", "not_ours_reached_sglang"):
+        assert found[key] is True, key
+    # sglang's own code stayed sglang's: only third-party modules were stood in for
+    assert not any(name.startswith(("sglang", "torch", "pydsa")) for name in found["stand_ins"])
