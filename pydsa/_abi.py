@@ -10,7 +10,7 @@ import os
 import sys
 from importlib import resources
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
@@ -165,7 +165,7 @@ def _load() -> C.CDLL:
     lib.dsa_c128_plan_prefill.restype = C.c_int
     lib.dsa_c128_plan_prefill.argtypes = [C.POINTER(PlanParams)]
     for name in ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan", "dsa_c128_verify",
-                 "dsa_c128_commit", "dsa_kv_store"):
+                 "dsa_c128_commit", "dsa_kv_store", "dsa_sglang_plan"):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream

@@ -148,6 +148,31 @@ cdef extern from "dsa_kernels.h":
     ctypedef struct dsa_metadata_destination:
         pass
 
+    int DSA_SGLANG_DECODE_PLAN
+    int DSA_SGLANG_PREFILL_PLAN
+
+    ctypedef struct dsa_sglang_plan_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t kind
+        int64_t batch_size
+        int64_t state_slot_offset
+        const int64_t* req_pool_indices
+        int32_t* slots
+        int32_t* load_slots
+        const int64_t* seq_lens
+        uint8_t* plan_d
+        int32_t* seq_lens_out
+        const dsa_segment* compress
+        const dsa_segment* write
+        int64_t num_compress
+        int64_t num_write
+        uint8_t* plan_c
+        uint8_t* plan_w
+        int64_t compress_rows
+        int64_t write_rows
+
     ctypedef struct dsa_metadata_sources:
         const int32_t* cache_seqlens
         const int32_t* cu_seqlens_k
@@ -233,6 +258,7 @@ cdef Entry _upload_entry = NULL
 cdef Entry _verify_entry = NULL
 cdef Entry _commit_entry = NULL
 cdef Entry _store_entry = NULL
+cdef Entry _sglang_plan_entry = NULL
 cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
 cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
 cdef const ExchangeAPI* _apis[MAX_TYPES]
@@ -262,13 +288,15 @@ cdef const ExchangeAPI* _table(object tensor_type):
 
 
 def init(tensor_type, dict dtype_keys, raw_stream, uintptr_t decode, uintptr_t prefill, uintptr_t metadata,
-         uintptr_t upload, uintptr_t verify, uintptr_t commit, uintptr_t store, ndarray_type, record_lists):
+         uintptr_t upload, uintptr_t verify, uintptr_t commit, uintptr_t store, uintptr_t sglang_plan, ndarray_type,
+         record_lists):
     """Binds the library's entry points (addresses), the framework's tensor type (its dtypes by
     name: float32, bfloat16, int32, int64, uint8; its current-stream reader), and the plan types
     with pyplan's reader of record arrays; sets and returns `available` (the exchange API)."""
     global _decode_entry, _prefill_entry, _metadata_entry, _upload_entry, _verify_entry, _commit_entry, _streams
     global _device_plan_type, _ndarray_type, _record_lists, available, _store_entry, _tensor_type, _dtype_keys
-    global _raw_stream
+    global _raw_stream, _sglang_plan_entry
+    _sglang_plan_entry = <Entry>sglang_plan
     keys = dict(float32=F32, bfloat16=BF16, int32=I32, int64=I64, uint8=U8)
     _dtype_keys = {dtype: keys[name] for name, dtype in dtype_keys.items()}
     _tensor_type = tensor_type
@@ -304,7 +332,8 @@ def struct_sizes():
     {dsa_struct_id: size}, checked against the loaded library."""
     return {2: sizeof(dsa_c128_decode_params), 3: sizeof(dsa_c128_prefill_params),
             6: sizeof(dsa_metadata_copy_params), 7: sizeof(dsa_plan_upload_params),
-            8: sizeof(dsa_c128_verify_params), 9: sizeof(dsa_c128_commit_params), 11: sizeof(dsa_kv_store_params)}
+            8: sizeof(dsa_c128_verify_params), 9: sizeof(dsa_c128_commit_params), 11: sizeof(dsa_kv_store_params),
+            12: sizeof(dsa_sglang_plan_params)}
 
 
 def set_error_counter(int dev, uintptr_t address):
@@ -866,6 +895,78 @@ def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_
     if _fill_store(&p, vectors, positions, cache_slots, cache, flags, error_count) < 0:
         return DECLINED
     return _launch(_store_entry, &p, p.device, stream)
+
+
+# ---- sglang 0.5.23's plan records -----------------------------------------------------------
+
+cdef int _plan_head(dsa_sglang_plan_params* p, int kind, req_pool_indices, object offset, slots, uint32_t flags,
+                    Arg* rid) except -2:
+    """The fields both plans share; rid read (int64 [B]) and slots checked (int32 [B] on its device)."""
+    cdef Arg sl
+    if not _int_in(offset, 0, 2**31 - 1) or _read(req_pool_indices, rid) < 0 or rid.dev == -2 or rid.ndim != 1:
+        return -1
+    cdef int64_t b = rid.shape[0]
+    if _vector(req_pool_indices, rid, I64, rid.dev, b) < 0 or _vector(slots, &sl, I32, rid.dev, b) < 0:
+        return -1
+    memset(p, 0, sizeof(dsa_sglang_plan_params))
+    p.struct_size = sizeof(dsa_sglang_plan_params)
+    p.flags = flags
+    p.device = rid.dev
+    p.kind = kind
+    p.batch_size = b
+    p.state_slot_offset = offset
+    p.req_pool_indices = <const int64_t*>rid.data
+    p.slots = <int32_t*>sl.data
+    return 0
+
+
+def sglang_decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, seq_lens_out, slots, stream,
+                       uint32_t flags):
+    """sglang's decode plan records and pydsa's slots in one launch: the library's status, or DECLINED."""
+    cdef dsa_sglang_plan_params p
+    cdef Arg rid, sq, pd, so
+    if _plan_head(&p, DSA_SGLANG_DECODE_PLAN, req_pool_indices, state_slot_offset, slots, flags, &rid) < 0:
+        return DECLINED
+    if (_vector(seq_lens, &sq, I64, rid.dev, p.batch_size) < 0
+            or _matrix(plan_d, &pd, U8, rid.dev, p.batch_size, 16) < 0
+            or _vector(seq_lens_out, &so, I32, rid.dev, p.batch_size) < 0):
+        return DECLINED
+    p.seq_lens = <const int64_t*>sq.data
+    p.plan_d = <uint8_t*>pd.data
+    p.seq_lens_out = <int32_t*>so.data
+    return _launch(_sglang_plan_entry, &p, p.device, stream)
+
+
+def sglang_prefill_plan(compress, write, req_pool_indices, state_slot_offset, plan_c, plan_w, slots, load_slots,
+                        stream, uint32_t flags):
+    """sglang's prefill plan records (from pyplan's record arrays, read here during the call) and pydsa's
+    slots in one launch: the library's status, or DECLINED."""
+    cdef dsa_sglang_plan_params p
+    cdef Arg rid, pc, pw, ls
+    cdef uintptr_t cp, wp
+    cdef int64_t nc, nw
+    if type(compress) is not _ndarray_type or type(write) is not _ndarray_type:
+        return DECLINED
+    try:
+        cp, nc, wp, nw = _record_lists(compress, write)
+    except TypeError:
+        return DECLINED
+    if _plan_head(&p, DSA_SGLANG_PREFILL_PLAN, req_pool_indices, state_slot_offset, slots, flags, &rid) < 0:
+        return DECLINED
+    if (_tensor(plan_c, &pc, U8, rid.dev, 2) < 0 or pc.shape[1] != 16 or pc.shape[0] < nc
+            or _tensor(plan_w, &pw, U8, rid.dev, 2) < 0 or pw.shape[1] != 16 or pw.shape[0] < nw
+            or _vector(load_slots, &ls, I32, rid.dev, p.batch_size) < 0):
+        return DECLINED
+    p.load_slots = <int32_t*>ls.data
+    p.compress = <const dsa_segment*>cp
+    p.write = <const dsa_segment*>wp
+    p.num_compress = nc
+    p.num_write = nw
+    p.plan_c = <uint8_t*>pc.data
+    p.plan_w = <uint8_t*>pw.data
+    p.compress_rows = pc.shape[0]
+    p.write_rows = pw.shape[0]
+    return _launch(_sglang_plan_entry, &p, p.device, stream)
 
 
 # ---- metadata copy --------------------------------------------------------------------------

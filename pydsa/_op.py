@@ -26,7 +26,7 @@ _calls.init(torch.Tensor, dict(float32=torch.float32, bfloat16=torch.bfloat16, i
             getattr(torch._C, "_cuda_getCurrentRawStream", None),
             *(C.cast(getattr(lib, name), C.c_void_p).value for name in (
                 "dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan", "dsa_c128_verify",
-                "dsa_c128_commit", "dsa_kv_store")),
+                "dsa_c128_commit", "dsa_kv_store", "dsa_sglang_plan")),
             np.ndarray, pyplan.record_lists)
 SIZES = _calls.struct_sizes()
 

@@ -27,8 +27,13 @@ import torch
 
 import pyplan
 
+from . import _calls
+from ._abi import DEFAULT_PDL_FLAG, check as _check_status
 from .c128 import DevicePlan, c128_decode, c128_prefill
 from .store import KVCache, kv_store
+
+_decode_plan = _calls.sglang_decode_plan
+_prefill_plan = _calls.sglang_prefill_plan
 
 __all__ = ["CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward", "compress_norm_rope_store",
            "compress_forward_and_store"]
@@ -70,9 +75,11 @@ class CompressorDecodePlan(NamedTuple):
             raise RuntimeError("req_to_token must be a 2-D int32 tensor")
         if state_slot_offset < 0:
             raise RuntimeError(f"state_slot_offset must be >= 0 (got {state_slot_offset})")
-        seq = seq_lens.to(torch.int32)
-        slots = (req_pool_indices + int(state_slot_offset)).to(torch.int32)
-        plan_d = torch.stack([seq, slots, slots, torch.full_like(seq, -1)], dim=1).contiguous().view(torch.uint8)
+        b = seq_lens.shape[0]
+        buf = torch.empty(6 * b, dtype=torch.int32, device=req_pool_indices.device)  # one allocation, three views
+        plan_d, seq, slots = buf[:4 * b].view(torch.uint8).view(b, 16), buf[4 * b:5 * b], buf[5 * b:]
+        _plan_status(_decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, seq, slots, None,
+                                  DEFAULT_PDL_FLAG), "decode")
         return CompressorDecodePlan(RATIO, plan_d, seq, slots)
 
     @property
@@ -126,13 +133,15 @@ class CompressorPrefillPlan(NamedTuple):
                                                           return_counts=True)
             records = (compress[:nc].copy(), write[:nw].copy())
             compress, write = records
-        nc, nw = len(compress), len(write)
-        rid = req_pool_indices.to(torch.int64)
-        rows = n if use_cuda_graph else None
-        plan_c = _v2_records(compress, nc, rows, rid, state_slot_offset, dev)
-        plan_w = _v2_records(write, nw, rows, rid, state_slot_offset, dev)
-        indices = (rid + int(state_slot_offset)).to(torch.int32)
-        load = rid.to(torch.int32)
+        rows_c, rows_w = (n, n) if use_cuda_graph else (len(compress), len(write))
+        # sglang's records and pydsa's slots: one allocation, one launch (the records travel inside it)
+        buf = torch.empty(4 * (rows_c + rows_w) + 2 * b, dtype=torch.int32, device=dev)
+        plan_c = buf[:4 * rows_c].view(torch.uint8).view(rows_c, 16)
+        plan_w = buf[4 * rows_c:4 * (rows_c + rows_w)].view(torch.uint8).view(rows_w, 16)
+        indices, load = buf[4 * (rows_c + rows_w):4 * (rows_c + rows_w) + b], buf[4 * (rows_c + rows_w) + b:]
+        rid = req_pool_indices if req_pool_indices.dtype == torch.int64 else req_pool_indices.to(torch.int64)
+        _plan_status(_prefill_plan(compress, write, rid, state_slot_offset, plan_c, plan_w, indices, load, None,
+                                   DEFAULT_PDL_FLAG), "prefill")
         return CompressorPrefillPlan(RATIO, plan_c, plan_w, None, records, indices, load)
 
     @property
@@ -140,21 +149,12 @@ class CompressorPrefillPlan(NamedTuple):
         return False
 
 
-def _v2_records(segments, count: int, rows, rid: torch.Tensor, offset: int, dev) -> torch.Tensor:
-    """sglang's 16-byte records of the first `count` segments, padded to `rows` (graph mode)."""
-    total = count if rows is None else rows
-    host = np.empty((total, 4), np.int32)
-    host[:, 0], host[:, 1], host[:, 2], host[:, 3] = -1, 0, -1, -1
-    real = segments[:count]
-    host[:count, 0] = (real["position"].astype(np.int64) + 1).astype(np.uint32).view(np.int32)
-    host[:count, 1] = (real["ragged_id"].astype(np.uint32) | (real["window_len"].astype(np.uint32) << 16)).view(np.int32)
-    batch = torch.from_numpy(real["batch_id"].astype(np.int64)).to(dev)
-    recs = torch.from_numpy(host).to(dev)
-    if count:
-        r = rid[batch]
-        recs[:count, 2] = (r + int(offset)).to(torch.int32)
-        recs[:count, 3] = r.to(torch.int32)
-    return recs.view(torch.uint8)
+def _plan_status(status: int, which: str) -> None:
+    if status == _calls.DECLINED:  # the checks above passed: req_pool_indices must be int64 on one device
+        raise RuntimeError(f"the {which} plan's tensors could not be read: req_pool_indices (and seq_lens) must be "
+                           f"contiguous 1-D int64 tensors on one CPU or CUDA device")
+    if status:
+        _check_status(status)
 
 
 def _plan_of(plan):

@@ -90,3 +90,17 @@ class MetadataCopyParams(C.Structure):
 
 STRUCTS = {2: DecodeParams, 3: PrefillParams, 6: MetadataCopyParams, 7: PlanUploadParams, 8: VerifyParams,
            9: CommitParams, 11: KvStoreParams}
+
+
+class SglangPlanParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("kind", C.c_int32),
+        ("batch_size", C.c_int64), ("state_slot_offset", C.c_int64), ("req_pool_indices", C.c_void_p),
+        ("slots", C.c_void_p), ("load_slots", C.c_void_p), ("seq_lens", C.c_void_p), ("plan_d", C.c_void_p),
+        ("seq_lens_out", C.c_void_p), ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("num_compress", C.c_int64), ("num_write", C.c_int64), ("plan_c", C.c_void_p), ("plan_w", C.c_void_p),
+        ("compress_rows", C.c_int64), ("write_rows", C.c_int64),
+    ]
+
+
+STRUCTS[12] = SglangPlanParams

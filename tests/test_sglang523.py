@@ -86,6 +86,49 @@ def test_prefill_plan_refusals_and_the_padded_bucket():
     assert _bytes(plan.plan_c) == c and _bytes(plan.plan_w) == w
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_prefill_plan_of_more_records_than_one_launch_carries(device):
+    """1100 requests of 50 tokens: over 1024 records, so the plan takes several launches (and its padding
+    and slots the first); the bytes are still sglang's."""
+    b = 1100
+    ext = np.full(b, 50, np.int64)
+    seq = ext + np.arange(b, dtype=np.int64) * 7 % 300
+    rid = torch.from_numpy(np.random.default_rng(2).permutation(2 * b)[:b]).to(device)
+    r2t = torch.zeros(2 * b, 4, dtype=torch.int32, device=device)
+    for graph in (False, True):
+        plan = sglang.CompressorPrefillPlan.generate_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t,
+                                                            int(ext.sum()), graph, 3)
+        c, w = ref_prefill_plan(seq.tolist(), ext.tolist(), rid.tolist(), 3, int(ext.sum()), graph)
+        if not graph:
+            assert len(plan.records[0]) + len(plan.records[1]) > 1024
+        assert _bytes(plan.plan_c) == c and _bytes(plan.plan_w) == w
+        assert plan.indices.tolist() == [r + 3 for r in rid.tolist()] and plan.load_indices.tolist() == rid.tolist()
+
+
+def test_the_plan_entry_point_refuses_records_sglang_cannot_hold():
+    """dsa_sglang_plan checks a prefill's records on the host before writing anything: a batch_id past the
+    batch, a ragged row past 16 bits, a window outside 1..128."""
+    import ctypes
+    import c_structs
+    from pydsa import _abi
+    rid = torch.arange(2, dtype=torch.int64)
+    slots, load = torch.full((2,), 7, dtype=torch.int32), torch.full((2,), 7, dtype=torch.int32)
+    for bad, why in (((0, 2, 127, 1), "batch_id 2"), ((70000, 0, 127, 1), "ragged_id 70000"),
+                     ((5, 0, 127, 0), "window_len 0")):
+        records = np.array([(127, 0, 127, 128), bad], pyplan.SEGMENT_DTYPE)
+        plan_c = torch.full((2, 16), 0xAB, dtype=torch.uint8)
+        p = _abi.new(c_structs.SglangPlanParams)
+        p.device, p.kind, p.batch_size = -1, 1, 2
+        p.req_pool_indices, p.slots, p.load_slots = rid.data_ptr(), slots.data_ptr(), load.data_ptr()
+        p.compress, p.num_compress, p.plan_c, p.compress_rows = records.ctypes.data, 2, plan_c.data_ptr(), 2
+        assert _abi.lib.dsa_sglang_plan(ctypes.byref(p), None) == 1
+        assert f"compress record 1 {{ragged_id" in _abi.lib.dsa_last_error().decode() and why in \
+            _abi.lib.dsa_last_error().decode()
+        assert (plan_c == 0xAB).all() and (slots == 7).all()  # nothing written
+    p.kind = 5
+    assert _abi.lib.dsa_sglang_plan(ctypes.byref(p), None) == 1 and "kind is 5" in _abi.lib.dsa_last_error().decode()
+
+
 def _layer(device, b, seed=0):
     gen = torch.Generator().manual_seed(seed)
     state = torch.randn(b + 4, 3 * D, generator=gen) * 0.1

@@ -41,7 +41,7 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 5
+#define DSA_ABI_VERSION 6
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
@@ -72,7 +72,8 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_VERIFY_PARAMS = 8,      /* ABI 4 */
   DSA_STRUCT_COMMIT_PARAMS = 9,      /* ABI 4 */
   DSA_STRUCT_KV_CACHE = 10,          /* ABI 5 */
-  DSA_STRUCT_KV_STORE_PARAMS = 11    /* ABI 5 */
+  DSA_STRUCT_KV_STORE_PARAMS = 11,   /* ABI 5 */
+  DSA_STRUCT_SGLANG_PLAN_PARAMS = 12 /* ABI 6 */
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -440,6 +441,45 @@ typedef struct dsa_metadata_copy_params {
 } dsa_metadata_copy_params;
 
 DSA_API dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, void* stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* sglang 0.5.23's online c128 plan records (docs/spec.md, sglang conventions), ABI 6: one launch
+ * writes the 16-byte records sglang's CompressorDecodePlan / CompressorPrefillPlan hold, with the
+ * slots resolved from req_pool_indices, and the per-request slots pydsa's kernels read.
+ *   decode record b:  {u32 seq_lens[b], i32 rid + offset, i32 rid + offset, i32 -1}
+ *   prefill record:   {u32 position + 1, u32 ragged_id | window_len << 16, i32 rid + offset, i32 rid}
+ *                     (rid = req_pool_indices[batch_id]); rows past the records up to compress_rows /
+ *                     write_rows (CUDA-graph padding): {0xFFFFFFFF, 0, -1, -1}
+ *   slots[b] = rid + offset; load_slots[b] = rid (prefill; may be null); decode: seq_lens_out[b] = seq_lens[b].
+ * A prefill's records are host memory read during the call (they travel inside the launch, as in
+ * dsa_c128_upload_plan); a record whose batch_id is not below batch_size, whose ragged row does not
+ * fit 16 bits or whose window is not 1..128 fails the call before anything is written. */
+typedef enum dsa_sglang_plan_kind { DSA_SGLANG_DECODE_PLAN = 0, DSA_SGLANG_PREFILL_PLAN = 1 } dsa_sglang_plan_kind;
+
+typedef struct dsa_sglang_plan_params {
+  uint32_t struct_size;
+  uint32_t flags;                   /* DSA_FLAG_PDL */
+  int32_t device;                   /* CUDA ordinal owning every pointer but the records, or DSA_DEVICE_HOST */
+  int32_t kind;                     /* dsa_sglang_plan_kind */
+  int64_t batch_size;               /* B >= 0 */
+  int64_t state_slot_offset;        /* >= 0 */
+  const int64_t* req_pool_indices;  /* [B] */
+  int32_t* slots;                   /* [B] out: rid + offset */
+  int32_t* load_slots;              /* [B] out: rid (prefill; may be null) */
+  const int64_t* seq_lens;          /* decode: [B] */
+  uint8_t* plan_d;                  /* decode: [B, 16] out */
+  int32_t* seq_lens_out;            /* decode: [B] out (may be null) */
+  const dsa_segment* compress;      /* prefill: [num_compress] host */
+  const dsa_segment* write;         /* prefill: [num_write] host */
+  int64_t num_compress;
+  int64_t num_write;
+  uint8_t* plan_c;                  /* prefill: [compress_rows, 16] out */
+  uint8_t* plan_w;                  /* prefill: [write_rows, 16] out */
+  int64_t compress_rows;            /* >= num_compress */
+  int64_t write_rows;               /* >= num_write */
+} dsa_sglang_plan_params;
+
+DSA_API dsa_status dsa_sglang_plan(const dsa_sglang_plan_params* params, void* stream);
 
 #ifdef __cplusplus
 }

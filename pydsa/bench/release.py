@@ -22,7 +22,7 @@ import torch
 
 import pydsa
 from . import harness
-from .harness import graph_us
+from .harness import graph_us, host_us, host_vs_empty
 
 D = 512
 PAGE = 2
@@ -396,13 +396,58 @@ def model_step_rows(v2, bs, dtypes, rounds=5):
     return rows
 
 
+def planning_rows(v2) -> list:
+    """P23: host time per call of the sglang-shaped planning calls, pydsa.sglang's generate_online beside
+    the reference's (sglang's host steps: its pinned buffer, copies and plan kernel), alternating in
+    blocks, no sync inside a block; and the empty launch measured beside them."""
+    from .. import sglang as ours
+    rows = []
+    rng = np.random.default_rng(11)
+    sync = torch.cuda.synchronize
+    for b in (1, 32, 256, 1024):
+        seq = torch.from_numpy(rng.integers(1, 60000, b)).cuda()
+        rid = torch.from_numpy(rng.permutation(4 * b)[:b]).cuda()
+        r2t = torch.zeros(4 * b, 8, dtype=torch.int32, device="cuda")
+        mine = lambda: ours.CompressorDecodePlan.generate_online(seq, rid, r2t, 64)
+        theirs = lambda: v2.plan_decode_online(seq, rid, r2t, 64)
+        o, t = [], []
+        for _ in range(5):
+            o.append(host_us(mine, n=400, rounds=1, sync=sync))
+            t.append(host_us(theirs, n=400, rounds=1, sync=sync))
+        mo, mt = statistics.median(o), statistics.median(t)
+        rows.append({"plan": "decode", "b": b, "pydsa host us": round(mo, 2), "sglang host us": round(mt, 2),
+                     "P23 ratio (target <= 0.5)": round(mo / mt, 3)})
+        print(rows[-1], flush=True)
+    for name, ext in (("4 x (77-400)", np.array([100, 300, 77, 400])), ("8 x 1K", np.full(8, 1024)),
+                      ("64 x (1-600)", rng.integers(1, 601, 64))):
+        ext = ext.astype(np.int64)
+        seq = ext + rng.integers(0, 5000, len(ext))
+        n, b = int(ext.sum()), len(ext)
+        seq_t, ext_t = torch.from_numpy(seq), torch.from_numpy(ext)
+        rid = torch.from_numpy(rng.permutation(4 * b)[:b]).cuda()
+        r2t = torch.zeros(4 * b, 8, dtype=torch.int32, device="cuda")
+        mine = lambda: ours.CompressorPrefillPlan.generate_online(seq_t, ext_t, rid, r2t, n, False, 64)
+        theirs = lambda: v2.plan_prefill_online(seq_t, ext_t, rid, r2t, n, False, 64)
+        o, t = [], []
+        for _ in range(5):
+            o.append(host_us(mine, n=200, rounds=1, sync=sync))
+            t.append(host_us(theirs, n=200, rounds=1, sync=sync))
+        mo, mt = statistics.median(o), statistics.median(t)
+        rows.append({"plan": "prefill", "case": name, "tokens": n, "pydsa host us": round(mo, 2),
+                     "sglang host us": round(mt, 2), "P23 ratio (target <= 0.2)": round(mo / mt, 3)})
+        print(rows[-1], flush=True)
+    rows.append({"empty launch host us": round(host_vs_empty(lambda: None, n=1000, fetch_stream=True)[1], 2)})
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pydsa.bench.release", description=__doc__.split("\n\n")[0])
     ap.add_argument("json", help="where the rows go")
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
-    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step", "sglang-api"], help="one part")
+    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step", "sglang-api", "planning"],
+                    help="one part")
     args = ap.parse_args(argv)
     v2, mtp = _load(args.reference_build)
     harness.GRAPH_BUSY_START = True
@@ -415,6 +460,8 @@ def main(argv=None):
     if args.only in (None, "sglang-api"):
         result["sglang_api_vs_sglang"] = compare_sglang_api(v2)
         print(result["sglang_api_vs_sglang"], flush=True)
+    if args.only in (None, "planning"):
+        result["planning"] = planning_rows(v2)
     if args.only in (None, "store"):
         result["store_vs_sglang"] = compare_store(v2)
         print(result["store_vs_sglang"], flush=True)

@@ -1,0 +1,186 @@
+// sglang 0.5.23's online c128 plan records (dsa_sglang_plan): the decode and prefill plans sglang's
+// compressor holds, with their slots resolved from req_pool_indices, in one launch; GPU and host backend.
+#include <algorithm>
+#include <cstdint>
+
+#include "c128_device.cuh"
+
+namespace dsa {
+namespace {
+
+// One 16-byte record as four little-endian words; both backends build them here.
+struct Record {
+  uint32_t w[4];
+};
+
+DSA_HD Record decode_record(int64_t seq_len, int64_t rid, int64_t offset) {
+  const uint32_t slot = (uint32_t)(rid + offset);
+  return Record{{(uint32_t)seq_len, slot, slot, 0xFFFFFFFFu}};
+}
+
+DSA_HD Record prefill_record(const dsa_segment& s, int64_t rid, int64_t offset) {
+  return Record{{s.position + 1, s.ragged_id | (s.window_len << 16), (uint32_t)(rid + offset), (uint32_t)rid}};
+}
+
+DSA_HD Record padding_record() { return Record{{0xFFFFFFFFu, 0u, 0xFFFFFFFFu, 0xFFFFFFFFu}}; }
+
+DSA_HD void put(uint8_t* rows, int64_t row, const Record& r) {
+  uint32_t* at = reinterpret_cast<uint32_t*>(rows + row * 16);
+  at[0] = r.w[0], at[1] = r.w[1], at[2] = r.w[2], at[3] = r.w[3];
+}
+
+// The per-request part (slots, and a decode's records) and a prefill's padding rows: item i of
+// max(B, padding rows).
+DSA_HD void request_item(const dsa_sglang_plan_params& p, int64_t i) {
+  if (i < p.batch_size) {
+    const int64_t rid = p.req_pool_indices[i];
+    p.slots[i] = (int32_t)(rid + p.state_slot_offset);
+    if (p.load_slots != nullptr) p.load_slots[i] = (int32_t)rid;
+    if (p.kind == DSA_SGLANG_DECODE_PLAN) {
+      const int64_t seq = p.seq_lens[i];
+      put(p.plan_d, i, decode_record(seq, rid, p.state_slot_offset));
+      if (p.seq_lens_out != nullptr) p.seq_lens_out[i] = (int32_t)seq;
+    }
+  }
+  if (p.kind == DSA_SGLANG_PREFILL_PLAN) {
+    const int64_t pad_c = p.compress_rows - p.num_compress;
+    if (i < pad_c) put(p.plan_c, p.num_compress + i, padding_record());
+    if (i < p.write_rows - p.num_write) put(p.plan_w, p.num_write + i, padding_record());
+  }
+}
+
+DSA_HD int64_t request_items(const dsa_sglang_plan_params& p) {
+  if (p.kind == DSA_SGLANG_DECODE_PLAN) return p.batch_size;
+  const int64_t pad_c = p.compress_rows - p.num_compress, pad_w = p.write_rows - p.num_write;
+  const int64_t pad = pad_c > pad_w ? pad_c : pad_w;
+  return p.batch_size > pad ? p.batch_size : pad;
+}
+
+// A prefill's records travel inside the launch (DSA_UPLOAD_RECORDS at most per launch): record j of
+// the launch is plan record first + j, compress records first, then write records.
+template <int kRecords>
+struct PlanRecords {
+  dsa_segment r[kRecords];
+};
+
+struct PlanLaunch {
+  dsa_sglang_plan_params p;  // pointers on the device; `compress` / `write` unused here
+  int64_t first;             // plan index of the launch's first record
+  int32_t count;             // records in this launch
+  int32_t requests;          // 1: this launch also writes the per-request part
+};
+
+constexpr int kPlanThreads = 128;
+
+template <int kRecords>
+__global__ void __launch_bounds__(kPlanThreads)
+    sglang_plan_kernel(const __grid_constant__ PlanLaunch a, const __grid_constant__ PlanRecords<kRecords> records) {
+  wait_for_producers();
+  allow_dependents();
+  const dsa_sglang_plan_params& p = a.p;
+  const int64_t requests = a.requests ? request_items(p) : 0;
+  const int64_t items = a.count > requests ? a.count : requests;
+  for (int64_t i = (int64_t)blockIdx.x * kPlanThreads + threadIdx.x; i < items; i += (int64_t)gridDim.x * kPlanThreads) {
+    if (i < a.count) {
+      const int64_t j = a.first + i;
+      const dsa_segment& s = records.r[i];
+      const Record r = prefill_record(s, p.req_pool_indices[s.batch_id], p.state_slot_offset);
+      j < p.num_compress ? put(p.plan_c, j, r) : put(p.plan_w, j - p.num_compress, r);
+    }
+    if (a.requests) request_item(p, i);
+  }
+}
+
+template <int kRecords>
+cudaError_t launch_plan(const PlanLaunch& a, cudaStream_t stream, bool pdl) {
+  PlanRecords<kRecords> records;
+  for (int i = 0; i < a.count; ++i) {
+    const int64_t j = a.first + i;
+    records.r[i] = j < a.p.num_compress ? a.p.compress[j] : a.p.write[j - a.p.num_compress];
+  }
+  const int64_t items = std::max<int64_t>(a.count, a.requests ? request_items(a.p) : 0);
+  const unsigned grid = (unsigned)std::clamp<int64_t>((items + kPlanThreads - 1) / kPlanThreads, 1, 4096);
+  return launch(sglang_plan_kernel<kRecords>, grid, kPlanThreads, stream, pdl ? kLaunchPdl : 0u, a, records);
+}
+
+dsa_status check_records(const dsa_sglang_plan_params& p, const char* op) {
+  for (const bool compress : {true, false}) {
+    const dsa_segment* list = compress ? p.compress : p.write;
+    const int64_t n = compress ? p.num_compress : p.num_write;
+    for (int64_t i = 0; i < n; ++i) {
+      const dsa_segment& s = list[i];
+      if ((int64_t)s.batch_id >= p.batch_size || s.ragged_id > 0xFFFFu || s.window_len < 1 || s.window_len > DSA_CHUNK)
+        return fail(DSA_STATUS_INVALID_ARGUMENT,
+                    "%s: %s record %lld {ragged_id %u, batch_id %u, position %u, window_len %u}: sglang's records need "
+                    "batch_id < batch_size (%lld), a ragged row below 65536 and window_len 1..128",
+                    op, compress ? "compress" : "write", (long long)i, s.ragged_id, s.batch_id, s.position,
+                    s.window_len, (long long)p.batch_size);
+    }
+  }
+  return DSA_STATUS_OK;
+}
+
+dsa_status check_plan(const dsa_sglang_plan_params& p, const char* op) {
+  if (p.kind != DSA_SGLANG_DECODE_PLAN && p.kind != DSA_SGLANG_PREFILL_PLAN)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kind is %d; expected %d (decode) or %d (prefill)", op, p.kind,
+                DSA_SGLANG_DECODE_PLAN, DSA_SGLANG_PREFILL_PLAN);
+  if (p.batch_size < 0 || p.state_slot_offset < 0 || p.state_slot_offset > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size and state_slot_offset must be >= 0 (offset <= %d; got "
+                "%lld, %lld)", op, INT32_MAX, (long long)p.batch_size, (long long)p.state_slot_offset);
+  if (p.batch_size > 0 && (p.req_pool_indices == nullptr || p.slots == nullptr))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: req_pool_indices and slots must be non-null", op);
+  const void* rows[] = {p.slots, p.load_slots, p.plan_d, p.seq_lens_out, p.plan_c, p.plan_w};
+  for (const void* r : rows)
+    if (!aligned(r, 4)) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: every output must be 4-byte aligned", op);
+  if (p.kind == DSA_SGLANG_DECODE_PLAN) {
+    if (p.batch_size > 0 && (p.seq_lens == nullptr || p.plan_d == nullptr))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a decode plan needs seq_lens and plan_d", op);
+    return DSA_STATUS_OK;
+  }
+  if (p.num_compress < 0 || p.num_write < 0 || p.compress_rows < p.num_compress || p.write_rows < p.num_write)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: need 0 <= num_compress <= compress_rows and 0 <= num_write <= "
+                "write_rows (got %lld, %lld, %lld, %lld)", op, (long long)p.num_compress, (long long)p.compress_rows,
+                (long long)p.num_write, (long long)p.write_rows);
+  if ((p.num_compress > 0 && p.compress == nullptr) || (p.num_write > 0 && p.write == nullptr) ||
+      (p.compress_rows > 0 && p.plan_c == nullptr) || (p.write_rows > 0 && p.plan_w == nullptr))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a record list or plan tensor with rows is null", op);
+  return check_records(p, op);
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_sglang_plan(const dsa_sglang_plan_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_sglang_plan";
+  DSA_TRY(check_struct(params, op));
+  const dsa_sglang_plan_params& p = *params;
+  DSA_TRY(check_plan(p, op));
+  const bool prefill = p.kind == DSA_SGLANG_PREFILL_PLAN;
+  const int64_t records = prefill ? p.num_compress + p.num_write : 0;
+  if (p.device == DSA_DEVICE_HOST) {
+    for (int64_t j = 0; j < records; ++j) {
+      const dsa_segment& s = j < p.num_compress ? p.compress[j] : p.write[j - p.num_compress];
+      const Record r = prefill_record(s, p.req_pool_indices[s.batch_id], p.state_slot_offset);
+      j < p.num_compress ? put(p.plan_c, j, r) : put(p.plan_w, j - p.num_compress, r);
+    }
+    for (int64_t i = 0, n = request_items(p); i < n; ++i) request_item(p, i);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  DeviceGuard guard(p.device);
+  PlanLaunch a = {p, 0, 0, 1};
+  const cudaStream_t s = (cudaStream_t)stream;
+  do {  // at least one launch: the per-request part
+    a.count = (int32_t)std::min<int64_t>(DSA_UPLOAD_RECORDS, records - a.first);
+    const bool pdl = (p.flags & DSA_FLAG_PDL) || a.first > 0;
+    const cudaError_t err = a.count <= kSmallInline         ? launch_plan<kSmallInline>(a, s, pdl)
+                            : a.count <= DSA_INLINE_RECORDS ? launch_plan<DSA_INLINE_RECORDS>(a, s, pdl)
+                                                            : launch_plan<DSA_UPLOAD_RECORDS>(a, s, pdl);
+    DSA_TRY(launch_status(err, op));
+    a.requests = 0;
+    a.first += a.count;
+  } while (a.first < records);
+  return ok();
+}
