@@ -64,22 +64,17 @@ class CompressorDecodePlan(NamedTuple):
     def generate_online(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                         state_slot_offset: int = 0) -> "CompressorDecodePlan":
         """sglang's argument order; seq_lens and req_pool_indices int64 [B] on the device, req_to_token
-        shape-checked only (as in sglang). No host synchronization."""
-        if seq_lens.dtype != torch.int64 or req_pool_indices.dtype != torch.int64:
-            raise RuntimeError(f"seq_lens and req_pool_indices must be int64 (got {seq_lens.dtype}, "
-                               f"{req_pool_indices.dtype})")
-        if seq_lens.shape != req_pool_indices.shape or seq_lens.dim() != 1:
-            raise RuntimeError(f"seq_lens {list(seq_lens.shape)} and req_pool_indices {list(req_pool_indices.shape)} "
-                               f"must be 1-D of one length")
+        shape-checked only (as in sglang). No host synchronization: one launch writes the records."""
         if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError("req_to_token must be a 2-D int32 tensor")
-        if state_slot_offset < 0:
-            raise RuntimeError(f"state_slot_offset must be >= 0 (got {state_slot_offset})")
-        b = seq_lens.shape[0]
-        buf = torch.empty(6 * b, dtype=torch.int32, device=req_pool_indices.device)  # one allocation, three views
-        plan_d, seq, slots = buf[:4 * b].view(torch.uint8).view(b, 16), buf[4 * b:5 * b], buf[5 * b:]
-        _plan_status(_decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, seq, slots, None,
-                                  DEFAULT_PDL_FLAG), "decode")
+        b, dev = seq_lens.shape[0], req_pool_indices.device
+        plan_d = torch.empty((b, 16), dtype=torch.uint8, device=dev)
+        seq, slots = torch.empty(b, dtype=torch.int32, device=dev), torch.empty(b, dtype=torch.int32, device=dev)
+        status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, seq, slots, None, DEFAULT_PDL_FLAG)
+        if status:
+            if status == _calls.DECLINED:
+                _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
+            _plan_status(status, "decode")
         return CompressorDecodePlan(RATIO, plan_d, seq, slots)
 
     @property
@@ -113,15 +108,15 @@ class CompressorPrefillPlan(NamedTuple):
         """sglang's argument order. seq_lens / extend_lens are read on the host (sglang passes host
         copies); req_pool_indices int64 on the device. In CUDA-graph mode pydsa's records live in a
         DevicePlan that copy_ refreshes, so a captured compress_forward reads the new plan."""
-        seq = np.ascontiguousarray(torch.as_tensor(seq_lens).detach().to(torch.int64).cpu().numpy())
-        ext = np.ascontiguousarray(torch.as_tensor(extend_lens).detach().to(torch.int64).cpu().numpy())
+        seq, ext = _host_int64(seq_lens), _host_int64(extend_lens)
         n, b = int(num_q_tokens), int(seq.shape[0])
         if state_slot_offset < 0:
             raise RuntimeError(f"state_slot_offset must be >= 0 (got {state_slot_offset})")
         if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError("req_to_token must be a 2-D int32 tensor")
-        if int(ext.sum()) > 65536:
-            raise RuntimeError(f"sglang's prefill records hold 16-bit ragged rows; row {int(ext.sum()) - 1} "
+        total = int(ext.sum())
+        if total > 65536:
+            raise RuntimeError(f"sglang's prefill records hold 16-bit ragged rows; row {total - 1} "
                                f"overflows (a prefill this long needs pydsa's own plan: pydsa.c128_prefill)")
         dev = req_pool_indices.device
         if use_cuda_graph and dev.type == "cuda":  # planned once, on the host side of the DevicePlan
@@ -129,16 +124,15 @@ class CompressorPrefillPlan(NamedTuple):
             compress, write = records.host_records
         else:
             compress, write, nc, nw = pyplan.plan_prefill(seq, ext, num_tokens=n,
-                                                          graph=use_cuda_graph or n != int(ext.sum()),
+                                                          graph=use_cuda_graph or n != total,
                                                           return_counts=True)
-            records = (compress[:nc].copy(), write[:nw].copy())
+            records = (compress[:nc], write[:nw])  # views of this call's own arrays
             compress, write = records
         rows_c, rows_w = (n, n) if use_cuda_graph else (len(compress), len(write))
-        # sglang's records and pydsa's slots: one allocation, one launch (the records travel inside it)
-        buf = torch.empty(4 * (rows_c + rows_w) + 2 * b, dtype=torch.int32, device=dev)
-        plan_c = buf[:4 * rows_c].view(torch.uint8).view(rows_c, 16)
-        plan_w = buf[4 * rows_c:4 * (rows_c + rows_w)].view(torch.uint8).view(rows_w, 16)
-        indices, load = buf[4 * (rows_c + rows_w):4 * (rows_c + rows_w) + b], buf[4 * (rows_c + rows_w) + b:]
+        # sglang's records and pydsa's slots in one launch (the records travel inside it)
+        plan_c = torch.empty((rows_c, 16), dtype=torch.uint8, device=dev)
+        plan_w = torch.empty((rows_w, 16), dtype=torch.uint8, device=dev)
+        indices, load = torch.empty(b, dtype=torch.int32, device=dev), torch.empty(b, dtype=torch.int32, device=dev)
         rid = req_pool_indices if req_pool_indices.dtype == torch.int64 else req_pool_indices.to(torch.int64)
         _plan_status(_prefill_plan(compress, write, rid, state_slot_offset, plan_c, plan_w, indices, load, None,
                                    DEFAULT_PDL_FLAG), "prefill")
@@ -147,6 +141,25 @@ class CompressorPrefillPlan(NamedTuple):
     @property
     def is_decode(self) -> bool:
         return False
+
+
+def _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset) -> None:
+    """sglang's refusals of a decode plan's arguments (what the plan filler declined)."""
+    if seq_lens.dtype != torch.int64 or req_pool_indices.dtype != torch.int64:
+        raise RuntimeError(f"seq_lens and req_pool_indices must be int64 (got {seq_lens.dtype}, "
+                           f"{req_pool_indices.dtype})")
+    if seq_lens.shape != req_pool_indices.shape or seq_lens.dim() != 1:
+        raise RuntimeError(f"seq_lens {list(seq_lens.shape)} and req_pool_indices {list(req_pool_indices.shape)} "
+                           f"must be 1-D of one length")
+    if type(state_slot_offset) is not int or state_slot_offset < 0:
+        raise RuntimeError(f"state_slot_offset must be an int >= 0 (got {state_slot_offset!r})")
+
+
+def _host_int64(t) -> np.ndarray:
+    """A host int64 array of a length list (a CPU int64 tensor is read in place)."""
+    if type(t) is torch.Tensor and t.dtype is torch.int64 and t.device.type == "cpu" and t.is_contiguous():
+        return t.numpy()
+    return np.ascontiguousarray(torch.as_tensor(t).detach().to(torch.int64).cpu().numpy())
 
 
 def _plan_status(status: int, which: str) -> None:
