@@ -17,7 +17,7 @@ import pyplan
 
 from . import _calls
 from ._abi import check as check_status, lib
-from ._tensors import as_tensor, error_counter, launch_stream
+from ._tensors import as_tensor, error_counter, launch_stream, optional_arg
 
 DECLINED = _calls.DECLINED
 
@@ -52,10 +52,11 @@ def state_arg(state, name: str = "state") -> tuple:
 
 
 def counter_arg(error_count, dev: int):
-    """error_count as given (checked by the caller), or the device's default counter, made once."""
+    """error_count checked (int32 [1] on `dev`), or None with the device's default counter made once."""
     if error_count is None:
         error_counter(dev)
-    return error_count
+        return None
+    return optional_arg(error_count, "error_count", dev, (1,))
 
 
 def _declined(name: str) -> RuntimeError:

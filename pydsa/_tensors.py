@@ -106,6 +106,11 @@ def ptr(t, name: str, dtype, dev: int, shape: tuple) -> int:
     return arg(t, name, dtype, dev, shape).data_ptr()
 
 
+def optional_arg(t, name: str, dev: int, shape: tuple):
+    """An optional int32 tensor argument (None stays None), checked like `arg`."""
+    return None if t is None else arg(t, name, _int32, dev, shape)
+
+
 def rows_arg(t, name: str, dtype, dev: int, width: int) -> tuple:
     """(tensor, rows) of a contiguous [rows, width] tensor argument on device `dev`, checked."""
     t = as_tensor(t, name)

@@ -22,7 +22,8 @@ from . import _abi, _calls
 from ._abi import (CHUNK, DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_NO_COOPERATIVE, check as _check_status, lib, new,
                    pdl_flag)
 from ._op import DECLINED, SIZES, Prepared, call_checked, counter_arg, state_arg
-from ._tensors import _float32, _int32, arg, device_name, launch_stream, resolve_device, rows_arg, shaped_arg
+from ._tensors import (_float32, _int32, arg, device_name, launch_stream, optional_arg, resolve_device, rows_arg,
+                       shaped_arg)
 from .store import store_arg
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
@@ -38,10 +39,6 @@ def _out_arg(out, store, dev: int, shape: tuple):
     return arg(out, "out", _float32, dev, shape)
 
 
-def _optional_arg(t, name: str, dev: int, shape: tuple):
-    return None if t is None else arg(t, name, _int32, dev, shape)
-
-
 def _decode_checked(state, kv_score, out, ape, indices, seq_lens, error_count, load_indices=None, store=None,
                     cache_slots=None) -> tuple:
     """The decode's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
@@ -50,8 +47,8 @@ def _decode_checked(state, kv_score, out, ape, indices, seq_lens, error_count, l
     return dict(state=state, kv_score=kv_score, out=_out_arg(out, store, dev, (b, d)),
                 ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=arg(indices, "indices", _int32, dev, (b,)),
                 seq_lens=arg(seq_lens, "seq_lens", _int32, dev, (b,)),
-                error_count=counter_arg(_optional_arg(error_count, "error_count", dev, (1,)), dev),
-                load_indices=_optional_arg(load_indices, "load_indices", dev, (b,)), store=store,
+                error_count=counter_arg(error_count, dev),
+                load_indices=optional_arg(load_indices, "load_indices", dev, (b,)), store=store,
                 cache_slots=store_arg(store, cache_slots, dev, d, b)), dev
 
 
@@ -198,8 +195,8 @@ def _prefill_checked(state, kv_score, out, ape, indices, plan, load_indices, err
     plan, nc = _plan_arg(plan, dev)
     return dict(state=state, kv_score=kv_score, out=_out_arg(out, store, dev, (nc if compact else n, d)),
                 ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=indices, plan=plan,
-                load_indices=_optional_arg(load_indices, "load_indices", dev, (b,)),
-                error_count=counter_arg(_optional_arg(error_count, "error_count", dev, (1,)), dev),
+                load_indices=optional_arg(load_indices, "load_indices", dev, (b,)),
+                error_count=counter_arg(error_count, dev),
                 compact=bool(compact), store=store, cache_slots=store_arg(store, cache_slots, dev, d, n)), dev
 
 

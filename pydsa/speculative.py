@@ -22,7 +22,7 @@ import ctypes as C
 from . import _calls
 from ._abi import DEFAULT_PDL_FLAG, FLAG_PDL, MAX_DRAFTS, check as _check_status, pdl_flag
 from ._op import DECLINED, Prepared, call_checked, counter_arg, state_arg
-from ._tensors import _float32, _int32, arg, as_tensor, rows_arg
+from ._tensors import _float32, _int32, arg, as_tensor, optional_arg, rows_arg
 from .c128 import CHUNK
 from .store import store_arg
 
@@ -43,10 +43,6 @@ def _stride(bank_stride) -> int:
     return bank_stride
 
 
-def _optional(t, name: str, dev: int, shape: tuple):
-    return None if t is None else arg(t, name, _int32, dev, shape)
-
-
 def _verify_checked(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
                     error_count, store=None, cache_slots=None) -> tuple:
     """The verify's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
@@ -63,8 +59,8 @@ def _verify_checked(state, kv_score, out, ape, indices, seq_lens, bank_indices, 
     return dict(state=state, kv_score=kv_score, out=None if out is None else arg(out, "out", _float32, dev, (rows, d)),
                 ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=arg(indices, "indices", _int32, dev, (b,)),
                 seq_lens=seq_lens, bank_indices=arg(bank_indices, "bank_indices", _int32, dev, (b,)),
-                bank_stride=_stride(bank_stride), verify_lens=_optional(verify_lens, "verify_lens", dev, (b,)),
-                error_count=counter_arg(_optional(error_count, "error_count", dev, (1,)), dev), store=store,
+                bank_stride=_stride(bank_stride), verify_lens=optional_arg(verify_lens, "verify_lens", dev, (b,)),
+                error_count=counter_arg(error_count, dev), store=store,
                 cache_slots=store_arg(store, cache_slots, dev, d, rows)), dev
 
 
@@ -122,9 +118,9 @@ def _commit_checked(seq_lens, accepted, indices, bank_indices, load_indices, sta
                    accepted=arg(accepted, "accepted", _int32, dev, (b,)),
                    indices=arg(indices, "indices", _int32, dev, (b,)),
                    bank_indices=arg(bank_indices, "bank_indices", _int32, dev, (b,)),
-                   verify_lens=_optional(verify_lens, "verify_lens", dev, (b,)), num_drafts=num_drafts,
+                   verify_lens=optional_arg(verify_lens, "verify_lens", dev, (b,)), num_drafts=num_drafts,
                    bank_stride=_stride(bank_stride), num_slots=num_slots,
-                   error_count=counter_arg(_optional(error_count, "error_count", dev, (1,)), dev),
+                   error_count=counter_arg(error_count, dev),
                    load_indices=None, states=None)
     if (load_indices is None) == (states is None):
         raise ValueError("give exactly one of load_indices (the slots to resolve) and states (the layers to copy)")

@@ -110,8 +110,7 @@ def _store_checked(vectors, positions, cache_slots, cache, error_count) -> tuple
     n = vectors.shape[0]
     return dict(vectors=vectors, positions=arg(positions, "positions", torch.int32, dev, (n,)),
                 cache_slots=arg(cache_slots, "cache_slots", _int64, dev, (n,)), cache=cache,
-                error_count=counter_arg(None if error_count is None else arg(error_count, "error_count", torch.int32,
-                                                                             dev, (1,)), dev)), dev
+                error_count=counter_arg(error_count, dev)), dev
 
 
 def kv_store(vectors, positions, cache_slots, cache: KVCache, *, stream=None, pdl=None, error_count=None) -> None:

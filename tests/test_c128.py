@@ -744,12 +744,11 @@ def test_slots_of_a_host_plan_are_data_skipped_and_counted(device):
     assert _corrupt_prefill(device, [(70, 1, 127, 10)], [(90, 2, 50, 5), (0xFFFFFFFF,) * 4]) == 2
 
 
+@gpu
 @pytest.mark.gpu
 def test_corrupted_device_plan_records_are_skipped_and_counted():
     """Records in device memory are data: records outside the input, crossing a chunk, on the wrong
     list, with a bad request index or a slot outside the state are skipped, counted, and write nothing."""
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU")
     compress = _BAD_COMPRESS + [(70, 1, 127, 10)]  # and a load slot out of range (mid-chunk start)
     write = _BAD_WRITE + [(90, 2, 50, 5), (0xFFFFFFFF,) * 4]  # a store slot out of range; a real sentinel
     assert _corrupt_prefill("cuda", compress, write, as_tensors=True) == 11
