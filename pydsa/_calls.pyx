@@ -23,6 +23,7 @@ cdef extern from "Python.h":
 
 cdef extern from "dsa_kernels.h":
     int DSA_FLAG_HOST_PLAN
+    int DSA_FLAG_DECODE_RECORDS
     int DSA_CHUNK
     int DSA_STATE_FLOAT32
     int DSA_STATE_BFLOAT16
@@ -539,12 +540,18 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indi
     o.data = NULL
     if ((not (out is None and store is not None) and _matrix(out, &o, F32, dev, b, d) < 0)
             or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0
-            or _vector(indices, &ix, I32, dev, b) < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0
             or _error_counter(error_count, dev, &errors) < 0
             or _store(store, cache_slots, dev, d, b, &store_address, &slots) < 0):
         return -1
     lx.data = NULL
-    if load_indices is not None and _vector(load_indices, &lx, I32, dev, b) < 0:
+    sl.data = NULL
+    if seq_lens is None:  # indices: one 16-byte record per request (int32 [B, 4] or uint8 [B, 16])
+        if (load_indices is not None or _tensor(indices, &ix, I32, dev, 2) < 0 or ix.shape[0] != b
+                or ix.shape[1] != 4) and (load_indices is not None or _matrix(indices, &ix, U8, dev, b, 16) < 0):
+            return -1
+        flags |= DSA_FLAG_DECODE_RECORDS
+    elif (_vector(indices, &ix, I32, dev, b) < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0
+            or (load_indices is not None and _vector(load_indices, &lx, I32, dev, b) < 0)):
         return -1
     p.struct_size = sizeof(dsa_c128_decode_params)
     p.flags = flags
@@ -906,7 +913,9 @@ cdef int _plan_head(dsa_sglang_plan_params* p, int kind, req_pool_indices, objec
     if not _int_in(offset, 0, 2**31 - 1) or _read(req_pool_indices, rid) < 0 or rid.dev == -2 or rid.ndim != 1:
         return -1
     cdef int64_t b = rid.shape[0]
-    if _vector(req_pool_indices, rid, I64, rid.dev, b) < 0 or _vector(slots, &sl, I32, rid.dev, b) < 0:
+    sl.data = NULL
+    if (_vector(req_pool_indices, rid, I64, rid.dev, b) < 0
+            or ((slots is not None or kind != DSA_SGLANG_DECODE_PLAN) and _vector(slots, &sl, I32, rid.dev, b) < 0)):
         return -1
     memset(p, 0, sizeof(dsa_sglang_plan_params))
     p.struct_size = sizeof(dsa_sglang_plan_params)
@@ -929,11 +938,11 @@ def sglang_decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, se
         return DECLINED
     if (_vector(seq_lens, &sq, I64, rid.dev, p.batch_size) < 0
             or _matrix(plan_d, &pd, U8, rid.dev, p.batch_size, 16) < 0
-            or _vector(seq_lens_out, &so, I32, rid.dev, p.batch_size) < 0):
+            or (seq_lens_out is not None and _vector(seq_lens_out, &so, I32, rid.dev, p.batch_size) < 0)):
         return DECLINED
     p.seq_lens = <const int64_t*>sq.data
     p.plan_d = <uint8_t*>pd.data
-    p.seq_lens_out = <int32_t*>so.data
+    p.seq_lens_out = <int32_t*>so.data if seq_lens_out is not None else NULL
     return _launch(_sglang_plan_entry, &p, p.device, stream)
 
 

@@ -22,7 +22,7 @@ from . import _abi, _calls
 from ._abi import (CHUNK, DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_NO_COOPERATIVE, check as _check_status, lib, new,
                    pdl_flag)
 from ._op import DECLINED, SIZES, Prepared, call_checked, counter_arg, state_arg
-from ._tensors import (_float32, _int32, arg, device_name, launch_stream, optional_arg, resolve_device, rows_arg,
+from ._tensors import (_float32, _int32, arg, as_tensor, device_name, launch_stream, optional_arg, resolve_device, rows_arg,
                        shaped_arg)
 from .store import store_arg
 
@@ -44,9 +44,22 @@ def _decode_checked(state, kv_score, out, ape, indices, seq_lens, error_count, l
     """The decode's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
     state, dev, _, d = state_arg(state)
     kv_score, b = rows_arg(kv_score, "kv_score", _float32, dev, 2 * d)
+    if seq_lens is None:  # indices are records
+        if load_indices is not None:
+            raise ValueError("load_indices must be None when seq_lens is None (the records in `indices` carry the "
+                             "load slots)")
+        records = as_tensor(indices, "indices")
+        if records.dim() != 2:
+            raise TypeError(f"seq_lens must be an int32 [{b}] tensor; it may be None only when indices holds one "
+                            f"record per request (int32 [B, 4] or uint8 [B, 16]), got indices of shape "
+                            f"{list(records.shape)}")
+        indices = (arg(records, "indices", torch.uint8, dev, (b, 16)) if records.dtype is torch.uint8
+                   else arg(records, "indices (records: int32 [B, 4] or uint8 [B, 16])", _int32, dev, (b, 4)))
+    else:
+        indices = arg(indices, "indices", _int32, dev, (b,))
+        seq_lens = arg(seq_lens, "seq_lens", _int32, dev, (b,))
     return dict(state=state, kv_score=kv_score, out=_out_arg(out, store, dev, (b, d)),
-                ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=arg(indices, "indices", _int32, dev, (b,)),
-                seq_lens=arg(seq_lens, "seq_lens", _int32, dev, (b,)),
+                ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=indices, seq_lens=seq_lens,
                 error_count=counter_arg(error_count, dev),
                 load_indices=optional_arg(load_indices, "load_indices", dev, (b,)), store=store,
                 cache_slots=store_arg(store, cache_slots, dev, d, b)), dev
@@ -57,7 +70,9 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     """One new token per request (docs/spec.md, decode). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
     out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
     int32 (one slot per live row: two rows updating one slot race on the GPU), seq_lens [B] int32
-    (<= 0: padding). load_indices [B] int32: the slot each request's state is read from (e.g. the
+    (<= 0: padding); or, with seq_lens None, `indices` holds one 16-byte record per request, int32
+    [B, 4] or uint8 [B, 16]: {seq_len, slot, load slot, unused} (sglang 0.5.23's decode plan records,
+    read in place). load_indices [B] int32: the slot each request's state is read from (e.g. the
     accepted bank entry that c128_commit resolved; negative: not held on this GPU, skipped); the
     new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
     vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None

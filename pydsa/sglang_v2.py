@@ -5,12 +5,12 @@
 
 Signatures and plan tensors are sglang's: a decode plan holds `plan_d` uint8 [B, 16], records
 {u32 seq_len, i32 store slot, i32 load slot, i32 -1} with both slots req_pool_indices[b] +
-state_slot_offset; a prefill plan holds `plan_c` / `plan_w` uint8 [M, 16], records {u32 seq_len (the
+state_slot_offset, which pydsa's decode reads in place (a plan sglang made works as well); a prefill plan holds `plan_c` / `plan_w` uint8 [M, 16], records {u32 seq_len (the
 segment's last position + 1), u16 ragged row of its last token, u16 length, i32 store slot =
 rid + state_slot_offset, i32 load slot = rid}, padded in CUDA-graph mode to num_q_tokens rows with
-{0xFFFFFFFF, 0, 0, -1, -1}. The tuples carry, after sglang's fields, what pydsa's kernels read (the
-per-request slots and lengths, and the prefill's own records), so `compress_forward` runs on them with
-no conversion; a plan made elsewhere (without them) is refused by name.
+{0xFFFFFFFF, 0, 0, -1, -1}. The prefill tuple carries, after sglang's fields, what pydsa's kernels
+read (the per-request slots and the prefill's own records), so `compress_forward` runs on it with no
+conversion; a prefill plan made elsewhere (without them) is refused by name.
 
 Only the online c128 configuration is pydsa's: fp32 vectors, D = 512, the V4 cache layout. The
 others (`is_online=False`, ratio 4, the fp4 indexer, `bf16_store`, the fp8 two-pool store, the V4.1
@@ -48,17 +48,12 @@ def _not_ours(what: str):
 
 class CompressorDecodePlan(NamedTuple):
     compress_ratio: int
-    plan_d: torch.Tensor                      # [B, 16] uint8, sglang's decode records
-    seq_lens: Optional[torch.Tensor] = None   # pydsa: int32 [B], length including the new token
-    slots: Optional[torch.Tensor] = None      # pydsa: int32 [B], rid + state_slot_offset
+    plan_d: torch.Tensor  # [B, 16] uint8, sglang's decode records, which pydsa's decode reads in place
 
     def copy_(self, other) -> None:
         if not isinstance(other, CompressorDecodePlan) or self.compress_ratio != other.compress_ratio:
             raise ValueError("copy_ takes a CompressorDecodePlan of the same compress ratio")
         self.plan_d.copy_(other.plan_d)
-        if self.seq_lens is not None and other.seq_lens is not None:
-            self.seq_lens.copy_(other.seq_lens)
-            self.slots.copy_(other.slots)
 
     @staticmethod
     def generate_online(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
@@ -67,15 +62,14 @@ class CompressorDecodePlan(NamedTuple):
         shape-checked only (as in sglang). No host synchronization: one launch writes the records."""
         if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError("req_to_token must be a 2-D int32 tensor")
-        b, dev = seq_lens.shape[0], req_pool_indices.device
-        plan_d = torch.empty((b, 16), dtype=torch.uint8, device=dev)
-        seq, slots = torch.empty(b, dtype=torch.int32, device=dev), torch.empty(b, dtype=torch.int32, device=dev)
-        status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, seq, slots, None, DEFAULT_PDL_FLAG)
+        plan_d = torch.empty((seq_lens.shape[0], 16), dtype=torch.uint8, device=req_pool_indices.device)
+        status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, None, None,
+                              DEFAULT_PDL_FLAG)
         if status:
             if status == _calls.DECLINED:
                 _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
             _plan_status(status, "decode")
-        return CompressorDecodePlan(RATIO, plan_d, seq, slots)
+        return CompressorDecodePlan(RATIO, plan_d)
 
     @property
     def is_decode(self) -> bool:
@@ -171,10 +165,7 @@ def _plan_status(status: int, which: str) -> None:
 
 
 def _plan_of(plan):
-    if isinstance(plan, CompressorDecodePlan):
-        if plan.seq_lens is None:
-            raise ValueError("this CompressorDecodePlan was not made by pydsa's generate_online (it lacks the "
-                             "slots pydsa's kernels read)")
+    if isinstance(plan, CompressorDecodePlan):  # its records are read in place, whoever made them
         return plan
     if isinstance(plan, CompressorPrefillPlan):
         if plan.records is None:
@@ -200,7 +191,7 @@ def _run(kv_score_buffer, kv_score_input, ape, plan, out, store=None, cache_slot
         ape = ape.to(dtype=kv_score_input.dtype)
     ape = ape.view(-1, HEAD_DIM)
     if plan.is_decode:
-        c128_decode(state, kv_score_input, out, ape, plan.slots, plan.seq_lens, store=store, cache_slots=cache_slots)
+        c128_decode(state, kv_score_input, out, ape, plan.plan_d, None, store=store, cache_slots=cache_slots)
         return
     rows = out
     if isinstance(plan.records, DevicePlan):  # compact rows of the DevicePlan's capacity

@@ -104,6 +104,42 @@ def test_decode_out_of_range_slot_is_skipped_and_counted(device):
     assert torch.equal(state, state0) and torch.isnan(out).all()
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_decode_reads_per_request_records_in_place(device, state_dtype, as_bytes):
+    """seq_lens None: `indices` holds {seq_len, slot, load slot, unused} per request (sglang 0.5.23's
+    decode records). The same call as three arrays, bit for bit: fresh, mid-chunk and closing rows,
+    a load slot other than the slot, padding, a load slot not held here, out-of-range slots."""
+    d, b = 512, 9
+    gen = torch.Generator().manual_seed(11)
+    state0 = random_state(12, d, gen).to(state_dtype).to(device)
+    kv = torch.randn(b, 2 * d, generator=gen).to(device)
+    ape = ape_for(d).to(device)
+    seq = torch.tensor([1, 77, 128, 300, 0, 5, 129, 256, 40], dtype=torch.int32)
+    slot = torch.tensor([0, 1, 2, 3, 1 << 30, 5, 6, 7, 20], dtype=torch.int32)
+    load = torch.tensor([0, 9, 2, 10, 0, -1, 6, 11, 3], dtype=torch.int32)
+    records = torch.stack([seq, slot, load, torch.full_like(seq, -1)], dim=1).contiguous()
+    results = []
+    for how in ("arrays", "records"):
+        state = state0.clone()
+        out = torch.full((b, d), POISON, device=device)
+        counter = torch.zeros(1, dtype=torch.int32, device=device)
+        if how == "arrays":
+            pydsa.c128_decode(state, kv, out, ape, slot.to(device), seq.to(device), load_indices=load.to(device),
+                              error_count=counter)
+        else:
+            r = records.view(torch.uint8) if as_bytes else records
+            pydsa.c128_decode(state, kv, out, ape, r.to(device), None, error_count=counter)
+        results.append((state.cpu(), out.cpu(), int(counter.item())))
+    (s0, o0, e0), (s1, o1, e1) = results
+    assert e0 == e1 == 1 and torch.equal(s0, s1) and torch.equal(o0.isnan(), o1.isnan())
+    assert torch.equal(o0.nan_to_num(), o1.nan_to_num()) and not o1[2].isnan().any() and not torch.equal(s1, state0.cpu())
+    with pytest.raises(ValueError, match="load_indices must be None"):
+        pydsa.c128_decode(state0.clone(), kv, o1.to(device), ape, records.to(device), None, load_indices=load.to(device))
+    with pytest.raises(ValueError, match=r"indices \(records"):
+        pydsa.c128_decode(state0.clone(), kv, o1.to(device), ape, records[:, :3].contiguous().to(device), None)
+
+
 # ---------------------------------------------------------------------------------------------
 # End-to-end: any schedule of prefill extends and decode steps emits the offline chunk vectors.
 
@@ -761,6 +797,28 @@ def test_prefill_plan_must_be_records(device):
         pydsa.c128_prefill(**args, plan=[1, 2, 3])
     with pytest.raises(TypeError, match="SEGMENT_DTYPE"):
         pydsa.c128_prefill(**args, plan=(np.zeros(3), np.zeros(3)))
+
+
+def test_abi_decode_records_refuse_separate_arrays():
+    """DSA_FLAG_DECODE_RECORDS: the records are `indices`; a seq_lens or load_indices beside them is an error
+    and nothing runs."""
+    import ctypes
+    d, b = 128, 2
+    state = torch.zeros(4, 1, 3 * d)
+    kv, out, ape = torch.randn(b, 2 * d), torch.full((b, d), POISON), torch.zeros(CHUNK, d)
+    rec = torch.tensor([[128, 0, 0, -1], [128, 1, 1, -1]], dtype=torch.int32)
+    for field in ("seq_lens", "load_indices"):
+        p = _abi.new(c_structs.DecodeParams)
+        p.flags, p.device, p.head_dim, p.num_slots, p.batch_size = _abi.FLAG_DECODE_RECORDS, -1, d, 4, b
+        p.state, p.kv_score, p.out, p.ape = state.data_ptr(), kv.data_ptr(), out.data_ptr(), ape.data_ptr()
+        p.indices = rec.data_ptr()
+        setattr(p, field, rec.data_ptr())
+        assert _abi.lib.dsa_c128_decode(ctypes.byref(p), None) == 1  # DSA_STATUS_INVALID_ARGUMENT
+        assert "seq_lens and load_indices must be null" in _abi.lib.dsa_last_error().decode()
+        assert out.isnan().all()
+        setattr(p, field, None)
+        assert _abi.lib.dsa_c128_decode(ctypes.byref(p), None) == 0 and not out.isnan().any()
+        out.fill_(POISON)
 
 
 def test_abi_refuses_a_wrong_struct_size():

@@ -217,9 +217,21 @@ def test_what_is_not_pydsas_is_refused_by_name():
                         (dict(fp8_2buff=True), "two-pool"), (dict(layout="V41"), "V41")):
         with pytest.raises(NotImplementedError, match=name):
             sglang.compress_norm_rope_store(torch.zeros(2, D), plan, **store, **extra)
-    foreign = sglang.CompressorDecodePlan(128, plan.plan_d)  # made elsewhere: no slots for pydsa's kernels
+    # a decode plan made elsewhere (sglang's own records) is read in place like pydsa's
+    kv = torch.randn(2, 2 * D)
+    plan = sglang.CompressorDecodePlan.generate_online(torch.tensor([128, 6]), torch.tensor([0, 1]),
+                                                       torch.zeros(2, 2, dtype=torch.int32))
+    ours, theirs = state.clone(), state.clone()
+    a = sglang.compress_forward(ours, kv, ape, plan, head_dim=D, compress_ratio=128, is_online=True)
+    foreign = sglang.CompressorDecodePlan(128, plan.plan_d.clone())
+    b = sglang.compress_forward(theirs, kv, ape, foreign, head_dim=D, compress_ratio=128, is_online=True)
+    assert torch.equal(ours, theirs) and not torch.equal(ours, state) and torch.equal(a[0], b[0])
+    prefill = sglang.CompressorPrefillPlan.generate_online(torch.tensor([5, 6]), torch.tensor([5, 6]), torch.tensor([0, 1]),
+                                                           torch.zeros(2, 2, dtype=torch.int32), 11)
+    foreign = sglang.CompressorPrefillPlan(128, prefill.plan_c, prefill.plan_w)  # no records for pydsa's kernels
     with pytest.raises(ValueError, match="not made by pydsa"):
-        sglang.compress_forward(state, kv, ape, foreign, head_dim=D, compress_ratio=128, is_online=True)
+        sglang.compress_forward(state, torch.zeros(11, 2 * D), ape, foreign, head_dim=D, compress_ratio=128,
+                                is_online=True)
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")

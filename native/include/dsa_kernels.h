@@ -41,7 +41,7 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 6
+#define DSA_ABI_VERSION 7
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
@@ -99,6 +99,11 @@ typedef enum dsa_struct_id {
                                       other streams (communication kernels, say) it waits for them
                                       to leave room; ordinary launches start in whatever room there
                                       is. */
+#define DSA_FLAG_DECODE_RECORDS 8u /* decode (ABI 7): `indices` points at batch_size 16-byte records, one per
+                                      request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
+                                      (sglang 0.5.23's decode plan records read in place), 16-byte aligned
+                                      on the GPU; seq_lens and load_indices must be null. The load slot
+                                      plays load_indices' part. */
 
 /* Element type of the c128 state buffer (docs/spec.md, the state, output layouts). Arithmetic is fp32 either way; a bf16 state
  * is widened on read and rounded to nearest even on store. */
@@ -450,7 +455,9 @@ DSA_API dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, voi
  *   prefill record:   {u32 position + 1, u32 ragged_id | window_len << 16, i32 rid + offset, i32 rid}
  *                     (rid = req_pool_indices[batch_id]); rows past the records up to compress_rows /
  *                     write_rows (CUDA-graph padding): {0xFFFFFFFF, 0, -1, -1}
- *   slots[b] = rid + offset; load_slots[b] = rid (prefill; may be null); decode: seq_lens_out[b] = seq_lens[b].
+ *   slots[b] = rid + offset (may be null for a decode plan, ABI 7: pydsa's decode reads the records in
+ *   place with DSA_FLAG_DECODE_RECORDS); load_slots[b] = rid (prefill; may be null); decode:
+ *   seq_lens_out[b] = seq_lens[b] (may be null).
  * A prefill's records are host memory read during the call (they travel inside the launch, as in
  * dsa_c128_upload_plan); a record whose batch_id is not below batch_size, whose ragged row does not
  * fit 16 bits or whose window is not 1..128 fails the call before anything is written. */
@@ -464,7 +471,7 @@ typedef struct dsa_sglang_plan_params {
   int64_t batch_size;               /* B >= 0 */
   int64_t state_slot_offset;        /* >= 0 */
   const int64_t* req_pool_indices;  /* [B] */
-  int32_t* slots;                   /* [B] out: rid + offset */
+  int32_t* slots;                   /* [B] out: rid + offset (decode: may be null) */
   int32_t* load_slots;              /* [B] out: rid (prefill; may be null) */
   const int64_t* seq_lens;          /* decode: [B] */
   uint8_t* plan_d;                  /* decode: [B, 16] out */

@@ -84,12 +84,16 @@ void host_decode(const dsa_c128_decode_params& p) {
   const int D = p.head_dim;
   std::vector<float> vector(D);
   const Closer closed{D, p.store, p.cache_slots, p.out, p.error_count};
+  // DSA_FLAG_DECODE_RECORDS: {seq_len, slot, load slot, unused} per request at `indices`
+  const bool records = (p.flags & DSA_FLAG_DECODE_RECORDS) != 0;
+  const bool loads = records || p.load_indices != nullptr;
   for (int64_t b = 0; b < p.batch_size; ++b) {
-    const int32_t seq_len = p.seq_lens[b], slot = p.indices[b];
-    const int32_t load_slot = p.load_indices != nullptr ? p.load_indices[b] : slot;
+    const int32_t* r = records ? p.indices + 4 * b : nullptr;
+    const int32_t seq_len = records ? r[0] : p.seq_lens[b], slot = records ? r[1] : p.indices[b];
+    const int32_t load_slot = records ? r[2] : p.load_indices != nullptr ? p.load_indices[b] : slot;
     if (seq_len <= 0) continue;
     const int c = (seq_len - 1) % DSA_CHUNK;
-    if (c != 0 && load_slot < 0 && p.load_indices != nullptr) continue;  // state not held here
+    if (c != 0 && load_slot < 0 && loads) continue;  // state not held here
     if (!slot_ok(slot, p.num_slots) || (c != 0 && !slot_ok(load_slot, p.num_slots))) {
       if (p.error_count) ++*p.error_count;
       continue;

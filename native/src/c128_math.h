@@ -159,11 +159,14 @@ DSA_HD Partial token_into_state(float m, float s, float k, float t, float kv, in
   return c == 0 ? partial_of(t, kv) : absorb_one(from_state(m, s, k), t, kv);
 }
 
-// On the GPU a fast division: 2 ulp, and it differs from the exact one beyond that only for divisors
-// above 2^126 (every sum this library produces is >= 1).
+// On the GPU a fast division, acc times the approximate reciprocal (2 ulp): the same bits as
+// __fdividef for every divisor from 2^-126 up, in two instructions instead of its six (no rescue of
+// subnormal divisors: every sum this library produces is >= 1).
 DSA_HD float mean_of(Partial p) {
 #if defined(__CUDA_ARCH__)
-  return __fdividef(p.acc, p.sum);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(p.sum));
+  return p.acc * r;
 #else
   return p.acc / p.sum;
 #endif

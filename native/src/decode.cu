@@ -1,4 +1,6 @@
 // c128 decode (docs/spec.md, "Decode"): the kernel, its launch and the entry point.
+#include <cstdlib>
+
 #include "c128_checks.h"
 #include "c128_device.cuh"
 #include "c128_host.h"
@@ -14,44 +16,59 @@ namespace {
 
 // The decode kernel's parameters, ordered by first use: what a block needs up to its second loads
 // (head size, request count, the token, length, slot, state and ape pointers) in the first 48
-// bytes, one constant line (docs/performance.md, "c128 decode").
+// bytes, one constant line (docs/performance.md, "c128 decode"); what it reads at its second loads
+// (the slot count, whether to let the next kernel start early) in the next.
 struct DecodeLaunch {
-  int32_t head_dim;
+  uint32_t head_dim;
   uint32_t batch_size;  // <= INT32_MAX (host check)
   const float* kv_score;
-  const int32_t* seq_lens;
+  const int32_t* seq_lens;  // kRecords: the records
   const int32_t* indices;
   void* state;
   const float* ape;
-  uint32_t slot_count;  // num_slots (<= INT32_MAX host check), for slot_ok
+  uint32_t slot_count;        // num_slots (<= INT32_MAX host check), for slot_ok
+  uint32_t early_dependents;  // nonzero: the next kernel may launch once this one's first loads are issued
   float* out;
   uint32_t* error_count;
-  const int32_t* load_indices;  // null: the state is read from `indices`
+  const int32_t* load_indices;  // kLoad only
   StoreLaunch store;            // kStore only
 };
 
-// kLoadSlots: the state is read from load_indices (a template flag rather than a branch on the
-// pointer: its parameter sits past the first constant line, and reading it cost every decode).
-// kStore: a closed vector is also stored into the cache (store.cuh); `out` may then be null.
-template <int VEC, typename S, bool kLoadSlots, bool kStore>
+// Where a request's length, slot and load slot come from: three int32 arrays (kPacked: the state
+// is read from `indices`; kLoad: from load_indices), or one 16-byte record per request
+// {seq_len, slot, load slot, unused} read in one access (kRecords, DSA_FLAG_DECODE_RECORDS).
+enum RowSource { kPacked, kLoad, kRecords };
+
+// kRows: a RowSource (a template parameter rather than a branch on a pointer: a parameter past the
+// first constant line read at run time cost every decode). kStore: a closed vector is also stored
+// into the cache (store.cuh); `out` may then be null.
+template <int VEC, typename S, int kRows, bool kStore>
 __global__ void __launch_bounds__(kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ DecodeLaunch p) {
-  const int D = p.head_dim;
-  // 32-bit request index and offsets where they fit (batch_size <= INT32_MAX, head_dim < 2^27: host
-  // checks).
+  constexpr bool kLoadSlots = kRows != kPacked;
+  const uint32_t D = p.head_dim;
+  // 32-bit request index and channel (batch_size <= INT32_MAX, head_dim < 2^27: host checks);
+  // offsets are unsigned 64-bit products, one wide multiply-add each.
   const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
-  const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
+  const uint32_t ch = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
   if (b >= p.batch_size || ch >= D) return;
   wait_for_producers();
-  const float* token = p.kv_score + ((int64_t)b * (2 * D) + ch);
+  const float* token = p.kv_score + ((uint64_t)b * (2 * D) + ch);
   const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);
-  const int32_t seq_len = __ldg(p.seq_lens + b);
-  const int32_t slot = __ldg(p.indices + b);
-  const int32_t load_slot = kLoadSlots ? __ldg(p.load_indices + b) : slot;
+  int32_t seq_len, slot, load_slot;
+  if constexpr (kRows == kRecords) {
+    const int4 r = __ldg(reinterpret_cast<const int4*>(p.seq_lens) + b);
+    seq_len = r.x, slot = r.y, load_slot = r.z;
+  } else {
+    seq_len = __ldg(p.seq_lens + b), slot = __ldg(p.indices + b);
+    load_slot = kLoadSlots ? __ldg(p.load_indices + b) : slot;
+  }
   const int64_t loc = kStore ? __ldg(p.store.cache_slots + b) : 0;
   [[maybe_unused]] StoreOperands<VEC> o;
   if constexpr (kStore) load_weights<VEC>(o, p.store, ch);
-  allow_dependents();
+  // Early for small grids, where the next kernel's launch latency is what a step waits on; a grid
+  // that fills the GPU lets it start as its blocks finish (docs/performance.md, "c128 decode").
+  if (p.early_dependents) allow_dependents();
   if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
   const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
   if (kLoadSlots && c != 0 && load_slot < 0) return;  // state not held on this GPU
@@ -59,9 +76,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  S* state = static_cast<S*>(p.state) + (int64_t)slot * (3 * D) + ch;
-  const S* prior = static_cast<const S*>(p.state) + (int64_t)load_slot * (3 * D) + ch;
-  const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((int64_t)c * D + ch));
+  S* state = static_cast<S*>(p.state) + ((uint64_t)(uint32_t)slot * (3 * D) + ch);
+  const S* prior = static_cast<const S*>(p.state) + ((uint64_t)(uint32_t)load_slot * (3 * D) + ch);
+  const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((uint32_t)c * D + ch));
   Lanes<VEC> m, s, k;
   if (c != 0) m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
   if (kStore && c == DSA_CHUNK - 1) load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK);
@@ -71,8 +88,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
   }
   if (c == DSA_CHUNK - 1) {
-    if (!kStore || p.out != nullptr) store_lanes<VEC>(p.out + ((int64_t)b * D + ch), k);
-    if constexpr (kStore) store_vector<VEC>(p.store, k.v, o, D, ch, (int)blockDim.x, loc, seq_len - DSA_CHUNK, p.error_count);
+    if (!kStore || p.out != nullptr) store_lanes<VEC>(p.out + ((uint64_t)b * D + ch), k);
+    if constexpr (kStore)
+      store_vector<VEC>(p.store, k.v, o, (int)D, (int)ch, (int)blockDim.x, loc, seq_len - DSA_CHUNK, p.error_count);
   } else {
     store_state<VEC>(state, m);
     store_state<VEC>(state + D, s);
@@ -83,19 +101,37 @@ __global__ void __launch_bounds__(kDecodeThreads)
 // ---------------------------------------------------------------------------------------------
 // Device launches.
 
-template <bool kLoadSlots, bool kStore>
+template <int kRows, bool kStore>
 cudaError_t launch_decode(int vec, bool bf16, dim3 grid, dim3 block, cudaStream_t s, unsigned mode, const DecodeLaunch& a) {
   if constexpr (!kStore) {
-    if (vec == 8) return launch(c128_decode_kernel<8, Bf16, kLoadSlots, false>, grid, block, s, mode, a);
+    if (vec == 8) return launch(c128_decode_kernel<8, Bf16, kRows, false>, grid, block, s, mode, a);
   }
-  return vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16, kLoadSlots, kStore>, grid, block, s, mode, a)
-                          : launch(c128_decode_kernel<4, float, kLoadSlots, kStore>, grid, block, s, mode, a))
-                  : (bf16 ? launch(c128_decode_kernel<2, Bf16, kLoadSlots, kStore>, grid, block, s, mode, a)
-                          : launch(c128_decode_kernel<2, float, kLoadSlots, kStore>, grid, block, s, mode, a));
+  return vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16, kRows, kStore>, grid, block, s, mode, a)
+                          : launch(c128_decode_kernel<4, float, kRows, kStore>, grid, block, s, mode, a))
+                  : (bf16 ? launch(c128_decode_kernel<2, Bf16, kRows, kStore>, grid, block, s, mode, a)
+                          : launch(c128_decode_kernel<2, float, kRows, kStore>, grid, block, s, mode, a));
+}
+
+template <bool kStore>
+cudaError_t launch_decode(int rows, int vec, bool bf16, dim3 grid, dim3 block, cudaStream_t s, unsigned mode,
+                          const DecodeLaunch& a) {
+  return rows == kRecords ? launch_decode<kRecords, kStore>(vec, bf16, grid, block, s, mode, a)
+         : rows == kLoad  ? launch_decode<kLoad, kStore>(vec, bf16, grid, block, s, mode, a)
+                          : launch_decode<kPacked, kStore>(vec, bf16, grid, block, s, mode, a);
 }
 
 }  // namespace
 }  // namespace dsa
+
+// Grids of at least this many blocks per SM let the next kernel launch only as their blocks finish
+// (docs/performance.md, "c128 decode").
+static double late_dependents_blocks_per_sm() {
+  static const double v = [] {
+    const char* e = std::getenv("PYDSA_X_LATE_BLOCKS_PER_SM");
+    return e != nullptr ? std::atof(e) : 1e30;
+  }();
+  return v;
+}
 
 extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream) {
   using namespace dsa;
@@ -106,8 +142,13 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
   if (p.batch_size == 0) return ok();
   DSA_TRY(check_common(p, op));
-  if (p.seq_lens == nullptr || (p.out == nullptr && p.store == nullptr))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens must be non-null, and out unless there is a store", op);
+  const bool records = (p.flags & DSA_FLAG_DECODE_RECORDS) != 0;
+  if (records ? (p.seq_lens != nullptr || p.load_indices != nullptr) : p.seq_lens == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s", op,
+                records ? "with DSA_FLAG_DECODE_RECORDS the records are `indices`; seq_lens and load_indices must be null"
+                        : "seq_lens must be non-null");
+  if (p.out == nullptr && p.store == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out must be non-null unless there is a store", op);
   StoreLaunch st = {};
   if (p.store != nullptr) DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &st));
   const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
@@ -117,6 +158,8 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   }
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
+  if (records && !aligned(p.indices, 16))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: decode records must be 16-byte aligned on the GPU", op);
   // Large bf16-state batches: 8 channels per thread, so state accesses stay 16 bytes wide
   // (docs/performance.md, "Decode"). A storing decode keeps a request's channels in one block.
   const int vec4 = vector_width(p);
@@ -133,17 +176,15 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaStream_t s = (cudaStream_t)stream;
   DecodeLaunch a = {};
-  a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size;
+  a.head_dim = (uint32_t)p.head_dim, a.batch_size = (uint32_t)p.batch_size;
   a.slot_count = (uint32_t)p.num_slots;  // 1..INT32_MAX (check_common)
-  a.kv_score = p.kv_score, a.seq_lens = p.seq_lens, a.indices = p.indices;
+  a.early_dependents = (double)grid.x * grid.y < late_dependents_blocks_per_sm() * sms;
+  a.kv_score = p.kv_score, a.seq_lens = records ? p.indices : p.seq_lens, a.indices = p.indices;
   a.state = p.state, a.ape = p.ape, a.out = p.out, a.error_count = p.error_count;
   a.load_indices = p.load_indices, a.store = st;
-  const bool loads = p.load_indices != nullptr;
-  const cudaError_t err = p.store != nullptr
-                              ? (loads ? launch_decode<true, true>(vec, bf16, grid, block, s, mode, a)
-                                       : launch_decode<false, true>(vec, bf16, grid, block, s, mode, a))
-                              : (loads ? launch_decode<true, false>(vec, bf16, grid, block, s, mode, a)
-                                       : launch_decode<false, false>(vec, bf16, grid, block, s, mode, a));
+  const int rows = records ? kRecords : p.load_indices != nullptr ? kLoad : kPacked;
+  const cudaError_t err = p.store != nullptr ? launch_decode<true>(rows, vec, bf16, grid, block, s, mode, a)
+                                             : launch_decode<false>(rows, vec, bf16, grid, block, s, mode, a);
   DSA_TRY(launch_status(err, op));
   return ok();
 }

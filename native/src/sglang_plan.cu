@@ -34,7 +34,7 @@ DSA_HD void put(uint8_t* rows, int64_t row, const Record& r) {
 DSA_HD void request_item(const dsa_sglang_plan_params& p, int64_t i) {
   if (i < p.batch_size) {
     const int64_t rid = p.req_pool_indices[i];
-    p.slots[i] = (int32_t)(rid + p.state_slot_offset);
+    if (p.slots != nullptr) p.slots[i] = (int32_t)(rid + p.state_slot_offset);
     if (p.load_slots != nullptr) p.load_slots[i] = (int32_t)rid;
     if (p.kind == DSA_SGLANG_DECODE_PLAN) {
       const int64_t seq = p.seq_lens[i];
@@ -127,8 +127,8 @@ dsa_status check_plan(const dsa_sglang_plan_params& p, const char* op) {
   if (p.batch_size < 0 || p.state_slot_offset < 0 || p.state_slot_offset > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size and state_slot_offset must be >= 0 (offset <= %d; got "
                 "%lld, %lld)", op, INT32_MAX, (long long)p.batch_size, (long long)p.state_slot_offset);
-  if (p.batch_size > 0 && (p.req_pool_indices == nullptr || p.slots == nullptr))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: req_pool_indices and slots must be non-null", op);
+  if (p.batch_size > 0 && (p.req_pool_indices == nullptr || (p.slots == nullptr && p.kind == DSA_SGLANG_PREFILL_PLAN)))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: req_pool_indices (and a prefill plan's slots) must be non-null", op);
   const void* rows[] = {p.slots, p.load_slots, p.plan_d, p.seq_lens_out, p.plan_c, p.plan_w};
   for (const void* r : rows)
     if (!aligned(r, 4)) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: every output must be 4-byte aligned", op);
