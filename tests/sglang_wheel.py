@@ -6,95 +6,22 @@ sglang's package __init__ imports its whole runtime, so the package is entered w
 third-party modules its imported modules name but that are not installed (triton, zmq, ...) are stood
 in for by permissive stand-ins: what is checked is sglang's code that pydsa's hooks touch."""
 import importlib
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import json
 import os
 import sys
-import types
 
-
-class _Base:
-    def __init_subclass__(cls, **kwargs):
-        pass
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-
-class _Stand(types.ModuleType):
-    """A missing third-party module: every attribute is another stand-in, a call returns one, and as a
-    decorator it returns what it decorates."""
-
-    def __init__(self, name):
-        super().__init__(name)
-        self.__path__ = []
-
-    def __getattr__(self, name):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        child = _Stand(f"{self.__name__}.{name}")
-        setattr(self, name, child)
-        return child
-
-    def __call__(self, *args, **kwargs):
-        return args[0] if len(args) == 1 and callable(args[0]) and not kwargs else _Stand(self.__name__ + "()")
-
-    def __mro_entries__(self, bases):
-        return (_Base,)
-
-    def __iter__(self):
-        return iter(())
-
-    def __bool__(self):
-        return False
-
-
-class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Stands in for the named top-level modules (and their submodules) only."""
-
-    def __init__(self):
-        self.names = set()
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] not in self.names:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-
-    def create_module(self, spec):
-        return _Stand(spec.name)
-
-    def exec_module(self, module):
-        pass
+from pydsa.bench.sglang_shim import enter, import_all
 
 
 def main():
     found = {}
-    origin = importlib.util.find_spec("sglang").submodule_search_locations[0]
-    package = types.ModuleType("sglang")
-    package.__path__ = [origin]
-    sys.modules["sglang"] = package
-    stand_ins = _StandIns()
-    sys.meta_path.insert(0, stand_ins)
+    stand_ins = enter()
     os.environ["SGLANG_PLUGINS"] = "pydsa"
 
     import torch
-    modules = ("sglang.srt.plugins", "sglang.kernels.ops.attention.dsv4.compress",
-               "sglang.kernels.ops.attention.dsv4.online_c128_mtp", "sglang.kernels.ops.attention.dsa.fused_metadata_copy",
-               "sglang.srt.layers.attention.dsv4.compressor_v2")
-    for _ in range(64):  # import sglang's modules, standing in for each third-party module found missing
-        try:
-            for name in modules:
-                importlib.import_module(name)
-            break
-        except ModuleNotFoundError as exc:
-            top = (exc.name or "").split(".")[0]
-            if not top or top in stand_ins.names or top in ("sglang", "torch", "pydsa", "pyplan", "numpy"):
-                raise
-            stand_ins.names.add(top)
-            for name in [m for m in sys.modules if m.startswith("sglang.")]:
-                del sys.modules[name]
+    import_all(("sglang.srt.plugins", "sglang.kernels.ops.attention.dsv4.compress",
+                "sglang.kernels.ops.attention.dsv4.online_c128_mtp", "sglang.kernels.ops.attention.dsa.fused_metadata_copy",
+                "sglang.srt.layers.attention.dsv4.compressor_v2"), stand_ins)
     from sglang.srt.plugins import load_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
     import pydsa

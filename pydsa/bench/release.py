@@ -4,14 +4,15 @@ each side ships it (sglang: on every launch; pydsa: its defaults). Targets P18-P
 
     python -m pydsa.bench.release OUT.json --reference-build DIR
 
-DIR is a build of benchmarks/reference (benchmarks/README.md). First the store's bytes are compared with
-sglang's store kernel on the same vectors (fp8 code, scale and rope flips counted), then the rows are timed.
+DIR is the reference build (benchmarks/reference/build.sh; benchmarks/README.md): sglang 0.5.23's own
+Python calls (its compress.py and online_c128_mtp.py) over its own kernels, compiled ahead of time by its
+own JIT builder. First the store's bytes are compared with sglang's store kernel on the same vectors (fp8
+code, scale and rope flips counted), then the rows are timed.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import json
 import statistics
 import subprocess
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 import pydsa
-from . import harness
+from . import harness, reference
 from .harness import graph_us, host_us, host_vs_empty
 
 D = 512
@@ -30,11 +31,11 @@ LAYERS = 30
 
 
 def _load(folder):
-    sys.path.insert(0, folder)
     try:
-        return importlib.import_module("anchor_v2"), importlib.import_module("anchor_mtp523")
+        return reference.load(folder)
     except Exception as exc:
-        raise SystemExit(f"--reference-build {folder}: cannot load sglang 0.5.23's kernels ({exc})") from exc
+        raise SystemExit(f"--reference-build {folder}: cannot load sglang 0.5.23's kernels ({exc}); build them "
+                         f"with benchmarks/reference/build.sh") from exc
 
 
 def _rotary(positions, gen):
@@ -51,7 +52,7 @@ def _extend_records(positions):
     return torch.from_numpy(rec.view(np.uint8).reshape(n, 16)).cuda()
 
 
-def compare_store(v2, n=8192, seed=0):
+def compare_store(ref, n=8192, seed=0):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(n, D, device="cuda", generator=gen) * torch.rand(n, 1, device="cuda", generator=gen) * 4
     w = torch.rand(D, device="cuda", generator=gen) + 0.5
@@ -64,7 +65,7 @@ def compare_store(v2, n=8192, seed=0):
     kv = pydsa.KVCache(ours, w, freq, page_size=PAGE, eps=1e-6)
     pydsa.kv_store(x, positions, slots, kv)
     torch.cuda.synchronize()
-    v2.norm_rope_store(x, (_extend_records(positions), _extend_records(positions)[:0]), w, 1e-6, freq, slots,
+    ref.store(x, ref.extend_plan(_extend_records(positions)), w, 1e-6, freq, slots,
                        theirs, PAGE)
     torch.cuda.synchronize()
     a, b = ours.cpu().numpy().reshape(-1), theirs.cpu().numpy().reshape(-1)
@@ -104,7 +105,7 @@ def _bf16_steps(a, b) -> int:
     return int((ordered(a) - ordered(b)).abs().max().item())
 
 
-def compare_sglang_api(v2, cases=30, seed=7):
+def compare_sglang_api(ref, cases=30, seed=7):
     """pydsa.sglang's 0.5.23 calls beside sglang's own on the same inputs: plan bytes (decode and
     prefill, plain and CUDA-graph mode, with a state slot offset), states and outputs of
     compress_forward, cache bytes of compress_norm_rope_store and of the fused form (against our own two
@@ -134,8 +135,8 @@ def compare_sglang_api(v2, cases=30, seed=7):
             seq = torch.from_numpy(rng.integers(1, 60000, b)).cuda()
             seq[: b // 2] = (seq[: b // 2] // 128 + 1) * 128
             mine = ours.CompressorDecodePlan.generate_online(seq, rid, r2t, off)
-            theirs = v2.plan_decode_online(seq, rid, r2t, off)
-            same = torch.equal(mine.plan_d, theirs)
+            theirs = ref.plan_decode(seq, rid, r2t, off)
+            same = torch.equal(mine.plan_d, theirs.plan_d)
             n, plan_t = b, theirs
         else:
             ext = rng.integers(1, 600, b)
@@ -144,15 +145,15 @@ def compare_sglang_api(v2, cases=30, seed=7):
             graph = case % 4 == 0
             mine = ours.CompressorPrefillPlan.generate_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t,
                                                               n, graph, off)
-            theirs = v2.plan_prefill_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n, graph, off)
-            same = torch.equal(mine.plan_c, theirs[0]) and torch.equal(mine.plan_w, theirs[1])
+            theirs = ref.plan_prefill(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n, graph, off)
+            same = torch.equal(mine.plan_c, theirs.plan_c) and torch.equal(mine.plan_w, theirs.plan_w)
             plan_t = theirs
         r["plan_bytes_differ"] += int(not same)
         kv = torch.randn(n, 2 * D, device="cuda", generator=gen)
         loc = torch.randperm(2 * n, device="cuda", generator=gen)[:n].to(torch.int64)
         s_m, s_t = state.clone(), state.clone()
         out_m = ours.compress_forward(s_m, kv, ape, mine, head_dim=D, compress_ratio=128, is_online=True)
-        out_t = v2.compress_forward_online(s_t, kv, ape, plan_t)
+        out_t = ref.compress_forward(s_t, kv, ape, plan_t)
         # rows that hold a vector: decode rows whose token closes a chunk, the real compress records
         real = (seq % 128 == 0) if decode else slice(0, len(pyplan_records(mine)))
         a, t = out_m[real], out_t[real]
@@ -175,7 +176,7 @@ def compare_sglang_api(v2, cases=30, seed=7):
         c_t, c_f = c_m.clone(), c_m.clone()
         ours.compress_norm_rope_store(out_t, mine, norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc,
                                       kvcache=c_m, page_size=PAGE)
-        v2.norm_rope_store(out_t, plan_t, w, 1e-6, freq, loc, c_t, PAGE)
+        ref.store(out_t, plan_t, w, 1e-6, freq, loc, c_t, PAGE)
         torch.cuda.synchronize()
         ours.compress_forward_and_store(state.clone(), kv, ape, mine, norm_weight=w, norm_eps=1e-6, freq_cis=freq,
                                         out_loc=loc, kvcache=c_f, page_size=PAGE)
@@ -215,19 +216,22 @@ class Layer:
         self.r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
 
 
-def decode_rows(v2, bs, dtypes, rounds=5):
+def decode_rows(ref, bs, dtypes, rounds=5):
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(1)
     for dtype in dtypes:
         for closing in (False, True):
             for b in bs:
                 L = Layer(b, dtype, closing, gen)
-                plan = v2.plan_decode_online(L.seq64, L.rid, L.r2t)
+                plan = ref.plan_decode(L.seq64, L.rid, L.r2t)
                 ours = pydsa.C128Decode(L.state, L.kv, L.out, L.ape, L.idx, L.seq)
+                # the same plan tensor sglang's decode reads, read in place
+                records = pydsa.C128Decode(L.state, L.kv, L.out, L.ape, plan.plan_d, None)
                 fused = pydsa.C128Decode(L.state, L.kv, None, L.ape, L.idx, L.seq, store=L.store, cache_slots=L.loc)
-                sg_dec = lambda: v2.compress_forward_online(L.state, L.kv, L.ape, plan, out=L.out)
-                sg_store = lambda: v2.norm_rope_store(L.out, plan, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
-                cases = {"pydsa decode": [ours.launch], "sglang decode": [sg_dec],
+                sg_dec = lambda: ref.compress_forward(L.state, L.kv, L.ape, plan, out=L.out)
+                sg_store = lambda: ref.store(L.out, plan, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
+                cases = {"pydsa decode": [ours.launch], "pydsa decode (sglang's records)": [records.launch],
+                         "sglang decode": [sg_dec],
                          "pydsa decode+store fused": [fused.launch], "sglang decode + store": [sg_dec, sg_store],
                          "sglang store": [sg_store]}
                 t = {k: [] for k in cases}
@@ -238,6 +242,7 @@ def decode_rows(v2, bs, dtypes, rounds=5):
                 row = {"b": b, "state": str(dtype).replace("torch.", ""), "lengths": "closing" if closing else "random",
                        **{k + " us": round(v, 3) for k, v in m.items()},
                        "P18 decode speedup": round(m["sglang decode"] / m["pydsa decode"], 3),
+                       "P18 decode speedup (records)": round(m["sglang decode"] / m["pydsa decode (sglang's records)"], 3),
                        "P19 layer speedup": round(m["sglang decode + store"] / m["pydsa decode+store fused"], 3)}
                 rows.append(row)
                 print(row, flush=True)
@@ -253,7 +258,7 @@ PREFILL_CASES = {  # name: (seq_lens, extend_lens)
 }
 
 
-def prefill_rows(v2, rounds=5):
+def prefill_rows(ref, rounds=5):
     import pyplan
     rows = []
     rng = np.random.default_rng(4)
@@ -281,12 +286,12 @@ def prefill_rows(v2, rounds=5):
         freq = _rotary(int(seq.max()) + 128, gen)
         store = pydsa.KVCache(cache, w, freq, page_size=PAGE, eps=1e-6)
         plan = pyplan.plan_prefill(seq, ext)
-        sg_plan = v2.plan_prefill_online(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n)
-        out_c = torch.empty(max(1, sg_plan[0].shape[0]), D, device="cuda")
+        sg_plan = ref.plan_prefill(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n)
+        out_c = torch.empty(max(1, sg_plan.plan_c.shape[0]), D, device="cuda")
         ours = lambda: pydsa.c128_prefill(state, kv, None, ape, idx, plan, compact=True, store=store, cache_slots=loc)
         ours_plain = lambda: pydsa.c128_prefill(state, kv, out_c, ape, idx, plan, compact=True)
-        sg_c = lambda: v2.compress_forward_online(state, kv, ape, sg_plan, out=out_c)
-        sg_s = lambda: v2.norm_rope_store(out_c, sg_plan, w, 1e-6, freq, loc, cache, PAGE)
+        sg_c = lambda: ref.compress_forward(state, kv, ape, sg_plan, out=out_c)
+        sg_s = lambda: ref.store(out_c, sg_plan, w, 1e-6, freq, loc, cache, PAGE)
         # The two-call way: the plain prefill into a compact out, then kv_store of its rows (positions and
         # slots of the compress records gathered at plan time, as an engine would).
         recs = plan[0]
@@ -307,7 +312,7 @@ def prefill_rows(v2, rounds=5):
     return rows
 
 
-def verify_rows(v2, mtp, bs, dtypes, rounds=5, v=8):
+def verify_rows(ref, bs, dtypes, rounds=5, v=8):
     """P21: a storing verify of V drafts per request against sglang's verify of a c128 layer: its v2
     prefill over the drafts (plan made outside the graph), its store, and write_prefix_states."""
     rows = []
@@ -334,14 +339,14 @@ def verify_rows(v2, mtp, bs, dtypes, rounds=5, v=8):
             store = pydsa.KVCache(cache, w, freq, page_size=PAGE, eps=1e-6)
             ours = pydsa.C128Verify(state, drafts, None, ape, idx, seq_t.to(torch.int32), idx, bank_stride=b,
                                     store=store, cache_slots=loc)
-            plan = v2.plan_prefill_online(torch.from_numpy(seq + v), torch.full((b,), v, dtype=torch.int64), rid, r2t,
+            plan = ref.plan_prefill(torch.from_numpy(seq + v), torch.full((b,), v, dtype=torch.int64), rid, r2t,
                                           b * v, state_slot_offset=v * b)
-            out_c = torch.empty(max(1, plan[0].shape[0]), D, device="cuda")
+            out_c = torch.empty(max(1, plan.plan_c.shape[0]), D, device="cuda")
             state2d = state.view(state.shape[0], 3 * D)
-            calls = [lambda: v2.compress_forward_online(state, drafts, ape, plan, out=out_c),
-                     lambda: mtp.write_prefix_states(drafts, seq_t, rid, r2t, ape, state2d, b, v, b)]
-            if plan[0].shape[0] > 0:
-                calls.insert(1, lambda: v2.norm_rope_store(out_c, plan, w, 1e-6, freq, loc, cache, PAGE))
+            calls = [lambda: ref.compress_forward(state, drafts, ape, plan, out=out_c),
+                     lambda: ref.write_prefix_states(drafts, seq_t, rid, r2t, ape, state2d, b, v, b)]
+            if plan.plan_c.shape[0] > 0:
+                calls.insert(1, lambda: ref.store(out_c, plan, w, 1e-6, freq, loc, cache, PAGE))
             t = {"pydsa": [], "sglang": []}
             for _ in range(rounds):
                 t["pydsa"].append(graph_us([ours.launch]))
@@ -356,7 +361,7 @@ def verify_rows(v2, mtp, bs, dtypes, rounds=5, v=8):
     return rows
 
 
-def model_step_rows(v2, bs, dtypes, rounds=5):
+def model_step_rows(ref, bs, dtypes, rounds=5):
     """P22: 30 layers, each its own state and cache, each after a producer (a bf16 matmul)."""
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(2)
@@ -367,7 +372,7 @@ def model_step_rows(v2, bs, dtypes, rounds=5):
     for dtype in dtypes:
         for b in bs:
             layers = [Layer(b, dtype, False, gen) for _ in range(LAYERS)]
-            plan = v2.plan_decode_online(layers[0].seq64, layers[0].rid, layers[0].r2t)
+            plan = ref.plan_decode(layers[0].seq64, layers[0].rid, layers[0].r2t)
             ours = [pydsa.C128Decode(L.state, L.kv, None, L.ape, L.idx, L.seq, store=L.store, cache_slots=L.loc)
                     for L in layers]
 
@@ -377,11 +382,11 @@ def model_step_rows(v2, bs, dtypes, rounds=5):
                     op.launch()
 
             def step_sglang():
-                p = v2.plan_decode_online(layers[0].seq64, layers[0].rid, layers[0].r2t)
+                p = ref.plan_decode(layers[0].seq64, layers[0].rid, layers[0].r2t)
                 for L in layers:
                     producer()
-                    v2.compress_forward_online(L.state, L.kv, L.ape, p, out=L.out)
-                    v2.norm_rope_store(L.out, p, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
+                    ref.compress_forward(L.state, L.kv, L.ape, p, out=L.out)
+                    ref.store(L.out, p, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
 
             def producers():
                 for _ in layers:
@@ -404,7 +409,7 @@ def model_step_rows(v2, bs, dtypes, rounds=5):
     return rows
 
 
-def planning_rows(v2) -> list:
+def planning_rows(ref) -> list:
     """P23: host time per call of the sglang-shaped planning calls, pydsa.sglang's generate_online beside
     the reference's (sglang's host steps: its pinned buffer, copies and plan kernel), alternating in
     blocks, no sync inside a block; and the empty launch measured beside them."""
@@ -417,7 +422,7 @@ def planning_rows(v2) -> list:
         rid = torch.from_numpy(rng.permutation(4 * b)[:b]).cuda()
         r2t = torch.zeros(4 * b, 8, dtype=torch.int32, device="cuda")
         mine = lambda: ours.CompressorDecodePlan.generate_online(seq, rid, r2t, 64)
-        theirs = lambda: v2.plan_decode_online(seq, rid, r2t, 64)
+        theirs = lambda: ref.plan_decode(seq, rid, r2t, 64)
         o, t = [], []
         for _ in range(5):
             o.append(host_us(mine, n=400, rounds=1, sync=sync))
@@ -435,7 +440,7 @@ def planning_rows(v2) -> list:
         rid = torch.from_numpy(rng.permutation(4 * b)[:b]).cuda()
         r2t = torch.zeros(4 * b, 8, dtype=torch.int32, device="cuda")
         mine = lambda: ours.CompressorPrefillPlan.generate_online(seq_t, ext_t, rid, r2t, n, False, 64)
-        theirs = lambda: v2.plan_prefill_online(seq_t, ext_t, rid, r2t, n, False, 64)
+        theirs = lambda: ref.plan_prefill(seq_t, ext_t, rid, r2t, n, False, 64)
         o, t = [], []
         for _ in range(5):
             o.append(host_us(mine, n=200, rounds=1, sync=sync))
@@ -448,6 +453,98 @@ def planning_rows(v2) -> list:
     return rows
 
 
+def compare_mtp_protocol(ref, steps=40, seed=9, v=4, layers=2, dev="cuda"):
+    """sglang 0.5.23's MTP protocol through pydsa.sglang beside sglang's own kernels, step after step on
+    the same inputs: mark_pending, write_prefix_states per layer, commit_pending with a random acceptance
+    (past num_verify_tokens too), the next step from the committed lengths. Requests start at seq 0 and
+    some return to 0 (a slot reused by a new request). Main slots and banks compared after every step."""
+    from .. import sglang as ours
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    r = dict(steps=0, seq0_rows=0, pending_differ=0, max_main_err_fp32=0.0, max_bank_err_fp32=0.0,
+             max_main_bf16_steps=0, max_bank_bf16_steps=0)
+    for dtype in (torch.float32, torch.bfloat16):
+        b, stride = 24, 32
+        rid = torch.from_numpy(rng.permutation(stride)[:b].astype(np.int64)).to(dev)
+        seq = rng.integers(0, 3000, b).astype(np.int64)
+        seq[: b // 4] = 0
+        mine = [((torch.randn(stride * (v + 1), 3 * D, device=dev, generator=gen) * 0.1).to(dtype)) for _ in
+                range(layers)]
+        for st in mine:
+            st[:, D:2 * D] = 2.0
+        theirs = [st.clone() for st in mine]
+        ape = [torch.randn(128, D, device=dev, generator=gen) for _ in range(layers)]
+        r2t = torch.zeros(stride, 8, dtype=torch.int32, device=dev)
+        pend_m = torch.full((stride,), -7, dtype=torch.int64, device=dev)
+        pend_t = pend_m.clone()
+        for step in range(steps):
+            restart = rng.random(b) < 0.1
+            seq = np.where(restart, 0, seq)
+            r["seq0_rows"] += int((seq == 0).sum())
+            seq_t = torch.from_numpy(seq).to(dev)
+            ours.online_c128_mtp_mark_pending(seq_t, rid, pend_m, b, stride, head_dim=D, state_dtype=dtype)
+            ref.mark_pending(seq_t, rid, pend_t, b, stride, dtype)
+            for layer in range(layers):
+                drafts = torch.randn(b * v, 2 * D, device=dev, generator=gen)
+                ours.online_c128_mtp_write_prefix_states(drafts, seq_t, rid, r2t, ape[layer], mine[layer], b, v,
+                                                         stride, head_dim=D)
+                ref.write_prefix_states(drafts, seq_t, rid, r2t, ape[layer], theirs[layer], b, v, stride)
+            seq = seq + rng.integers(0, v + 3, b)  # accepted drafts (clamped to v by commit)
+            seq_t = torch.from_numpy(seq).to(dev)
+            for layer in range(layers):
+                ours.online_c128_mtp_commit_pending(seq_t, rid, r2t, pend_m, mine[layer], b, v, stride, stride,
+                                                    head_dim=D)
+                ref.commit_pending(seq_t, rid, r2t, pend_t, theirs[layer], b, v, stride, stride)
+            torch.cuda.synchronize() if dev == "cuda" else None
+            r["steps"] += 1
+            r["pending_differ"] += int(not torch.equal(pend_m, pend_t))
+            main = rid  # main slots of the batch; banks: every other row the drafts wrote
+            for a, t in zip(mine, theirs):
+                banks = torch.ones(a.shape[0], dtype=torch.bool, device=dev)
+                banks[main] = False
+                for part, rows in (("main", main), ("bank", banks)):
+                    x, y = a[rows], t[rows]
+                    if dtype == torch.float32:
+                        key = f"max_{part}_err_fp32"
+                        r[key] = max(r[key], float(((x - y).abs().max() / y.abs().max()).item()))
+                    else:
+                        key = f"max_{part}_bf16_steps"
+                        r[key] = max(r[key], _bf16_steps(x, y))
+    return r
+
+
+def sglang_layer_rows(ref, bs, rounds=5):
+    """The sglang-shaped per-layer calls timed: a decode layer as sglang 0.5.23 makes it (compress_forward,
+    then compress_norm_rope_store) through pydsa.sglang and through sglang's kernels, and pydsa.sglang's
+    fused compress_forward_and_store; the same plan tensors and inputs (random lengths, fp32 state)."""
+    from .. import sglang as ours
+    rows = []
+    gen = torch.Generator(device="cuda").manual_seed(12)
+    for b in bs:
+        L = Layer(b, torch.float32, False, gen)
+        plan = ours.CompressorDecodePlan.generate_online(L.seq64, L.rid, L.r2t)
+        theirs = ref.plan_decode(L.seq64, L.rid, L.r2t)
+        store = dict(norm_weight=L.w, norm_eps=1e-6, freq_cis=L.freq, out_loc=L.loc, kvcache=L.cache, page_size=PAGE)
+        fwd = dict(head_dim=D, compress_ratio=128, is_online=True)
+        cases = {
+            "pydsa.sglang compress_forward + compress_norm_rope_store": [
+                lambda: ours.compress_forward(L.state, L.kv, L.ape, plan, out=L.out, **fwd),
+                lambda: ours.compress_norm_rope_store(L.out, plan, **store)],
+            "pydsa.sglang compress_forward_and_store": [
+                lambda: ours.compress_forward_and_store(L.state, L.kv, L.ape, plan, out=L.out, **store)],
+            "sglang compress_forward + compress_norm_rope_store": [
+                lambda: ref.compress_forward(L.state, L.kv, L.ape, theirs, out=L.out),
+                lambda: ref.store(L.out, theirs, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)]}
+        t = {k: [] for k in cases}
+        for _ in range(rounds):
+            for k, calls in cases.items():
+                t[k].append(graph_us(calls) * len(calls))
+        row = {"b": b, **{k + " us": round(statistics.median(x), 3) for k, x in t.items()}}
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pydsa.bench.release", description=__doc__.split("\n\n")[0])
     ap.add_argument("json", help="where the rows go")
@@ -457,7 +554,7 @@ def main(argv=None):
     ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step", "sglang-api", "planning"],
                     help="one part")
     args = ap.parse_args(argv)
-    v2, mtp = _load(args.reference_build)
+    ref = _load(args.reference_build)
     harness.GRAPH_BUSY_START = True
     rounds = 3 if args.quick else 5
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
@@ -466,21 +563,24 @@ def main(argv=None):
                                                       text=True).stdout.strip(),
               "torch": torch.__version__, "pdl_default": pydsa._abi.PDL_DEFAULT}
     if args.only in (None, "sglang-api"):
-        result["sglang_api_vs_sglang"] = compare_sglang_api(v2)
+        result["sglang_api_vs_sglang"] = compare_sglang_api(ref)
         print(result["sglang_api_vs_sglang"], flush=True)
+        result["mtp_protocol_vs_sglang"] = compare_mtp_protocol(ref)
+        print(result["mtp_protocol_vs_sglang"], flush=True)
+        result["sglang_layer"] = sglang_layer_rows(ref, [1, 32, 256, 1024], rounds)
     if args.only in (None, "planning"):
-        result["planning"] = planning_rows(v2)
+        result["planning"] = planning_rows(ref)
     if args.only in (None, "store"):
-        result["store_vs_sglang"] = compare_store(v2)
+        result["store_vs_sglang"] = compare_store(ref)
         print(result["store_vs_sglang"], flush=True)
     if args.only in (None, "decode"):
-        result["decode"] = decode_rows(v2, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
+        result["decode"] = decode_rows(ref, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "prefill"):
-        result["prefill"] = prefill_rows(v2, rounds)
+        result["prefill"] = prefill_rows(ref, rounds)
     if args.only in (None, "verify"):
-        result["verify"] = verify_rows(v2, mtp, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
+        result["verify"] = verify_rows(ref, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "step"):
-        result["model_step"] = model_step_rows(v2, [32, 256], [torch.float32, torch.bfloat16], rounds)
+        result["model_step"] = model_step_rows(ref, [32, 256], [torch.float32, torch.bfloat16], rounds)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
 
