@@ -14,8 +14,11 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: sglang==0.5.23 -d "$work"
 python3 -m pip download -q --no-deps --only-binary=:all: apache-tvm-ffi==0.1.11 -d "$work/tvm-here"
 mkdir -p "$OUT/wheels"
+# (with the three small packages sglang's modules use at import: msgspec, orjson, psutil)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 -d "$OUT/wheels" apache-tvm-ffi==0.1.11
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux_2_12_x86_64 -d "$OUT/wheels" \
+  apache-tvm-ffi==0.1.11 msgspec==0.23.0 orjson==3.13.0 psutil==7.2.2
 (cd "$work" && unzip -q sglang-0.5.23-*.whl 'sglang/*' -x '*.so' -d src)
 python3 -m pip install -q --no-deps --target "$work/site" "$work"/tvm-here/*.whl
 # the CUDA toolkit's root, from nvcc itself (sglang links its modules against $CUDA_HOME's libcudart)
