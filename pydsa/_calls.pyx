@@ -24,6 +24,8 @@ cdef extern from "Python.h":
 cdef extern from "dsa_kernels.h":
     int DSA_FLAG_HOST_PLAN
     int DSA_FLAG_DECODE_RECORDS
+    int DSA_FLAG_STORE_DECODE_RECORDS
+    int DSA_FLAG_STORE_EXTEND_RECORDS
     int DSA_CHUNK
     int DSA_STATE_FLOAT32
     int DSA_STATE_BFLOAT16
@@ -145,6 +147,8 @@ cdef extern from "dsa_kernels.h":
         const int64_t* cache_slots
         const void* cache
         uint32_t* error_count
+        const int32_t* records
+        int64_t num_cache_slots
 
     ctypedef struct dsa_metadata_destination:
         pass
@@ -870,8 +874,8 @@ def fill_commit(uintptr_t address, uintptr_t layers, int64_t capacity, seq_lens,
 # ---- the standalone store -------------------------------------------------------------------
 
 cdef int _fill_store(dsa_kv_store_params* p, vectors, positions, cache_slots, cache, uint32_t flags,
-                     error_count) except -2:
-    cdef Arg v, ps, cs
+                     error_count, records=None, bint extend=False) except -2:
+    cdef Arg v, ps, cs, rc
     cdef uint32_t* errors
     if type(cache) is not _store_type:
         return -1
@@ -880,8 +884,18 @@ cdef int _fill_store(dsa_kv_store_params* p, vectors, positions, cache_slots, ca
     if _tensor(vectors, &v, F32, dev, 2) < 0 or v.shape[1] != d:
         return -1
     cdef int64_t n = v.shape[0]
-    if (_vector(positions, &ps, I32, dev, n) < 0 or _vector(cache_slots, &cs, I64, dev, n) < 0
-            or _error_counter(error_count, dev, &errors) < 0):
+    ps.data = NULL
+    rc.data = NULL
+    if records is None:
+        if _vector(positions, &ps, I32, dev, n) < 0 or _vector(cache_slots, &cs, I64, dev, n) < 0:
+            return -1
+    else:  # sglang's plan records, uint8 [M, 16]: the first M vectors; cache_slots of any length
+        if (positions is not None or _tensor(records, &rc, U8, dev, 2) < 0 or rc.shape[1] != 16
+                or rc.shape[0] > n or _tensor(cache_slots, &cs, I64, dev, 1) < 0):
+            return -1
+        n = rc.shape[0]
+        flags |= DSA_FLAG_STORE_EXTEND_RECORDS if extend else DSA_FLAG_STORE_DECODE_RECORDS
+    if _error_counter(error_count, dev, &errors) < 0:
         return -1
     p.struct_size = sizeof(dsa_kv_store_params)
     p.flags = flags
@@ -893,13 +907,16 @@ cdef int _fill_store(dsa_kv_store_params* p, vectors, positions, cache_slots, ca
     p.cache_slots = <const int64_t*>cs.data
     p.cache = <const void*><uintptr_t>cache.address
     p.error_count = errors
+    p.records = <const int32_t*>rc.data
+    p.num_cache_slots = cs.shape[0] if records is not None else n
     return 0
 
 
-def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count):
+def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count, records=None,
+          bint extend=False):
     """One-shot standalone store: the library's status, or DECLINED."""
     cdef dsa_kv_store_params p
-    if _fill_store(&p, vectors, positions, cache_slots, cache, flags, error_count) < 0:
+    if _fill_store(&p, vectors, positions, cache_slots, cache, flags, error_count, records, extend) < 0:
         return DECLINED
     return _launch(_store_entry, &p, p.device, stream)
 

@@ -250,22 +250,12 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
                              use_fp4=False, bf16_store=False, kvcache_scale=None, rope_cache=None,
                              fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None) -> None:
     """sglang's store of a c128 layer's vectors: decode (row b stored when its seq_len closes a chunk,
-    at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row])."""
+    at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch."""
     _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
                         kvcache_rope)
     cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
-    fields = plan[1].view(torch.int32).view(-1, 4)
-    seq = fields[:, 0].to(torch.int64) & 0xFFFFFFFF
-    if plan.is_decode:
-        slots = torch.where(seq % RATIO == 0, out_loc[:seq.shape[0]], -1)
-        rows = kv[:seq.shape[0]]
-    else:
-        valid = seq != 0xFFFFFFFF
-        ragged = (fields[:, 1] & 0xFFFF).to(torch.int64)
-        slots = torch.where(valid, out_loc[torch.where(valid, ragged, 0)], -1)
-        rows = kv[:seq.shape[0]]
-    positions = torch.where(seq >= RATIO, seq - RATIO, 0).to(torch.int32)
-    kv_store(rows, positions, slots, cache)
+    # one launch: the store reads each row's position and slot from the plan's records in place
+    kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode)
 
 
 def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,

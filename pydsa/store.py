@@ -102,27 +102,43 @@ def store_arg(store, cache_slots, dev: int, d: int, rows: int):
     return arg(cache_slots, "cache_slots", _int64, dev, (rows,))
 
 
-def _store_checked(vectors, positions, cache_slots, cache, error_count) -> tuple:
+def _store_checked(vectors, positions, cache_slots, cache, error_count, records=None, extend=False) -> tuple:
     if not isinstance(cache, KVCache):
         raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
     dev, d = cache.device, cache.head_dim
     vectors = arg(vectors, "vectors", _float32, dev, (None, d))
     n = vectors.shape[0]
-    return dict(vectors=vectors, positions=arg(positions, "positions", torch.int32, dev, (n,)),
-                cache_slots=arg(cache_slots, "cache_slots", _int64, dev, (n,)), cache=cache,
-                error_count=counter_arg(error_count, dev)), dev
+    if records is None:
+        positions = arg(positions, "positions", torch.int32, dev, (n,))
+        cache_slots = arg(cache_slots, "cache_slots", _int64, dev, (n,))
+    else:
+        if positions is not None:
+            raise ValueError("positions must be None with records (the records give each vector's position)")
+        records = arg(records, "records", torch.uint8, dev, (None, 16))
+        if records.shape[0] > n:
+            raise ValueError(f"records has {records.shape[0]} rows but vectors only {n}")
+        cache_slots = arg(cache_slots, "cache_slots", _int64, dev, (None,))
+    return dict(vectors=vectors, positions=positions, cache_slots=cache_slots, cache=cache,
+                error_count=counter_arg(error_count, dev), records=records, extend=bool(extend)), dev
 
 
-def kv_store(vectors, positions, cache_slots, cache: KVCache, *, stream=None, pdl=None, error_count=None) -> None:
+def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, extend: bool = False, stream=None,
+             pdl=None, error_count=None) -> None:
     """Stores vectors [N, D] float32 into `cache`: vector i at cache slot cache_slots[i] (int64 [N];
     negative: skipped; past the cache: skipped and counted) with rotary row positions[i] (int32 [N],
-    its chunk's first position; outside the table: skipped and counted)."""
+    its chunk's first position; outside the table: skipped and counted).
+
+    With records (uint8 [M, 16], M <= N: sglang 0.5.23's plan records) and positions None, vector i's
+    position and slot come from records[i] (docs/spec.md, the store): decode records (extend False) store
+    row i when its seq_len is a positive multiple of 128, at cache_slots[i]; extend records store every
+    record but padding, at cache_slots[its ragged row]; the position is seq_len - 128."""
     flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
-    status = _fast_store(vectors, positions, cache_slots, cache, stream, flags, error_count)
+    status = _fast_store(vectors, positions, cache_slots, cache, stream, flags, error_count, records, extend)
     if status:
         if status != DECLINED:
             _check_status(status)  # raises
-        call_checked(_fast_store, *_store_checked(vectors, positions, cache_slots, cache, error_count), stream, flags)
+        call_checked(_fast_store, *_store_checked(vectors, positions, cache_slots, cache, error_count, records,
+                                                  extend), stream, flags)
 
 
 del _abi

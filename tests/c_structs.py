@@ -73,6 +73,7 @@ class KvStoreParams(C.Structure):
         ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
         ("num_vectors", C.c_int64), ("vectors", C.c_void_p), ("positions", C.c_void_p),
         ("cache_slots", C.c_void_p), ("cache", C.c_void_p), ("error_count", C.c_void_p),
+        ("records", C.c_void_p), ("num_cache_slots", C.c_int64),
     ]
 
 

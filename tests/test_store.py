@@ -153,6 +153,47 @@ def test_store_is_deterministic(device):
     assert torch.equal(a.cache, b.cache)
 
 
+def _records(words):
+    return torch.tensor(np.array(words, dtype=np.int64).astype(np.uint32).view(np.int32)).view(torch.uint8).reshape(-1, 16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_store_reads_sglang_records_in_place(device):
+    """records= (sglang 0.5.23's plan records) gives each vector's position and slot: the bytes of the
+    store with the same positions and slots given as arrays; what closes nothing or pads is skipped, a
+    slot index past cache_slots or an extend record too short to close a chunk is counted."""
+    d, pages, rows = 512, 40, 7
+    vectors = (torch.randn(rows, d, generator=torch.Generator().manual_seed(3)) * 2).to(device)
+    out_loc = torch.tensor([11, 3, 70, 5, 60, 1, 9, 33, 2], dtype=torch.int64)
+    # decode records {seq_len, slot, load slot, -1}: rows closing a chunk at 128, 384 and 1280; 0, 300, 129
+    # and 2^31 + 128 (not a length) close none
+    seq = [128, 0, 300, 384, 129, 1280, 2**31 + 128]
+    dec = _records([[s, 0, 0, -1] for s in seq])
+    keep = [i for i, s in enumerate(seq) if 0 < s < 2**31 and s % 128 == 0]
+    # extend records {seq_len, ragged | len << 16, store slot, load slot}: padding, a ragged row past
+    # out_loc (counted), a record of seq_len 100 (counted)
+    ext_words = [[256, 4 | 128 << 16, 0, 0], [0xFFFFFFFF, 0, -1, -1], [128, 8 | 5 << 16, 0, 0],
+                 [640, 12 | 1 << 16, 0, 0], [100, 2 | 1 << 16, 0, 0], [1024, 0 | 3 << 16, 0, 0]]
+    ext = _records(ext_words)
+    for extend, rec, want_pos, want_loc, counted in (
+            (False, dec, [seq[i] - 128 for i in keep], [int(out_loc[i]) for i in keep], 0),
+            (True, ext, [128, 0, 896], [int(out_loc[4]), int(out_loc[8]), int(out_loc[0])], 2)):
+        a, b = make_cache(d, 2, pages, 2048, device), make_cache(d, 2, pages, 2048, device)
+        counter = torch.zeros(1, dtype=torch.int32, device=device)
+        pydsa.kv_store(vectors, None, out_loc.to(device), a, records=rec.to(device), extend=extend, error_count=counter)
+        rows_kept = keep if not extend else [0, 2, 5]
+        pydsa.kv_store(vectors[rows_kept], torch.tensor(want_pos, dtype=torch.int32, device=device),
+                       torch.tensor(want_loc, dtype=torch.int64, device=device), b)
+        assert torch.equal(a.cache, b.cache) and not (b.cache == POISON).all()
+        assert int(counter.item()) == counted
+    with pytest.raises(ValueError, match="positions must be None"):
+        pydsa.kv_store(vectors, torch.zeros(rows, dtype=torch.int32, device=device), out_loc.to(device),
+                       make_cache(d, 2, pages, 2048, device), records=dec.to(device))
+    with pytest.raises(ValueError, match="records has 7 rows but vectors only 2"):
+        pydsa.kv_store(vectors[:2], None, out_loc.to(device), make_cache(d, 2, pages, 2048, device),
+                       records=dec.to(device))
+
+
 def test_store_argument_errors():
     kv = make_cache(512, 2, 4, 10, "cpu")
     with pytest.raises(TypeError, match="cache must be a pydsa.KVCache"):

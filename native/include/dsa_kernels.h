@@ -99,6 +99,8 @@ typedef enum dsa_struct_id {
                                       other streams (communication kernels, say) it waits for them
                                       to leave room; ordinary launches start in whatever room there
                                       is. */
+#define DSA_FLAG_STORE_DECODE_RECORDS 16u /* kv_store (ABI 7): positions and slots from decode records */
+#define DSA_FLAG_STORE_EXTEND_RECORDS 32u /* kv_store (ABI 7): positions and slots from extend records */
 #define DSA_FLAG_DECODE_RECORDS 8u /* decode (ABI 7): `indices` points at batch_size 16-byte records, one per
                                       request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
                                       (sglang 0.5.23's decode plan records read in place), 16-byte aligned
@@ -240,6 +242,14 @@ typedef struct dsa_kv_store_params {
   const int64_t* cache_slots;  /* [N] cache slot of each vector */
   const dsa_kv_cache* cache;   /* host memory, read during the call */
   uint32_t* error_count;       /* [1] incremented per skipped vector; may be null */
+  /* ABI 7: with DSA_FLAG_STORE_DECODE_RECORDS or DSA_FLAG_STORE_EXTEND_RECORDS, vector i's position
+   * and slot come from records[i] (sglang 0.5.23's 16-byte plan records, word 0 = seq_len) and
+   * positions must be null: decode, stored only when seq_len is a positive multiple of 128, at
+   * cache_slots[i]; extend, 0xFFFFFFFF skipped, else at cache_slots[word 1 & 0xFFFF]. Position
+   * seq_len - 128. A record whose slot index is not below num_cache_slots, or an extend record with
+   * seq_len < 128, is skipped and counted. */
+  const int32_t* records;      /* [N, 4] */
+  int64_t num_cache_slots;     /* entries of cache_slots (records only) */
 } dsa_kv_store_params;
 
 DSA_API dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream);

@@ -59,8 +59,20 @@ void host_store_vector(const float* x, int D, const dsa_kv_cache& c, int64_t loc
 }
 
 void host_store(const dsa_kv_store_params& p) {
-  for (int64_t v = 0; v < p.num_vectors; ++v)
-    host_store_vector(p.vectors + v * p.head_dim, p.head_dim, *p.cache, p.cache_slots[v], p.positions[v], p.error_count);
+  const bool records = (p.flags & (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS)) != 0;
+  const bool extend = (p.flags & DSA_FLAG_STORE_EXTEND_RECORDS) != 0;
+  for (int64_t v = 0; v < p.num_vectors; ++v) {
+    int64_t loc = records ? -1 : p.cache_slots[v];
+    int32_t pos = records ? 0 : p.positions[v];
+    if (records) {
+      const int row = record_row(p.records, extend, v, p.cache_slots, p.num_cache_slots, &loc, &pos);
+      if (row != kStoreWrite) {
+        if (row == kStoreCount && p.error_count != nullptr) ++*p.error_count;
+        continue;
+      }
+    }
+    host_store_vector(p.vectors + v * p.head_dim, p.head_dim, *p.cache, loc, pos, p.error_count);
+  }
 }
 
 namespace {

@@ -50,6 +50,9 @@ struct StoreOpLaunch {
   const float* vectors;
   const int32_t* positions;
   uint32_t* error_count;
+  const int32_t* records;    // non-null: positions and slots from sglang's plan records
+  int64_t num_cache_slots;   // records only
+  uint32_t extend;           // records only: extend (not decode) records
   StoreLaunch store;
 };
 
@@ -64,8 +67,18 @@ __global__ void __launch_bounds__(1024) kv_store_kernel(const __grid_constant__ 
   StoreOperands<VEC> o;
   load_floats<VEC>(x, p.vectors + (int64_t)v * D + ch);
   load_weights<VEC>(o, p.store, ch);
-  const int64_t loc = __ldg(p.store.cache_slots + v);
-  const int32_t pos = __ldg(p.positions + v);
+  int64_t loc = -1;
+  int32_t pos = 0;
+  if (p.records == nullptr) {
+    loc = __ldg(p.store.cache_slots + v), pos = __ldg(p.positions + v);
+  } else {
+    const int row = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, &loc, &pos);
+    if (row != kStoreWrite) {
+      allow_dependents();
+      if (row == kStoreCount && ch == 0) count_error(p.error_count);
+      return;
+    }
+  }
   allow_dependents();
   load_rotary<VEC>(o, p.store, D, ch, pos);
   store_vector<VEC>(p.store, x, o, D, ch, (int)blockDim.x, loc, pos, p.error_count);
@@ -90,8 +103,15 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
   StoreLaunch st = {};
   DSA_TRY(store_launch(p.cache, p.cache_slots, p.head_dim, p.device, op, &st));
   if (p.num_vectors == 0) return ok();
-  if (p.vectors == nullptr || p.positions == nullptr)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors and positions must be non-null", op);
+  const uint32_t kinds = p.flags & (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS);
+  if (kinds == (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: at most one of the decode and extend record flags", op);
+  if (p.vectors == nullptr || (kinds ? (p.records == nullptr || p.positions != nullptr || p.num_cache_slots < 0)
+                                     : (p.positions == nullptr || p.records != nullptr)))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be non-null, and positions non-null without records or "
+                "null with records (then records non-null, num_cache_slots >= 0)", op);
+  if (kinds && p.device != DSA_DEVICE_HOST && !aligned(p.records, 16))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: records must be 16-byte aligned on the GPU", op);
   if (p.device == DSA_DEVICE_HOST) {
     host_store(p);
     return ok();
@@ -107,6 +127,8 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
   StoreOpLaunch a = {};
   a.head_dim = p.head_dim, a.num_vectors = (uint32_t)p.num_vectors, a.vectors = p.vectors;
   a.positions = p.positions, a.error_count = p.error_count, a.store = st;
+  a.records = kinds ? p.records : nullptr, a.num_cache_slots = p.num_cache_slots;
+  a.extend = (p.flags & DSA_FLAG_STORE_EXTEND_RECORDS) != 0;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t err = vec == 4 ? launch(kv_store_kernel<4>, grid, block, s, mode, a)

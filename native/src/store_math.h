@@ -120,6 +120,27 @@ DSA_HD EntryOffsets entry_offsets(int64_t loc, int page_log2, int64_t page_strid
 // What a store does with the slot of a vector: write it, skip it silently (negative: not held on
 // this GPU) or skip and count it (past the cache, or a rotary row outside the table).
 enum StoreCheck : int { kStoreWrite = 0, kStoreSkip = 1, kStoreCount = 2 };
+
+// The position and cache slot of vector i of a store that reads sglang's plan records
+// (DSA_FLAG_STORE_*_RECORDS): kStoreWrite with *loc and *pos set, kStoreSkip (a decode row that closes
+// no chunk, an extend padding record) or kStoreCount (a slot index past num_slots, or an extend
+// record too short to close a chunk). Records and slot indices are data.
+DSA_HD int record_row(const int32_t* records, bool extend, int64_t i, const int64_t* slots, int64_t num_slots,
+                      int64_t* loc, int32_t* pos) {
+  const uint32_t seq = (uint32_t)records[4 * i];
+  int64_t at = i;
+  if (extend) {
+    if (seq == 0xFFFFFFFFu) return kStoreSkip;
+    if (seq < 128u) return kStoreCount;
+    at = (uint32_t)records[4 * i + 1] & 0xFFFFu;
+  } else if (seq == 0u || seq % 128u != 0u || seq > 0x7FFFFFFFu) {
+    return kStoreSkip;
+  }
+  if (at >= num_slots) return kStoreCount;
+  *loc = slots[at];
+  *pos = (int32_t)(seq - 128u);
+  return kStoreWrite;
+}
 DSA_HD int store_check(int64_t loc, int64_t capacity, int64_t position, int64_t num_positions) {
   if (loc < 0) return kStoreSkip;
   return loc < capacity && position >= 0 && position < num_positions ? kStoreWrite : kStoreCount;
