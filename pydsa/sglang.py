@@ -246,14 +246,15 @@ def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indic
                                         batch_size, num_verify_tokens, state_slot_stride, *, head_dim=None) -> None:
     """Stores the state after each of the num_verify_tokens drafts of request b (rows
     b*num_verify_tokens.. of kv_score_input) at row req + (k+1) * state_slot_stride; main slots are
-    only read. req_to_token is accepted and unused, as in sglang 0.5.23."""
+    only read. req_to_token is accepted and unused, as in sglang 0.5.23. As there, a bf16 state runs
+    in fp32 from draft to draft (each bank entry rounded once)."""
     if batch_size <= 0:
         return
     if head_dim is not None and state.shape[-1] != 3 * head_dim:
         raise ValueError(f"head_dim is {head_dim} but state rows hold {state.shape[-1]} = 3 * {state.shape[-1] // 3}")
     req = _slots(req_pool_indices, batch_size)
     c128_verify(_state_rows(state), kv_score_input[:batch_size * num_verify_tokens], None, ape, req,
-                _slots(seq_lens, batch_size), req, bank_stride=state_slot_stride)
+                _slots(seq_lens, batch_size), req, bank_stride=state_slot_stride, round_between_drafts=False)
 
 
 def online_c128_mtp_mark_pending(seq_lens, req_pool_indices, pending_seq_lens, batch_size, num_req_slots, *,

@@ -20,7 +20,8 @@ from __future__ import annotations
 import ctypes as C
 
 from . import _calls
-from ._abi import DEFAULT_PDL_FLAG, FLAG_PDL, MAX_DRAFTS, check as _check_status, pdl_flag
+from ._abi import (DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_VERIFY_FP32_BETWEEN_DRAFTS, MAX_DRAFTS, check as _check_status,
+                   pdl_flag)
 from ._op import DECLINED, Prepared, call_checked, counter_arg, state_arg
 from ._tensors import _float32, _int32, arg, as_tensor, optional_arg, rows_arg
 from .c128 import CHUNK
@@ -65,7 +66,8 @@ def _verify_checked(state, kv_score, out, ape, indices, seq_lens, bank_indices, 
 
 
 def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1, verify_lens=None,
-                store=None, cache_slots=None, stream=None, pdl=None, error_count=None) -> None:
+                store=None, cache_slots=None, stream=None, pdl=None, error_count=None,
+                round_between_drafts: bool = True) -> None:
     """Runs each request's drafts through the decode arithmetic (docs/spec.md, speculative decoding) and stores the state after
     every draft prefix in the bank; main slots are never written.
 
@@ -76,8 +78,13 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     drafts (< 0: padding; 0: a request with no committed tokens); bank_indices [B] int32: slot of bank
     entry 0, entry j at + j*bank_stride; verify_lens [B] int32: drafts of each request (0..V), default V.
     store: a pydsa.KVCache that the vector a draft closes is stored into, at cache_slots[b*V+j] (int64
-    [B*V]); an engine ignores the entries of rejected drafts. Nothing with B == 0 rows."""
+    [B*V]); an engine ignores the entries of rejected drafts. Nothing with B == 0 rows.
+    round_between_drafts False (bf16 state only): the running state stays fp32 from draft to draft,
+    each bank entry rounded once, as sglang 0.5.23 keeps it; by default it is rounded as a decode's
+    store rounds it, so a verified token leaves exactly the state a decoded one would."""
     flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
+    if not round_between_drafts:
+        flags |= FLAG_VERIFY_FP32_BETWEEN_DRAFTS
     status = _fast_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens,
                           stream, flags, error_count, store, cache_slots)
     if status:
@@ -97,12 +104,13 @@ class C128Verify(Prepared):
     _struct = 8
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1,
-                 verify_lens=None, store=None, cache_slots=None, pdl=None, error_count=None):
+                 verify_lens=None, store=None, cache_slots=None, pdl=None, error_count=None,
+                 round_between_drafts: bool = True):
         self._bind(_calls.fill_verify, _verify_checked,
                    dict(state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
                         bank_indices=bank_indices, bank_stride=bank_stride, verify_lens=verify_lens,
                         error_count=error_count, store=store, cache_slots=cache_slots),
-                   dict(flags=pdl_flag(pdl)))
+                   dict(flags=pdl_flag(pdl) | (0 if round_between_drafts else FLAG_VERIFY_FP32_BETWEEN_DRAFTS)))
 
 
 def _commit_checked(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots, num_drafts,

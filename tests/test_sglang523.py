@@ -308,3 +308,76 @@ def test_the_plugin_entry_point_is_declared():
     import pathlib
     text = (pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text()
     assert '[project.entry-points."sglang.srt.plugins"]' in text and 'pydsa = "pydsa.sglang_plugin:register"' in text
+
+
+def _write_prefix_float64(state, drafts, seq, rid, ape, v, stride, round_between):
+    """sglang 0.5.23's write_prefix_states in float64, from its documented semantics: banks of draft k at
+    rid + (k+1) * stride, bf16 on store; the running state rounded between drafts only if round_between."""
+    out = state.clone()
+    d = state.shape[1] // 3
+    for i in range(seq.shape[0]):
+        s0, req = int(seq[i]), int(rid[i])
+        start = s0 & 127
+        if s0 > 0 and start != 0:
+            m, s, k = (state[req, j * d:(j + 1) * d].double() for j in range(3))
+        else:
+            m = s = k = torch.zeros(d, dtype=torch.float64)
+        for j in range(v):
+            pos = (start + j) & 127
+            kvj, sc = drafts[i * v + j, :d].double(), drafts[i * v + j, d:].double() + ape[pos].double()
+            if pos == 0:
+                m, s, k = sc.clone(), torch.ones(d, dtype=torch.float64), kvj.clone()
+            else:
+                mx = torch.maximum(m, sc)
+                a, e = s * torch.exp(m - mx), torch.exp(sc - mx)
+                m, s, k = mx, a + e, (k * a + kvj * e) / (a + e)
+            if (s0 + j + 1) & 127:
+                out[req + (j + 1) * stride] = torch.cat([m, s, k]).to(state.dtype)
+                if round_between:
+                    m, s, k = (t.to(state.dtype).double() for t in (m, s, k))
+            else:
+                m = s = k = torch.zeros(d, dtype=torch.float64)
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_write_prefix_states_keeps_a_bf16_state_in_fp32_between_drafts_as_sglang(device):
+    """sglang's write_prefix_states keeps the running state in fp32 from draft to draft; pydsa.sglang's
+    does too (c128_verify(round_between_drafts=False)), while pydsa's own verify rounds it between drafts
+    as a decode would. Each is within one bf16 rounding of its float64 counterpart; they differ from
+    each other by far more."""
+    v, b, stride = 4, 24, 32
+    gen = torch.Generator().manual_seed(1)
+    rid = torch.randperm(stride, generator=gen)[:b].to(torch.int64)
+    seq = torch.randint(1, 3000, (b,), generator=gen).to(torch.int64)
+    seq[:3] = torch.tensor([0, 127, 125])
+    state = torch.randn(stride * (v + 1), 3 * D, generator=gen) * 0.1
+    state[:, D:2 * D] = 2.0
+    state = state.to(torch.bfloat16)
+    ape, drafts = torch.randn(CHUNK, D, generator=gen), torch.randn(b * v, 2 * D, generator=gen)
+    r2t = torch.zeros(stride, 8, dtype=torch.int32)
+    ours = state.clone().to(device)
+    sglang.online_c128_mtp_write_prefix_states(drafts.to(device), seq.to(device), rid.to(device), r2t.to(device),
+                                               ape.to(device), ours, b, v, stride, head_dim=D)
+    decoded = state.clone().to(device)
+    pydsa.c128_verify(decoded.view(-1, 1, 3 * D), drafts.to(device), None, ape.to(device), rid.to(torch.int32).to(device),
+                      seq.to(torch.int32).to(device), rid.to(torch.int32).to(device), bank_stride=stride)
+    step = 2.0 ** -8  # one bf16 rounding, relative to the state's magnitude
+    for got, round_between in ((ours, False), (decoded, True)):
+        want = _write_prefix_float64(state, drafts, seq, rid, ape, v, stride, round_between).float()
+        assert float((got.float().cpu() - want).abs().max() / want.abs().max()) <= step, round_between
+    assert float((ours.float() - decoded.float()).abs().max() / decoded.float().abs().max()) > step
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp32_between_drafts_changes_nothing_on_an_fp32_state(device):
+    v, b = 3, 5
+    gen = torch.Generator().manual_seed(2)
+    state = (torch.randn(b * (v + 1), 1, 3 * D, generator=gen) * 0.1).to(device)
+    drafts, ape = torch.randn(b * v, 2 * D, generator=gen).to(device), torch.randn(CHUNK, D, generator=gen).to(device)
+    idx = torch.arange(b, dtype=torch.int32, device=device)
+    seq = torch.tensor([0, 126, 5, 300, 127], dtype=torch.int32, device=device)
+    a, c = state.clone(), state.clone()
+    pydsa.c128_verify(a, drafts, None, ape, idx, seq, idx, bank_stride=b)
+    pydsa.c128_verify(c, drafts, None, ape, idx, seq, idx, bank_stride=b, round_between_drafts=False)
+    assert torch.equal(a, c) and not torch.equal(a, state)

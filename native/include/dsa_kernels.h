@@ -101,6 +101,12 @@ typedef enum dsa_struct_id {
                                       is. */
 #define DSA_FLAG_STORE_DECODE_RECORDS 16u /* kv_store (ABI 7): positions and slots from decode records */
 #define DSA_FLAG_STORE_EXTEND_RECORDS 32u /* kv_store (ABI 7): positions and slots from extend records */
+#define DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS 64u /* verify (ABI 7): with a bf16 state, the running state
+                                      stays fp32 from draft to draft (each bank entry rounded once, as it
+                                      is stored), as sglang 0.5.23's write_prefix_states keeps it. Without
+                                      it the state is rounded between drafts as a decode's store rounds
+                                      it, so a verified token leaves exactly the state a decoded one
+                                      would. No effect on an fp32 state. */
 #define DSA_FLAG_DECODE_RECORDS 8u /* decode (ABI 7): `indices` points at batch_size 16-byte records, one per
                                       request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
                                       (sglang 0.5.23's decode plan records read in place), 16-byte aligned

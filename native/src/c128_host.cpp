@@ -189,6 +189,7 @@ void host_verify(const dsa_c128_verify_params& p) {
   std::vector<float> vector(D);
   const Closer closed{D, p.store, p.cache_slots, p.out, p.error_count};
   S* const state = static_cast<S*>(p.state);
+  const bool fp32_between = (p.flags & DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS) != 0;
   for (int64_t b = 0; b < p.batch_size; ++b) {
     const int32_t seq = p.seq_lens[b], load_slot = p.indices[b], bank = p.bank_indices[b];
     const int32_t v = p.verify_lens != nullptr ? p.verify_lens[b] : V;
@@ -211,13 +212,14 @@ void host_verify(const dsa_c128_verify_params& p) {
         const int c = (seq + j) % DSA_CHUNK;
         const float* token = p.kv_score + (b * V + j) * 2 * D;
         const Partial r = token_into_state(m, s, k, to_log2(token[D + d] + p.ape[(int64_t)c * D + d]), token[d], c);
-        m = as_stored<S>(state_max(r)), s = as_stored<S>(r.sum), k = mean_of(r);
+        m = state_max(r), s = r.sum, k = mean_of(r);
+        if (!fp32_between) m = as_stored<S>(m), s = as_stored<S>(s);
         if (c == DSA_CHUNK - 1) {
           vector[d] = k;
         } else {
           S* entry = state + (bank + (j + 1) * p.bank_stride) * 3 * D + d;
           narrow(m, entry), narrow(s, entry + D), narrow(k, entry + 2 * D);
-          k = as_stored<S>(k);
+          if (!fp32_between) k = as_stored<S>(k);
         }
       }
     }

@@ -30,6 +30,7 @@ struct VerifyLaunch {
   float* out;  // null: no vectors written
   uint32_t* error_count;
   int32_t num_drafts;
+  uint32_t fp32_between_drafts;  // DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS: no rounding of the running state
   StoreLaunch store;  // kStore only
 };
 
@@ -101,7 +102,8 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
 #pragma unroll
       for (int i = 0; i < VEC; ++i) {
         const Partial r = token_into_state(m.v[i], s.v[i], k.v[i], to_log2(score[u].v[i] + bias[u].v[i]), kv[u].v[i], c);
-        m.v[i] = as_stored<S>(state_max(r)), s.v[i] = as_stored<S>(r.sum), k.v[i] = mean_of(r);
+        m.v[i] = state_max(r), s.v[i] = r.sum, k.v[i] = mean_of(r);
+        if (!p.fp32_between_drafts) m.v[i] = as_stored<S>(m.v[i]), s.v[i] = as_stored<S>(s.v[i]);
       }
       if (c == DSA_CHUNK - 1) {  // the draft closes its chunk; the next one starts fresh
         if (p.out != nullptr) store_lanes<VEC>(p.out + (((int64_t)b * V + j) * D + ch), k);
@@ -109,8 +111,10 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
           store_vector<VEC>(p.store, k.v, o, D, ch, (int)blockDim.x, loc, (int64_t)seq + j - (DSA_CHUNK - 1), p.error_count);
       } else {
         store_state<VEC>(entry, m), store_state<VEC>(entry + D, s), store_state<VEC>(entry + 2 * D, k);
+        if (!p.fp32_between_drafts) {
 #pragma unroll
-        for (int i = 0; i < VEC; ++i) k.v[i] = as_stored<S>(k.v[i]);
+          for (int i = 0; i < VEC; ++i) k.v[i] = as_stored<S>(k.v[i]);
+        }
       }
     }
   }
@@ -239,6 +243,7 @@ extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void
   a.kv_score = p.kv_score, a.seq_lens = p.seq_lens, a.indices = p.indices, a.bank_indices = p.bank_indices;
   a.verify_lens = p.verify_lens, a.state = p.state, a.ape = p.ape, a.bank_stride = p.bank_stride;
   a.num_slots = p.num_slots, a.out = p.out, a.error_count = p.error_count, a.store = st;
+  a.fp32_between_drafts = (p.flags & DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS) != 0;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaStream_t s = (cudaStream_t)stream;
   const cudaError_t err =
