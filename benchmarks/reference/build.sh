@@ -21,7 +21,5 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   apache-tvm-ffi==0.1.11 msgspec==0.23.0 orjson==3.13.0 psutil==7.2.2
 (cd "$work" && unzip -q sglang-0.5.23-*.whl 'sglang/*' -x '*.so' -d src)
 python3 -m pip install -q --no-deps --target "$work/site" "$work"/tvm-here/*.whl
-# the CUDA toolkit's root, from nvcc itself (sglang links its modules against $CUDA_HOME's libcudart)
-export CUDA_HOME=${CUDA_HOME:-$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ TOP=\(.*\)\/bin\/\.\.$/\1/p')}
 PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" python3 -m pydsa.bench.reference build "$OUT" --sglang-root "$work/src"
 echo "reference built into $OUT"

@@ -43,8 +43,29 @@ def _enter(root):
     return sglang_shim.import_all(MODULES, stand_ins, real=("tvm_ffi",))
 
 
-def build(out: str, sglang_root: str) -> dict:
-    """Compiles the reference modules into `out`; the manifest."""
+PARTS = ("online", "store", "mtp")
+
+
+def cuda_home() -> str:
+    """The CUDA toolkit's root: $CUDA_HOME, else what nvcc reports (sglang links its modules against
+    its libcudart)."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    import subprocess
+    probe = subprocess.run(["nvcc", "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                           capture_output=True, text=True)
+    for line in (probe.stdout + probe.stderr).splitlines():
+        if line.startswith("#$ TOP="):
+            return os.path.normpath(line[len("#$ TOP="):].strip())  # ".../bin/.."
+    raise RuntimeError("nvcc did not report its toolkit's root; set CUDA_HOME")
+
+
+def build(out: str, sglang_root: str, parts=PARTS) -> dict:
+    """Compiles the reference modules of `parts` into `out`; the manifest."""
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"parts {sorted(unknown)} are not among {PARTS}")
+    os.environ["CUDA_HOME"] = cuda_home()
     compress, mtp, kv_layout, jit = _enter(sglang_root)
     from sglang.kernels.jit.utils import arch
     from sglang.kernels.jit.utils.compile import loader
@@ -72,11 +93,14 @@ def build(out: str, sglang_root: str) -> dict:
     for module in (compress, mtp):
         module.load_jit = recording
     for state in (torch.float32, torch.bfloat16):
-        compress._jit_compress_128_online_module.__wrapped__(512, state)
-        for seq, req in MTP_INDEX_DTYPES:
-            mtp._jit_online_c128_mtp_module.__wrapped__(512, seq, req, state)
-    compress._jit_compress_norm_rope_module.__wrapped__(torch.float32, 512, 64, 2, False, kv_layout.KVLayout.V4,
-                                                         False)
+        if "online" in parts:
+            compress._jit_compress_128_online_module.__wrapped__(512, state)
+        if "mtp" in parts:
+            for seq, req in MTP_INDEX_DTYPES:
+                mtp._jit_online_c128_mtp_module.__wrapped__(512, seq, req, state)
+    if "store" in parts:
+        compress._jit_compress_norm_rope_module.__wrapped__(torch.float32, 512, 64, 2, False,
+                                                             kv_layout.KVLayout.V4, False)
     libs = os.path.join(out, "lib")
     os.makedirs(libs, exist_ok=True)
     manifest = {}
@@ -196,9 +220,10 @@ def main(argv=None):
     b = sub.add_parser("build", help="compile sglang 0.5.23's reference modules into OUT")
     b.add_argument("out")
     b.add_argument("--sglang-root", required=True, help="the folder holding the sglang 0.5.23 package")
+    b.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="build these modules only")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    manifest = build(os.path.abspath(args.out), os.path.abspath(args.sglang_root))
+    manifest = build(os.path.abspath(args.out), os.path.abspath(args.sglang_root), tuple(args.only))
     print(f"built {len(manifest)} modules into {args.out}")
 
 
