@@ -550,8 +550,9 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indi
     lx.data = NULL
     sl.data = NULL
     if seq_lens is None:  # indices: one 16-byte record per request (int32 [B, 4] or uint8 [B, 16])
-        if (load_indices is not None or _tensor(indices, &ix, I32, dev, 2) < 0 or ix.shape[0] != b
-                or ix.shape[1] != 4) and (load_indices is not None or _matrix(indices, &ix, U8, dev, b, 16) < 0):
+        if (load_indices is not None or _read(indices, &ix) < 0 or ix.dev != dev or ix.ndim != 2
+                or not ix.contiguous or ix.shape[0] != b
+                or not ((ix.dtype == I32 and ix.shape[1] == 4) or (ix.dtype == U8 and ix.shape[1] == 16))):
             return -1
         flags |= DSA_FLAG_DECODE_RECORDS
     elif (_vector(indices, &ix, I32, dev, b) < 0 or _vector(seq_lens, &sl, I32, dev, b) < 0
@@ -923,43 +924,35 @@ def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_
 
 # ---- sglang 0.5.23's plan records -----------------------------------------------------------
 
-cdef int _plan_head(dsa_sglang_plan_params* p, int kind, req_pool_indices, object offset, slots, uint32_t flags,
+cdef int _plan_head(dsa_sglang_plan_params* p, int kind, req_pool_indices, object offset, uint32_t flags,
                     Arg* rid) except -2:
-    """The fields both plans share; rid read (int64 [B]) and slots checked (int32 [B] on its device)."""
-    cdef Arg sl
-    if not _int_in(offset, 0, 2**31 - 1) or _read(req_pool_indices, rid) < 0 or rid.dev == -2 or rid.ndim != 1:
-        return -1
-    cdef int64_t b = rid.shape[0]
-    sl.data = NULL
-    if (_vector(req_pool_indices, rid, I64, rid.dev, b) < 0
-            or ((slots is not None or kind != DSA_SGLANG_DECODE_PLAN) and _vector(slots, &sl, I32, rid.dev, b) < 0)):
+    """The fields both plans share; rid read (int64 [B])."""
+    if (not _int_in(offset, 0, 2**31 - 1) or _read(req_pool_indices, rid) < 0 or rid.dev == -2 or rid.ndim != 1
+            or rid.dtype != I64 or not rid.contiguous):
         return -1
     memset(p, 0, sizeof(dsa_sglang_plan_params))
     p.struct_size = sizeof(dsa_sglang_plan_params)
     p.flags = flags
     p.device = rid.dev
     p.kind = kind
-    p.batch_size = b
+    p.batch_size = rid.shape[0]
     p.state_slot_offset = offset
     p.req_pool_indices = <const int64_t*>rid.data
-    p.slots = <int32_t*>sl.data
     return 0
 
 
-def sglang_decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, seq_lens_out, slots, stream,
-                       uint32_t flags):
-    """sglang's decode plan records and pydsa's slots in one launch: the library's status, or DECLINED."""
+def sglang_decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, stream, uint32_t flags):
+    """sglang's decode plan records (which pydsa's decode reads in place) in one launch: the library's
+    status, or DECLINED."""
     cdef dsa_sglang_plan_params p
-    cdef Arg rid, sq, pd, so
-    if _plan_head(&p, DSA_SGLANG_DECODE_PLAN, req_pool_indices, state_slot_offset, slots, flags, &rid) < 0:
+    cdef Arg rid, sq, pd
+    if _plan_head(&p, DSA_SGLANG_DECODE_PLAN, req_pool_indices, state_slot_offset, flags, &rid) < 0:
         return DECLINED
     if (_vector(seq_lens, &sq, I64, rid.dev, p.batch_size) < 0
-            or _matrix(plan_d, &pd, U8, rid.dev, p.batch_size, 16) < 0
-            or (seq_lens_out is not None and _vector(seq_lens_out, &so, I32, rid.dev, p.batch_size) < 0)):
+            or _matrix(plan_d, &pd, U8, rid.dev, p.batch_size, 16) < 0):
         return DECLINED
     p.seq_lens = <const int64_t*>sq.data
     p.plan_d = <uint8_t*>pd.data
-    p.seq_lens_out = <int32_t*>so.data if seq_lens_out is not None else NULL
     return _launch(_sglang_plan_entry, &p, p.device, stream)
 
 
@@ -968,7 +961,7 @@ def sglang_prefill_plan(compress, write, req_pool_indices, state_slot_offset, pl
     """sglang's prefill plan records (from pyplan's record arrays, read here during the call) and pydsa's
     slots in one launch: the library's status, or DECLINED."""
     cdef dsa_sglang_plan_params p
-    cdef Arg rid, pc, pw, ls
+    cdef Arg rid, pc, pw, ls, sl
     cdef uintptr_t cp, wp
     cdef int64_t nc, nw
     if type(compress) is not _ndarray_type or type(write) is not _ndarray_type:
@@ -977,8 +970,10 @@ def sglang_prefill_plan(compress, write, req_pool_indices, state_slot_offset, pl
         cp, nc, wp, nw = _record_lists(compress, write)
     except TypeError:
         return DECLINED
-    if _plan_head(&p, DSA_SGLANG_PREFILL_PLAN, req_pool_indices, state_slot_offset, slots, flags, &rid) < 0:
+    if (_plan_head(&p, DSA_SGLANG_PREFILL_PLAN, req_pool_indices, state_slot_offset, flags, &rid) < 0
+            or _vector(slots, &sl, I32, rid.dev, p.batch_size) < 0):
         return DECLINED
+    p.slots = <int32_t*>sl.data
     if (_tensor(plan_c, &pc, U8, rid.dev, 2) < 0 or pc.shape[1] != 16 or pc.shape[0] < nc
             or _tensor(plan_w, &pw, U8, rid.dev, 2) < 0 or pw.shape[1] != 16 or pw.shape[0] < nw
             or _vector(load_slots, &ls, I32, rid.dev, p.batch_size) < 0):

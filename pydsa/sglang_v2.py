@@ -63,8 +63,7 @@ class CompressorDecodePlan(NamedTuple):
         if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError("req_to_token must be a 2-D int32 tensor")
         plan_d = torch.empty((seq_lens.shape[0], 16), dtype=torch.uint8, device=req_pool_indices.device)
-        status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, None, None,
-                              DEFAULT_PDL_FLAG)
+        status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
         if status:
             if status == _calls.DECLINED:
                 _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
