@@ -227,6 +227,27 @@ def _agree(checker, fill, sid, args, extra):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("as_bytes", [False, True])
+def test_decode_records_fill_the_same_params_through_every_reader(device, as_bytes):
+    """seq_lens None: the per-request records (int32 [B, 4] or uint8 [B, 16], sglang's plan_d) fill the
+    params the checks fill, through both readers; other shapes and dtypes are declined by both, and
+    the checks raise for them."""
+    dev = torch.device(device)
+    args = _decode_args(dev, 128, 3, 4, False, torch.Generator().manual_seed(1))
+    rec = torch.stack([args.pop("seq_lens"), args["indices"], args["indices"], torch.full((3,), -1, dtype=torch.int32,
+                                                                                        device=dev)], 1).contiguous()
+    args = dict(args, indices=rec.view(torch.uint8).reshape(3, 16) if as_bytes else rec, seq_lens=None,
+                error_count=torch.zeros(1, dtype=torch.int32, device=dev))
+    ok, got = _both_readers(_calls.fill_decode, 2, args, flags=0)
+    assert ok and got == _checked_bytes(c128._decode_checked, _calls.fill_decode, 2, args, dict(flags=0))
+    for bad in (rec[:, :3].contiguous(), rec.long(), rec[:2], rec.t().contiguous().t()):
+        bad_args = dict(args, indices=bad)
+        assert _both_readers(_calls.fill_decode, 2, bad_args, flags=0)[0] is False
+        with pytest.raises((TypeError, ValueError)):
+            c128._decode_checked(**bad_args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["state", "kv_score", "out", "ape", "indices", "seq_lens", "error_count"])
 def test_decode_agrees_on_every_changed_argument(device, name):
     dev = torch.device(device)
