@@ -603,7 +603,8 @@ def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens,
 # ---- c128 prefill ---------------------------------------------------------------------------
 
 cdef int _fill_prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, indices, plan, load_indices,
-                       uint32_t flags, error_count, bint compact, store=None, cache_slots=None) except -2:
+                       uint32_t flags, error_count, bint compact, store=None, cache_slots=None,
+                       list keep=None) except -2:
     cdef Arg st, kv, o, ap, ix, lx, pc, pw
     cdef const void* store_address
     cdef const int64_t* slots
@@ -649,6 +650,13 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, in
     else:
         return -1
     o.data = NULL
+    if out is None and store is not None and dev >= 0 and nc > 0:
+        # a storing prefill on the GPU passes its vectors through out: compact rows the call owns
+        if type(kv_score) is not _tensor_type or keep is None:
+            return -1
+        out = kv_score.new_empty((nc, d))
+        compact = True
+        keep.append(out)
     if ((not (out is None and store is not None) and _matrix(out, &o, F32, dev, nc if compact else n, d) < 0)
             or _matrix(ape, &ap, F32, dev, DSA_CHUNK, d) < 0 or _error_counter(error_count, dev, &errors) < 0
             or _store(store, cache_slots, dev, d, n, &store_address, &slots) < 0):
@@ -683,21 +691,24 @@ def prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, uint
             bint compact, store=None, cache_slots=None):
     """One-shot c128 prefill: the library's status, or DECLINED."""
     cdef dsa_c128_prefill_params p
+    cdef list keep = []
     if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, store,
-                     cache_slots) < 0:
+                     cache_slots, keep) < 0:
         return DECLINED
     return _launch(_prefill_entry, &p, p.device, stream)
 
 
 def fill_prefill(uintptr_t address, state, kv_score, out, ape, indices, plan, load_indices, uint32_t flags,
                  error_count, bint compact, store=None, cache_slots=None):
-    """Fills the prefill params at `address`: True, or False with nothing written."""
+    """Fills the prefill params at `address`: False with nothing written; else True, or the list of
+    buffers the params point into besides the arguments (a storing prefill's own out rows)."""
     cdef dsa_c128_prefill_params p
+    cdef list keep = []
     if _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, store,
-                     cache_slots) < 0:
+                     cache_slots, keep) < 0:
         return False
     (<dsa_c128_prefill_params*>address)[0] = p
-    return True
+    return keep or True
 
 
 # ---- c128 verify and commit (speculative decoding) -------------------------------------------

@@ -83,11 +83,13 @@ class Prepared:
         raises the named error for a wrong one) and `extra` (flags and other non-tensor fields)."""
         self._buf = C.create_string_buffer(SIZES[self._struct])
         self._address = C.addressof(self._buf)
-        if not fill(self._address, **args, **extra):
+        filled = fill(self._address, **args, **extra)
+        if not filled:
             args, dev = checker(**args)
-            if not fill(self._address, **args, **extra):
+            filled = fill(self._address, **args, **extra)
+            if not filled:
                 raise _declined(fill.__name__)
-        self._keep = args  # the buffers the params point into
+        self._keep = (args, filled)  # the buffers the params point into (a filler's own ones in `filled`)
         self._dev = C.c_int32.from_buffer(self._buf, 8).value  # every params struct: device at byte 8
         self.device = torch.device("cpu") if self._dev < 0 else torch.device("cuda", self._dev)
 

@@ -4,6 +4,8 @@ Properties: the store of a vector equals a float64 reference written from the sp
 last-bit flips of fp32 arithmetic (counted, at most 1e-4 of the values); GPU and host backend write the
 same bytes; a fused op writes exactly the bytes of store(compress(...)) on one backend; nothing else in
 the cache is written; bad slots and rotary rows are skipped (negative silently, others counted)."""
+import ctypes as C
+
 import numpy as np
 import pytest
 import torch
@@ -344,8 +346,8 @@ def test_fused_prefill_writes_the_bytes_of_store_after_prefill(device, d, state_
     out = torch.full((n, d), float("nan"), device=device)
     s_p = state.clone()
     pydsa.c128_prefill(s_p, kv, out, ape, idx, plan)
-    # The vectors equal the plain call's but for fp32 rounding: a storing compress pass runs in tiles of
-    # whole fp8 groups, the plain one may take narrower tiles (another order of the same sums).
+    # The vectors equal the plain call's but for fp32 rounding: a plain prefill of both lists may take one
+    # launch or a split whose tiles differ from the storing compress pass's (another order of the same sums).
     assert torch.equal(out.isnan(), out_f.isnan())
     tol = 1e-5 if state_dtype == torch.float32 else 1e-2  # bf16: one step where the two rounded apart
     assert torch.allclose(s_f.float(), s_p.float(), rtol=tol, atol=1e-6)
@@ -364,6 +366,150 @@ def test_fused_prefill_writes_the_bytes_of_store_after_prefill(device, d, state_
     compact = make_cache(d, 2, n // 2 + 1, 1600, device)
     pydsa.c128_prefill(state.clone(), kv, None, ape, idx, plan, compact=True, store=compact, cache_slots=slots)
     assert torch.equal(compact.cache.cpu(), ref.cache.cpu())
+
+
+def _closing_rows(seq, ext):
+    """(ragged rows that close a chunk, their chunks' first positions) of a prefill, in plan order."""
+    rows, pos, off = [], [], 0
+    for s_, e_ in zip(seq, ext):
+        for p in range(int(s_ - e_), int(s_)):
+            if p % CHUNK == CHUNK - 1:
+                rows.append(off + p - int(s_ - e_)), pos.append(p - (CHUNK - 1))
+        off += int(e_)
+    return rows, pos
+
+
+def _prefill_case(requests, rng, d=512):
+    """A prefill of `requests` requests, each closing exactly one chunk (random prefixes and tails)."""
+    seq = (rng.integers(1, 4, requests) * CHUNK + rng.integers(0, CHUNK, requests)).astype(np.int64)
+    ext = (seq % CHUNK + 1 + rng.integers(0, 100, requests)).astype(np.int64)
+    n = int(ext.sum())
+    kv = torch.from_numpy(rng.standard_normal((n, 2 * d), dtype=np.float32)).cuda()
+    state = torch.randn(requests, 1, 3 * d, device="cuda")
+    state[:, :, d:2 * d].uniform_(1, 30)
+    return seq, ext, n, kv, state, torch.randn(CHUNK, d, device="cuda"), torch.arange(requests, dtype=torch.int32,
+                                                                                          device="cuda")
+
+
+@gpu
+@pytest.mark.parametrize("requests", [1, 5, 50, 300], ids=["tiny", "narrow", "mid", "wide"])
+def test_fused_prefill_on_every_tile_layout_stores_its_out_and_leaves_the_counters_zero(requests):
+    # 1, 5, 50 and 300 closing segments take the 8-, 16-, 64- and 128-channel tiles on an H200 (the
+    # layout follows the compress list's size): the last of a vector's tile blocks stores it.
+    rng = np.random.default_rng(requests)
+    d = 512
+    seq, ext, n, kv, state, ape, idx = _prefill_case(requests, rng)
+    plan = pyplan.plan_prefill(seq, ext)
+    rows, pos = _closing_rows(seq, ext)
+    assert len(rows) == len(plan[0])
+    slots = torch.from_numpy(rng.permutation(n)).to(torch.int64).cuda()
+    fused = make_cache(d, 2, n // 2 + 1, 1000, "cuda")
+    out = torch.full((n, d), float("nan"), device="cuda")
+    for _ in range(2):  # the second call finds the counters the first left
+        fused.cache.fill_(POISON)
+        pydsa.c128_prefill(state.clone(), kv, out, ape, idx, plan, store=fused, cache_slots=slots)
+        ref = make_cache(d, 2, n // 2 + 1, 1000, "cuda")
+        pydsa.kv_store(out[rows], torch.tensor(pos, dtype=torch.int32, device="cuda"), slots[rows], ref)
+        assert torch.equal(fused.cache, ref.cache)
+        assert not fused._counters.any()
+    plain = torch.full((n, d), float("nan"), device="cuda")
+    pydsa.c128_prefill(state.clone(), kv, plain, ape, idx, plan, cooperative=False)
+    assert torch.allclose(out[rows], plain[rows], rtol=1e-5, atol=1e-6)
+
+
+@gpu
+def test_fused_prefill_with_repeated_and_bad_slots_stays_in_bounds_and_leaves_the_counters_zero():
+    rng = np.random.default_rng(3)
+    d, requests = 512, 40
+    seq, ext, n, kv, state, ape, idx = _prefill_case(requests, rng)
+    plan = pyplan.plan_prefill(seq, ext)
+    rows, pos = _closing_rows(seq, ext)
+    capacity = 2 * requests + 2
+    named = rng.permutation(capacity - 2)[:requests].astype(np.int64)
+    named[1] = named[0]            # two vectors name one slot: either may land, nothing else is written
+    named[2] = -1                  # not held here: skipped
+    named[3] = capacity            # past the cache: skipped and counted
+    named[4] = 2**40
+    slots = torch.full((n,), -7, dtype=torch.int64)
+    slots[rows] = torch.from_numpy(named)
+    kvc = make_cache(d, 2, capacity // 2, 1000, "cuda")
+    errors = torch.zeros(1, dtype=torch.int32, device="cuda")
+    out = torch.full((n, d), float("nan"), device="cuda")
+    pydsa.c128_prefill(state.clone(), kv, out, ape, idx, plan, store=kvc, cache_slots=slots.cuda(), error_count=errors)
+    assert int(errors.item()) == 2
+    assert not kvc._counters.any()
+    ref = make_cache(d, 2, capacity // 2, 1000, "cuda")
+    good = [i for i in range(5, requests)]
+    pydsa.kv_store(out[[rows[i] for i in good]], torch.tensor([pos[i] for i in good], dtype=torch.int32, device="cuda"),
+                   torch.from_numpy(named[good]).cuda(), ref)
+    got, want = kvc.cache.cpu().numpy(), ref.cache.cpu().numpy()
+    for loc in range(capacity):
+        g, w = entry_bytes(got, loc, d, 2), entry_bytes(want, loc, d, 2)
+        if loc == named[0]:
+            continue
+        assert np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1]), loc
+    # the same call with every slot its own then stores every entry
+    slots[rows] = torch.arange(requests, dtype=torch.int64)
+    kvc.cache.fill_(POISON)
+    pydsa.c128_prefill(state.clone(), kv, out, ape, idx, plan, store=kvc, cache_slots=slots.cuda())
+    ref = make_cache(d, 2, capacity // 2, 1000, "cuda")
+    pydsa.kv_store(out[rows], torch.tensor(pos, dtype=torch.int32, device="cuda"), slots[rows].cuda(), ref)
+    assert torch.equal(kvc.cache, ref.cache) and not kvc._counters.any()
+
+
+@gpu
+def test_fused_prefill_graph_replays_store_the_same_bytes():
+    rng = np.random.default_rng(8)
+    d, requests = 512, 24
+    seq, ext, n, kv, state0, ape, idx = _prefill_case(requests, rng)
+    dplan = pydsa.DevicePlan(n, requests, device="cuda").plan(seq, ext)
+    slots = torch.from_numpy(rng.permutation(n)).to(torch.int64).cuda()
+    kvc = make_cache(d, 2, n // 2 + 1, 1000, "cuda")
+    state = state0.clone()
+    op = pydsa.C128Prefill(state, kv, None, ape, idx, dplan, store=kvc, cache_slots=slots)
+    op.launch()
+    torch.cuda.synchronize()
+    first = kvc.cache.clone()
+    assert not (first == POISON).all()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        op.launch()
+    for _ in range(3):
+        state.copy_(state0)
+        kvc.cache.fill_(POISON)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(first, kvc.cache) and not kvc._counters.any()
+    host = make_cache(d, 2, n // 2 + 1, 1000, "cpu")
+    pydsa.c128_prefill(state0.cpu(), kv.cpu(), None, ape.cpu(), idx.cpu(), pyplan.plan_prefill(seq, ext), store=host,
+                       cache_slots=slots.cpu())
+    assert (host.cache != first.cpu()).sum().item() <= 1e-4 * first.numel()
+
+
+@gpu
+def test_a_storing_prefill_on_the_gpu_needs_out_and_the_counters():
+    from c_structs import PrefillParams
+    from pydsa import _calls
+    d = 512
+    seq, ext = np.array([300], np.int64), np.array([300], np.int64)
+    plan = pyplan.plan_prefill(seq, ext)
+    state, kv = torch.randn(1, 1, 3 * d, device="cuda"), torch.randn(300, 2 * d, device="cuda")
+    ape, idx = torch.randn(CHUNK, d, device="cuda"), torch.zeros(1, dtype=torch.int32, device="cuda")
+    slots = torch.arange(300, dtype=torch.int64, device="cuda")
+    kvc = make_cache(d, 2, 200, 400, "cuda")
+    out = torch.empty(300, d, device="cuda")
+    kvc._struct.counters = None
+    with pytest.raises(pydsa.DsaError, match="store.counters is null"):
+        pydsa.c128_prefill(state, kv, out, ape, idx, plan, store=kvc, cache_slots=slots)
+    assert (kvc.cache == POISON).all()
+    kvc._struct.counters = kvc._counters.data_ptr()
+    buf = (C.c_char * C.sizeof(PrefillParams))()
+    assert _calls.fill_prefill(C.addressof(buf), state, kv, out, ape, idx, plan, None, 0, None, False, kvc, slots)
+    PrefillParams.from_buffer(buf).out = None
+    status = _calls.launch(_calls.OP_PREFILL, C.addressof(buf), 0, None)
+    with pytest.raises(pydsa.DsaError, match="out is null; a storing prefill on the GPU"):
+        pydsa._abi.check(status)
+    assert (kvc.cache == POISON).all()
 
 
 @gpu

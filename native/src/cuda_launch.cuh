@@ -32,13 +32,12 @@ class DeviceGuard {
 // Launch modes, or-ed: programmatic dependent launch (the kernel may start before the previous
 // one in the stream ends; it waits in wait_for_producers) and cooperative launch (every block
 // resident at once, so blocks may wait on each other; the grid must fit the device).
-// A cluster size n (1..8 blocks along x) rides in the bits from kLaunchClusterShift.
-constexpr unsigned kLaunchPdl = 1u, kLaunchCooperative = 2u, kLaunchClusterShift = 8;
+constexpr unsigned kLaunchPdl = 1u, kLaunchCooperative = 2u;
 
 template <typename... Params, typename... Args>
 cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                    unsigned mode, Args&&... args) {
-  cudaLaunchAttribute attributes[3];
+  cudaLaunchAttribute attributes[2];
   unsigned n = 0;
   if (mode & kLaunchPdl) {
     attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -47,12 +46,6 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
   if (mode & kLaunchCooperative) {
     attributes[n].id = cudaLaunchAttributeCooperative;
     attributes[n++].val.cooperative = 1;
-  }
-  if (const unsigned cluster = mode >> kLaunchClusterShift; cluster > 1) {
-    attributes[n].id = cudaLaunchAttributeClusterDimension;
-    attributes[n].val.clusterDim.x = cluster;
-    attributes[n].val.clusterDim.y = 1;
-    attributes[n++].val.clusterDim.z = 1;
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;

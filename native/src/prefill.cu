@@ -149,11 +149,10 @@ __device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGro
 }
 
 // 4 tokens per load batch at 4 blocks per SM: occupancy wins (docs/performance.md, "c128 prefill").
-// kStore (compress pass only, launched in clusters of D / tile_width blocks): every vector is also
-// stored into the cache (store_channels); 3 blocks per SM, which spills less than 4 and measured
-// faster (docs/performance.md, "c128 prefill").
+// kStore (compress pass only): every vector is also stored into the cache; the tile blocks of a
+// segment write its channels to `out`, and the last of them stores the entry (store_when_last).
 template <int kPasses, int kInline, typename S, int kLanesLog2, bool kStore>
-__global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm - 1 : kPrefillBlocksPerSm)
+__global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ PrefillLaunch a, const __grid_constant__ InlineRecords<kInline> inline_records) {
   __shared__ float part_max[kPrefillWarps][32 * kVec];
   __shared__ float part_sum[kPrefillWarps][32 * kVec];
@@ -200,7 +199,6 @@ __global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm 
     barrier = 1;
   };
 
-  [[maybe_unused]] int store_rounds = 0;  // kStore: segments stored so far (store_channels)
   for (Index item = blockIdx.x; item < items; item += gridDim.x) {
     // Record r of the launch: compress records first, then write records.
     const Index r = items <= INT32_MAX ? (Index)((uint32_t)item / (uint32_t)tiles) : item / tiles;  // 32-bit when it can
@@ -260,20 +258,10 @@ __global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm 
       prior_m = widen(prior[0]), prior_s = widen(prior[D]), prior_k = widen(prior[2 * D]);
     }
     // The store's operands load beside the prior state (loaded before the token loop, they stayed live
-    // across it and spilled).
+    // across it and spilled): every block loads what the last one of the segment's tiles needs.
     [[maybe_unused]] int64_t loc = 0;
-    [[maybe_unused]] float weight = 0.0f;
-    [[maybe_unused]] float2 rot = {};
     [[maybe_unused]] const int64_t first_position = (int64_t)seg.position - (DSA_CHUNK - 1);
-    if constexpr (kStore) {
-      loc = __ldg(p.store.cache_slots + seg.ragged_id);
-      if (merger) {
-        weight = __ldg(p.store.norm_weight + c);
-        if (c >= D - kStoreGroup && first_position >= 0 && first_position < p.store.num_positions)
-          rot = __ldg(reinterpret_cast<const float2*>(p.store.rotary + first_position * kStoreGroup) +
-                      (c - (D - kStoreGroup)) / 2);
-      }
-    }
+    if constexpr (kStore) loc = __ldg(p.store.cache_slots + seg.ragged_id);
     if constexpr (kPasses == kBothPasses) {
       if (last_compress && barrier == 0) {
         asm volatile("" ::"f"(prior_m), "f"(prior_s), "f"(prior_k));  // the prior state has landed
@@ -339,6 +327,9 @@ __global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm 
         barrier = 2;
       }
     }
+    const int64_t out_row = write                           ? 0
+                            : p.out_layout == DSA_OUT_COMPACT ? a.first_record + (kInline > 0 ? (int64_t)inline_row : r)
+                                                              : (int64_t)seg.ragged_id;
     if (merger) {
       if (write) {
         S* to = state + (int64_t)store_slot * 3 * D + c;
@@ -346,19 +337,15 @@ __global__ void __launch_bounds__(kPrefillThreads, kStore ? kPrefillBlocksPerSm 
         narrow(total.sum, to + D);
         narrow(mean_of(total), to + 2 * D);
       } else {
-        const int64_t row = kInline > 0 ? (int64_t)inline_row : r;
-        const int64_t out_row = p.out_layout == DSA_OUT_COMPACT ? a.first_record + row : (int64_t)seg.ragged_id;
-        if (!kStore || p.out != nullptr) p.out[out_row * D + c] = mean_of(total);
+        p.out[out_row * D + c] = mean_of(total);
       }
     }
     if constexpr (kStore)
-      store_channels<kPrefillWarps>(p.store, merger ? mean_of(total) : 0.0f, weight, rot, D, tile * tile_width + threadIdx.x, tile_width,
-                     loc, first_position, p.error_count, report, store_rounds);
+      store_when_last(p.store, p.out + out_row * D, D, tiles, loc, first_position, p.error_count, report);
   }
   if constexpr (kPasses == kBothPasses) {
     if (barrier == 0) cg::this_grid().barrier_arrive();
   }
-  if constexpr (kStore) cg::this_cluster().sync();  // the cluster's last remote reads of our group sums are done
   if (!waited) {
     wait_for_producers();
     if (a.sync == kSyncBeforeStore) allow_dependents();
@@ -397,13 +384,7 @@ cudaError_t launch_layout(const PrefillLaunch& a, const InlineRecords<kInline>& 
   const auto kernel = c128_prefill_kernel<kPasses, kInline, S, kLanesLog2, kStore>;
   constexpr bool cooperative = kPasses == kBothPasses;
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
-  int64_t grid = std::max<int64_t>(1, kInline > 0 && !cooperative ? items : std::min(items, resident));
-  if constexpr (kStore) {  // whole clusters: a segment's tiles in one cluster, every block on one tile
-    const int tiles = a.head_dim / (kVec << kLanesLog2);
-    grid = std::max<int64_t>(tiles, grid / tiles * tiles);
-    return launch(kernel, (unsigned)grid, kPrefillThreads, stream,
-                  (pdl ? kLaunchPdl : 0u) | ((unsigned)tiles << kLaunchClusterShift), a, records);
-  }
+  const int64_t grid = std::max<int64_t>(1, kInline > 0 && !cooperative ? items : std::min(items, resident));
   if (cooperative) {
     static int fit_cache[kMaxDevices] = {};  // blocks resident at once; -1: no cooperative launch
     int fit = __atomic_load_n(&fit_cache[a.device], __ATOMIC_RELAXED);
@@ -472,16 +453,11 @@ cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, 
     records.r[0] = dsa_segment{};  // unused: device plans read `a.compress` and `a.write`
   }
   const int64_t items = layout_items(a.num_compress + a.num_write, a.head_dim, a.lanes_log2);
-  if constexpr (kStore) {  // tiles of 64 or 128 channels: whole fp8 groups, clusters of at most 8 blocks
-    return a.lanes_log2 == kWide ? launch_layout<kPasses, kInline, S, kWide, true>(a, records, items, sms, stream, pdl)
-                                 : launch_layout<kPasses, kInline, S, kMid, true>(a, records, items, sms, stream, pdl);
-  } else {
-    switch (a.lanes_log2) {
-      case kTiny: return launch_layout<kPasses, kInline, S, kTiny, false>(a, records, items, sms, stream, pdl);
-      case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow, false>(a, records, items, sms, stream, pdl);
-      case kMid: return launch_layout<kPasses, kInline, S, kMid, false>(a, records, items, sms, stream, pdl);
-      default: return launch_layout<kPasses, kInline, S, kWide, false>(a, records, items, sms, stream, pdl);
-    }
+  switch (a.lanes_log2) {
+    case kTiny: return launch_layout<kPasses, kInline, S, kTiny, kStore>(a, records, items, sms, stream, pdl);
+    case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow, kStore>(a, records, items, sms, stream, pdl);
+    case kMid: return launch_layout<kPasses, kInline, S, kMid, kStore>(a, records, items, sms, stream, pdl);
+    default: return launch_layout<kPasses, kInline, S, kWide, kStore>(a, records, items, sms, stream, pdl);
   }
 }
 
@@ -523,10 +499,7 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
   const dsa_segment* list = kWrite ? p.write : p.compress;
   PrefillLaunch a = prefill_launch(p);
   a.lanes_log2 = prefill_lanes_log2(count, p.head_dim, sms);
-  if constexpr (kStore) {
-    a.store = *store;
-    a.lanes_log2 = p.head_dim % (kVec << kWide) == 0 ? kWide : kMid;
-  }
+  if constexpr (kStore) a.store = *store;
   const bool pdl = (p.flags & DSA_FLAG_PDL) || first_sync == kSyncBeforeStore;
   if (!host_plan) {
     (kWrite ? a.write : a.compress) = list;
@@ -627,7 +600,7 @@ bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64
   return true;
 }
 
-// A storing prefill takes two passes: the compress pass in clusters (store_channels), then the write pass.
+// A storing prefill takes two passes: the compress pass with the store (store_when_last), then the write pass.
 template <typename S>
 dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_t stream, const char* op,
                           const StoreLaunch* store) {
@@ -684,9 +657,18 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
     host_prefill(p);
     return ok();
   }
-  if (p.store != nullptr && (p.head_dim % (kVec << kMid) != 0 || p.head_dim / (kVec << kMid) > 8))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing prefill on the GPU needs head_dim a multiple of 64 up to 512 "
-                "(got %d)", op, p.head_dim);
+  if (p.store != nullptr) {  // store_when_last: D / 2 threads of one block store an entry
+    if (p.head_dim > 2 * kPrefillThreads)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing prefill on the GPU needs head_dim up to %d (got %d)", op,
+                  2 * kPrefillThreads, p.head_dim);
+    if (p.out == nullptr && p.compress_capacity > 0)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out is null; a storing prefill on the GPU writes its vectors to out "
+                  "and stores them from there", op);
+    if (p.store->counters == nullptr || !aligned(p.store->counters, 4))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.counters is %s; a storing prefill on the GPU needs the cache's "
+                  "counters ([num_pages * page_size] uint32, zero when made)", op,
+                  p.store->counters == nullptr ? "null" : "not 4-byte aligned");
+  }
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
   if (vector_width(p) != 4)

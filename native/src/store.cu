@@ -39,6 +39,7 @@ dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int h
   out->num_positions = c->num_positions, out->capacity = c->num_pages * ps;
   out->page_stride = page_bytes(head_dim, ps), out->eps = c->eps;
   out->page_log2 = page_log2_of(ps);
+  out->counters = c->counters;
   return DSA_STATUS_OK;
 }
 

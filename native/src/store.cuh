@@ -4,8 +4,6 @@
 // are one code and give the same bytes.
 #pragma once
 
-#include <cooperative_groups.h>
-
 #include "c128_device.cuh"
 #include "store_math.h"
 
@@ -25,6 +23,7 @@ struct StoreLaunch {
   int64_t page_stride;         // bytes per page
   float eps;
   int32_t page_log2;
+  uint32_t* counters;          // [capacity] hand-off counters of the storing prefill (store_when_last)
 };
 
 // Host side: checks a dsa_kv_cache for head dim D and fills `out` (cache_slots left to the caller).
@@ -139,73 +138,38 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
     if (threadIdx.x % kGroupLanes == 0) st.cache[at.scale + group] = (uint8_t)e;
   }
 }
-// The store of a vector from a prefill's merger threads (one channel each, `tile_width` of them
-// per block of kWarps warps), the `tiles` blocks of the segment forming one thread-block cluster: the group
-// sums of the norm meet in distributed shared memory, in store_math.h's order. Every thread of the
-// block calls it, with the same loc and pos across the cluster.
-template <int kWarps>
-__device__ __forceinline__ void store_channels(const StoreLaunch& st, float x, float w, float2 rot, int D, int c,
-                                               int tile_width, int64_t loc, int64_t pos, uint32_t* error_count,
-                                               bool report, int& rounds) {
-  // This block's group sums (tile_width / 64 <= 2), double-buffered by the parity of the stores done
-  // (`rounds`, alike in every block of the cluster): a block writes a buffer again only after the
-  // cluster barrier of the store between, which every block reaches after its remote reads of the
-  // buffer, so one barrier per segment suffices.
-  __shared__ float group_sums[2][2];
-  __shared__ float halves[kWarps];
+// The store of a prefill vector whose channels `tiles` blocks compute, `row` its D fp32 values in
+// global memory, each block's channels written there by the block itself before the call. Each block
+// counts itself in the slot's counter (atom.inc wraps at `tiles`: the counter is zero again once the
+// last one has counted, whatever the order, even for a slot that two records name); the last one
+// reads the row back from L2 and stores the entry with store_vector, D / 2 threads of 2 channels.
+// `o` holds thread t's operands for channels 2t, 2t + 1 (loaded early by every block: only the last
+// one uses them, but which one that is is known only here). Every thread of the block calls it
+// with the same loc and pos.
+__device__ __forceinline__ void store_when_last(const StoreLaunch& st, const float* row, int D, int tiles, int64_t loc, int64_t pos, uint32_t* error_count,
+                                                bool report) {
+  __shared__ uint32_t last;
   const int check = store_check(loc, st.capacity, pos, st.num_positions);
   if (check != kStoreWrite) {
     if (check == kStoreCount && report) count_error(error_count);
-    return;  // uniform across the cluster
+    return;  // uniform across the vector's blocks: none counts itself
   }
-  cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-  const int parity = rounds++ & 1;
-  const bool merger = (int)threadIdx.x < tile_width;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool odd = c & 1;
-  const float xo = __shfl_xor_sync(0xFFFFFFFFu, x, 1);
-  float p = odd ? pair_square(xo, x) : pair_square(x, xo);
-#pragma unroll
-  for (int offset = 2; offset < 32; offset <<= 1) p = add_rn(p, __shfl_xor_sync(0xFFFFFFFFu, p, offset));
-  if (lane == 0) halves[warp] = p;
-  __syncthreads();
-  if (threadIdx.x < (unsigned)tile_width / kStoreGroup)
-    group_sums[parity][threadIdx.x] = add_rn(halves[2 * threadIdx.x], halves[2 * threadIdx.x + 1]);
-  cluster.sync();
-  const int per_block = tile_width / kStoreGroup, groups = D / kStoreGroup;
-  float sums[8];  // groups <= 8 (host check): every remote read issued before the adds
-#pragma unroll
-  for (int g = 0; g < 8; ++g)
-    if (g < groups) sums[g] = *cluster.map_shared_rank(&group_sums[parity][g % per_block], g / per_block);
-  float total = sums[0];
-#pragma unroll
-  for (int g = 1; g < 8; ++g)
-    if (g < groups) total = add_rn(total, sums[g]);
-  const float r = rms_factor(total, D, st.eps);
-  const float y = normed(x, r, w);
-  const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
-  uint8_t* const data = st.cache + at.data;
-  const bool rope = merger && c >= D - kStoreGroup;  // whole warps: the rope tail, pairs on neighbouring lanes
-  const float yb = bf16_rounded(y);
-  float amax = merger && !rope ? fabsf(yb) : 0.0f;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
-  __syncthreads();  // halves is reused
-  if (lane == 0) halves[warp] = amax;
-  __syncthreads();
-  amax = fmaxf(halves[warp & ~1], halves[warp | 1]);
-  const float yo = __shfl_xor_sync(0xFFFFFFFFu, y, 1);
-  if (rope) {
-    float a, b;
-    rotate(odd ? yo : y, odd ? y : yo, rot.x, rot.y, &a, &b);
-    Bf16 out;
-    narrow(odd ? b : a, &out);
-    *reinterpret_cast<Bf16*>(data + (D - kStoreGroup) + 2 * (c - (D - kStoreGroup))) = out;
-  } else if (merger) {
-    const uint32_t e = scale_exponent(amax);
-    data[c] = (uint8_t)fp8_e4m3(yb * inverse_scale(e));
-    if (c % kStoreGroup == 0) st.cache[at.scale + c / kStoreGroup] = (uint8_t)e;
+  __syncthreads();  // this block's writes of `row` happen before its count (the release below)
+  if (threadIdx.x == 0) {
+    uint32_t before;
+    asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                 : "=r"(before) : "l"(st.counters + loc), "r"((uint32_t)tiles - 1u) : "memory");
+    last = before == (uint32_t)tiles - 1u;
   }
+  __syncthreads();
+  const int lanes = D / 2, ch = 2 * (int)threadIdx.x;
+  if (!last || (int)threadIdx.x >= lanes) return;
+  StoreOperands<2> o;
+  load_weights<2>(o, st, ch);
+  load_rotary<2>(o, st, D, ch, pos);
+  const float2 v = __ldcg(reinterpret_cast<const float2*>(row + ch));
+  const float x[2] = {v.x, v.y};
+  store_vector<2>(st, x, o, D, ch, lanes, loc, pos, nullptr);
 }
 #endif
 
