@@ -73,7 +73,6 @@ class KvCache(C.Structure):
         ("struct_size", C.c_uint32), ("layout", C.c_int32),
         ("cache", C.c_void_p), ("num_pages", C.c_int64), ("page_size", C.c_int32), ("eps", C.c_float),
         ("norm_weight", C.c_void_p), ("rotary", C.c_void_p), ("num_positions", C.c_int64),
-        ("counters", C.c_void_p),
     ]
 
 

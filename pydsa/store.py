@@ -39,9 +39,7 @@ class KVCache:
     pages); norm_weight: float32 [D]; rotary: float32 [num_positions, 64], (cos, sin) of pair l at
     columns 2l, 2l+1 (complex64 [num_positions, 32] is taken through view_as_real); page_size: a
     power of two; eps: the RMSNorm epsilon. Cache slot `loc` is entry loc % page_size of page
-    loc // page_size. On a GPU it also holds one int32 per slot (zero) that a storing prefill's
-    blocks count themselves in; stores into one slot at the same time race anyway, so calls that
-    share a KVCache need no other ordering."""
+    loc // page_size."""
 
     def __init__(self, cache, norm_weight, rotary, *, page_size: int, eps: float = 1e-6):
         if not isinstance(norm_weight, torch.Tensor) or norm_weight.dim() != 1:
@@ -71,13 +69,9 @@ class KVCache:
         s.norm_weight = norm_weight.data_ptr()
         s.rotary = rotary.data_ptr()
         s.num_positions = rotary.shape[0]
-        # the storing prefill's hand-off counters (one per slot, zero; every call leaves them zero)
-        counters = None if dev < 0 else torch.zeros(s.num_pages * page_size, dtype=torch.int32, device=cache.device)
-        s.counters = None if counters is None else counters.data_ptr()
         self._struct = s
         self.address = C.addressof(s)
         self._keep = (cache, norm_weight, rotary)
-        self._counters = counters
         self.cache, self.norm_weight, self.rotary = cache, norm_weight, rotary
         self.head_dim, self.page_size, self.page_bytes = d, page_size, page
         self.num_pages, self.eps, self.device = s.num_pages, float(eps), dev

@@ -218,8 +218,9 @@ DSA_API dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, vo
  * table) is skipped and counted in error_count. Nothing else in the cache is written.
  *
  * The decode, prefill and verify take an optional `store` and store every vector they close in the
- * same launch (`out` may then be null, except for a prefill on the GPU: its vectors pass through
- * `out`, and it needs the cache's `counters`, ABI 8); dsa_kv_store stores given vectors. */
+ * same call (`out` may then be null, except for a prefill on the GPU, ABI 8: its vectors pass through
+ * `out`, and a store launch behind the prefill's own ones reads them there); dsa_kv_store stores
+ * given vectors. */
 
 #define DSA_CACHE_V4 0   /* the only layout: fp8 nope + bf16 rope + ue8m0 scales */
 
@@ -233,12 +234,6 @@ typedef struct dsa_kv_cache {
   const float* norm_weight;    /* [D] fp32 */
   const float* rotary;         /* [num_positions, 64] fp32: (cos, sin) of pair l at 2l, 2l+1 */
   int64_t num_positions;       /* rows of `rotary` */
-  uint32_t* counters;          /* ABI 8: [num_pages * page_size] on the op's device, zero when made; a storing
-                                  prefill on the GPU needs it (the blocks that compute one vector's channels
-                                  count themselves in its slot's counter; the last one stores the entry and
-                                  sets the counter back to zero, so it is zero again after every call).
-                                  Calls that store into one slot at the same time race anyway; calls that
-                                  store into different slots may share it. Ignored elsewhere; may be null */
 } dsa_kv_cache;
 
 /* Bytes of one page of the cache for head dim D (a multiple of 64, >= 128). */

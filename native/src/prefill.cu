@@ -96,7 +96,6 @@ struct PrefillLaunch {
   const int64_t* counts;        // device plans only
   uint32_t* error_count;
   int32_t device;               // host
-  StoreLaunch store;            // kStore only
 };
 
 // A host plan's records in the launch parameters. Each record carries its position in its list
@@ -149,9 +148,7 @@ __device__ __forceinline__ void fold_group(Partial (&part)[kVec], const TokenGro
 }
 
 // 4 tokens per load batch at 4 blocks per SM: occupancy wins (docs/performance.md, "c128 prefill").
-// kStore (compress pass only): every vector is also stored into the cache; the tile blocks of a
-// segment write its channels to `out`, and the last of them stores the entry (store_when_last).
-template <int kPasses, int kInline, typename S, int kLanesLog2, bool kStore>
+template <int kPasses, int kInline, typename S, int kLanesLog2>
 __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
     c128_prefill_kernel(const __grid_constant__ PrefillLaunch a, const __grid_constant__ InlineRecords<kInline> inline_records) {
   __shared__ float part_max[kPrefillWarps][32 * kVec];
@@ -257,11 +254,6 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
       const S* prior = state + (int64_t)load_slot * 3 * D + c;
       prior_m = widen(prior[0]), prior_s = widen(prior[D]), prior_k = widen(prior[2 * D]);
     }
-    // The store's operands load beside the prior state (loaded before the token loop, they stayed live
-    // across it and spilled): every block loads what the last one of the segment's tiles needs.
-    [[maybe_unused]] int64_t loc = 0;
-    [[maybe_unused]] const int64_t first_position = (int64_t)seg.position - (DSA_CHUNK - 1);
-    if constexpr (kStore) loc = __ldg(p.store.cache_slots + seg.ragged_id);
     if constexpr (kPasses == kBothPasses) {
       if (last_compress && barrier == 0) {
         asm volatile("" ::"f"(prior_m), "f"(prior_s), "f"(prior_k));  // the prior state has landed
@@ -327,9 +319,6 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
         barrier = 2;
       }
     }
-    const int64_t out_row = write                           ? 0
-                            : p.out_layout == DSA_OUT_COMPACT ? a.first_record + (kInline > 0 ? (int64_t)inline_row : r)
-                                                              : (int64_t)seg.ragged_id;
     if (merger) {
       if (write) {
         S* to = state + (int64_t)store_slot * 3 * D + c;
@@ -337,11 +326,11 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
         narrow(total.sum, to + D);
         narrow(mean_of(total), to + 2 * D);
       } else {
+        const int64_t row = kInline > 0 ? (int64_t)inline_row : r;
+        const int64_t out_row = p.out_layout == DSA_OUT_COMPACT ? a.first_record + row : (int64_t)seg.ragged_id;
         p.out[out_row * D + c] = mean_of(total);
       }
     }
-    if constexpr (kStore)
-      store_when_last(p.store, p.out + out_row * D, D, tiles, loc, first_position, p.error_count, report);
   }
   if constexpr (kPasses == kBothPasses) {
     if (barrier == 0) cg::this_grid().barrier_arrive();
@@ -378,10 +367,10 @@ int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
 // A cooperative launch is capped the same way; one larger than the device holds at once (its
 // occupancy, queried once per device) is refused here with cudaErrorCooperativeLaunchTooLarge
 // before anything is launched.
-template <int kPasses, int kInline, typename S, int kLanesLog2, bool kStore>
+template <int kPasses, int kInline, typename S, int kLanesLog2>
 cudaError_t launch_layout(const PrefillLaunch& a, const InlineRecords<kInline>& records, int64_t items, int sms,
                           cudaStream_t stream, bool pdl) {
-  const auto kernel = c128_prefill_kernel<kPasses, kInline, S, kLanesLog2, kStore>;
+  const auto kernel = c128_prefill_kernel<kPasses, kInline, S, kLanesLog2>;
   constexpr bool cooperative = kPasses == kBothPasses;
   const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
   const int64_t grid = std::max<int64_t>(1, kInline > 0 && !cooperative ? items : std::min(items, resident));
@@ -442,7 +431,7 @@ void pack_records(InlineRecords<kInline>& records, const dsa_segment* list, cons
 // One launch over `a`'s records: a host plan's compress records, then its write records, go into
 // the launch parameters.
 // `pick`: the positions of the launch's compress records in `compress` (null: the first ones).
-template <int kPasses, int kInline, typename S, bool kStore>
+template <int kPasses, int kInline, typename S>
 cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, const uint16_t* pick,
                            const dsa_segment* write, int sms, cudaStream_t stream, bool pdl) {
   InlineRecords<kInline> records;
@@ -454,19 +443,19 @@ cudaError_t launch_prefill(const PrefillLaunch& a, const dsa_segment* compress, 
   }
   const int64_t items = layout_items(a.num_compress + a.num_write, a.head_dim, a.lanes_log2);
   switch (a.lanes_log2) {
-    case kTiny: return launch_layout<kPasses, kInline, S, kTiny, kStore>(a, records, items, sms, stream, pdl);
-    case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow, kStore>(a, records, items, sms, stream, pdl);
-    case kMid: return launch_layout<kPasses, kInline, S, kMid, kStore>(a, records, items, sms, stream, pdl);
-    default: return launch_layout<kPasses, kInline, S, kWide, kStore>(a, records, items, sms, stream, pdl);
+    case kTiny: return launch_layout<kPasses, kInline, S, kTiny>(a, records, items, sms, stream, pdl);
+    case kNarrow: return launch_layout<kPasses, kInline, S, kNarrow>(a, records, items, sms, stream, pdl);
+    case kMid: return launch_layout<kPasses, kInline, S, kMid>(a, records, items, sms, stream, pdl);
+    default: return launch_layout<kPasses, kInline, S, kWide>(a, records, items, sms, stream, pdl);
   }
 }
 
-template <int kPasses, typename S, bool kStore = false>
+template <int kPasses, typename S>
 cudaError_t launch_inline(const PrefillLaunch& a, const dsa_segment* compress, const dsa_segment* write, int sms,
                           cudaStream_t stream, bool pdl, const uint16_t* pick = nullptr) {
   return a.num_compress + a.num_write <= kSmallInline
-             ? launch_prefill<kPasses, kSmallInline, S, kStore>(a, compress, pick, write, sms, stream, pdl)
-             : launch_prefill<kPasses, DSA_INLINE_RECORDS, S, kStore>(a, compress, pick, write, sms, stream, pdl);
+             ? launch_prefill<kPasses, kSmallInline, S>(a, compress, pick, write, sms, stream, pdl)
+             : launch_prefill<kPasses, DSA_INLINE_RECORDS, S>(a, compress, pick, write, sms, stream, pdl);
 }
 
 // The kernel's parameters from the ABI struct; the caller sets the launch's records, sync and layout.
@@ -491,28 +480,27 @@ PrefillLaunch prefill_launch(const dsa_c128_prefill_params& p) {
 
 // Launches one pass over `count` records of one list (a device list: one launch; a host list: one
 // launch per DSA_INLINE_RECORDS, chained).
-template <bool kWrite, typename S, bool kStore = false>
+template <bool kWrite, typename S>
 dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, PrefillSync first_sync, int sms,
-                        cudaStream_t stream, const char* op, const StoreLaunch* store = nullptr) {
+                        cudaStream_t stream, const char* op) {
   const bool host_plan = p.flags & DSA_FLAG_HOST_PLAN;
   constexpr int kPasses = kWrite ? kWritePass : kCompressPass;
   const dsa_segment* list = kWrite ? p.write : p.compress;
   PrefillLaunch a = prefill_launch(p);
   a.lanes_log2 = prefill_lanes_log2(count, p.head_dim, sms);
-  if constexpr (kStore) a.store = *store;
   const bool pdl = (p.flags & DSA_FLAG_PDL) || first_sync == kSyncBeforeStore;
   if (!host_plan) {
     (kWrite ? a.write : a.compress) = list;
     (kWrite ? a.num_write : a.num_compress) = count;
     a.sync = first_sync;
-    return launch_status(launch_prefill<kPasses, 0, S, kStore>(a, nullptr, nullptr, nullptr, sms, stream, pdl), op);
+    return launch_status(launch_prefill<kPasses, 0, S>(a, nullptr, nullptr, nullptr, sms, stream, pdl), op);
   }
   for (int64_t first = 0; first < count; first += DSA_INLINE_RECORDS) {
     (kWrite ? a.num_write : a.num_compress) = std::min<int64_t>(DSA_INLINE_RECORDS, count - first);
     a.first_record = first;
     a.sync = first == 0 ? first_sync : kSyncChained;
     const dsa_segment* part = list + first;
-    DSA_TRY(launch_status(launch_inline<kPasses, S, kStore>(a, kWrite ? nullptr : part, kWrite ? part : nullptr, sms,
+    DSA_TRY(launch_status(launch_inline<kPasses, S>(a, kWrite ? nullptr : part, kWrite ? part : nullptr, sms,
                                                             stream, first == 0 ? pdl : true), op));
   }
   return DSA_STATUS_OK;
@@ -600,7 +588,9 @@ bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64
   return true;
 }
 
-// A storing prefill takes two passes: the compress pass with the store (store_when_last), then the write pass.
+// The prefill's launches (one, a split or two passes), then for a storing prefill the store of the
+// compress records' vectors from out, launched with PDL (store_prefill_vectors). A store inside the
+// compress pass was slower: docs/performance.md, "c128 prefill".
 template <typename S>
 dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_t stream, const char* op,
                           const StoreLaunch* store) {
@@ -611,19 +601,16 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
     num_write = std::max<int64_t>(0, std::min(num_write, p.counts[1]));
   }
   dsa_status status = DSA_STATUS_OK;
-  if (store != nullptr) {
-    if (num_compress > 0) DSA_TRY((prefill_pass<false, S, true>(p, num_compress, kSyncAtStart, sms, stream, op, store)));
+  if (num_compress > 0 && num_write > 0 && prefill_at_once<S>(p, num_compress, num_write, sms, stream, &status, op)) {
+    DSA_TRY(status);
+  } else if (num_compress > 0 && num_write > 0 && prefill_split<S>(p, num_compress, num_write, sms, stream, &status, op)) {
+    DSA_TRY(status);
+  } else {
+    if (num_compress > 0) DSA_TRY((prefill_pass<false, S>(p, num_compress, kSyncAtStart, sms, stream, op)));
     if (num_write > 0)
       DSA_TRY((prefill_pass<true, S>(p, num_write, num_compress > 0 ? kSyncBeforeStore : kSyncAtStart, sms, stream, op)));
-    return DSA_STATUS_OK;
   }
-  if (num_compress > 0 && num_write > 0 && prefill_at_once<S>(p, num_compress, num_write, sms, stream, &status, op))
-    return status;
-  if (num_compress > 0 && num_write > 0 && prefill_split<S>(p, num_compress, num_write, sms, stream, &status, op))
-    return status;
-  if (num_compress > 0) DSA_TRY((prefill_pass<false, S>(p, num_compress, kSyncAtStart, sms, stream, op)));
-  if (num_write > 0)
-    DSA_TRY((prefill_pass<true, S>(p, num_write, num_compress > 0 ? kSyncBeforeStore : kSyncAtStart, sms, stream, op)));
+  if (store != nullptr && num_compress > 0) DSA_TRY(store_prefill_vectors(p, *store, num_compress, stream, op));
   return DSA_STATUS_OK;
 }
 
@@ -657,18 +644,9 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
     host_prefill(p);
     return ok();
   }
-  if (p.store != nullptr) {  // store_when_last: D / 2 threads of one block store an entry
-    if (p.head_dim > 2 * kPrefillThreads)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing prefill on the GPU needs head_dim up to %d (got %d)", op,
-                  2 * kPrefillThreads, p.head_dim);
-    if (p.out == nullptr && p.compress_capacity > 0)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out is null; a storing prefill on the GPU writes its vectors to out "
-                  "and stores them from there", op);
-    if (p.store->counters == nullptr || !aligned(p.store->counters, 4))
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.counters is %s; a storing prefill on the GPU needs the cache's "
-                  "counters ([num_pages * page_size] uint32, zero when made)", op,
-                  p.store->counters == nullptr ? "null" : "not 4-byte aligned");
-  }
+  if (p.store != nullptr && p.out == nullptr && p.compress_capacity > 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out is null; a storing prefill on the GPU writes its vectors to out "
+                "and stores them from there", op);
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
   if (vector_width(p) != 4)

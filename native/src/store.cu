@@ -1,5 +1,7 @@
 // The standalone KV-cache store (docs/spec.md, "The store"): vectors and slots in, cache entries out;
 // and the check of a dsa_kv_cache that every storing op shares.
+#include <algorithm>
+
 #include "c128_checks.h"
 #include "c128_host.h"
 #include "store.cuh"
@@ -39,7 +41,6 @@ dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int h
   out->num_positions = c->num_positions, out->capacity = c->num_pages * ps;
   out->page_stride = page_bytes(head_dim, ps), out->eps = c->eps;
   out->page_log2 = page_log2_of(ps);
-  out->counters = c->counters;
   return DSA_STATUS_OK;
 }
 
@@ -55,37 +56,135 @@ struct StoreOpLaunch {
   int64_t num_cache_slots;   // records only
   uint32_t extend;           // records only: extend (not decode) records
   StoreLaunch store;
+  // A storing prefill's vectors (store_prefill_vectors): vector v is compress record v of the launch,
+  // from the launch parameters (kInline > 0) or `segments` (a device plan, capped by counts[0]).
+  const dsa_segment* segments;
+  const int64_t* counts;
+  const int32_t* load_indices;
+  int64_t first_record;      // the launch's first record in the compress list (its compact out row)
+  int64_t num_tokens;
+  int64_t batch_size;
+  int64_t num_slots;
+  int32_t compact;
 };
 
-template <int VEC>
-__global__ void __launch_bounds__(1024) kv_store_kernel(const __grid_constant__ StoreOpLaunch p) {
+// A host plan's compress records of one store launch.
+template <int kInline>
+struct StoreRecords {
+  dsa_segment r[kInline > 0 ? kInline : 1];
+};
+
+// Whether the prefill stored vector v's out row (it skips invalid records and, in a continuing chunk,
+// a bad load slot; the skip was counted there); if so its out row, cache slot and rotary row.
+__device__ __forceinline__ bool prefill_vector(const StoreOpLaunch& p, const dsa_segment& seg, uint32_t v,
+                                               int64_t* row, int64_t* loc, int32_t* pos) {
+  if (is_sentinel(seg) || !segment_ok(seg, true, p.num_tokens, p.batch_size)) return false;
+  if (segment_continues(seg) && !slot_ok(__ldg(p.load_indices + seg.batch_id), p.num_slots)) return false;
+  *row = p.compact ? p.first_record + v : (int64_t)seg.ragged_id;
+  *loc = __ldg(p.store.cache_slots + seg.ragged_id);
+  *pos = (int32_t)(seg.position - (DSA_CHUNK - 1));
+  return true;
+}
+
+// One request row (threadIdx.y) per vector. kSegments: a storing prefill's vectors (kInline: how
+// many records its launch carries, 0 for a device plan's). Every thread waits for the producers
+// first, so the grid completes only after them even where a row has nothing to store.
+template <int VEC, bool kSegments, int kInline>
+__global__ void __launch_bounds__(1024)
+    kv_store_kernel(const __grid_constant__ StoreOpLaunch p, const __grid_constant__ StoreRecords<kInline> list) {
   const int D = p.head_dim;
   const uint32_t v = blockIdx.x * blockDim.y + threadIdx.y;
   const int ch = (int)threadIdx.x * VEC;
-  if (v >= p.num_vectors) return;
   wait_for_producers();
+  uint32_t count = p.num_vectors;
+  if constexpr (kSegments && kInline == 0) {
+    if (p.counts != nullptr) count = (uint32_t)max((int64_t)0, min((int64_t)count, p.counts[0]));
+  }
+  if (v >= count) {
+    allow_dependents();
+    return;
+  }
   float x[VEC];
   StoreOperands<VEC> o;
-  load_floats<VEC>(x, p.vectors + (int64_t)v * D + ch);
-  load_weights<VEC>(o, p.store, ch);
-  int64_t loc = -1;
+  int64_t loc = -1, row = v;
   int32_t pos = 0;
-  if (p.records == nullptr) {
-    loc = __ldg(p.store.cache_slots + v), pos = __ldg(p.positions + v);
+  if constexpr (kSegments) {
+    const bool stored = prefill_vector(p, kInline > 0 ? list.r[v] : p.segments[v], v, &row, &loc, &pos);
+    allow_dependents();
+    if (!stored) return;
+    load_floats<VEC>(x, p.vectors + row * D + ch);
+    load_weights<VEC>(o, p.store, ch);
   } else {
-    const int row = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, &loc, &pos);
-    if (row != kStoreWrite) {
-      allow_dependents();
-      if (row == kStoreCount && ch == 0) count_error(p.error_count);
-      return;
+    load_floats<VEC>(x, p.vectors + (int64_t)v * D + ch);
+    load_weights<VEC>(o, p.store, ch);
+    if (p.records == nullptr) {
+      loc = __ldg(p.store.cache_slots + v), pos = __ldg(p.positions + v);
+    } else {
+      const int check = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, &loc, &pos);
+      if (check != kStoreWrite) {
+        allow_dependents();
+        if (check == kStoreCount && ch == 0) count_error(p.error_count);
+        return;
+      }
     }
+    allow_dependents();
   }
-  allow_dependents();
   load_rotary<VEC>(o, p.store, D, ch, pos);
   store_vector<VEC>(p.store, x, o, D, ch, (int)blockDim.x, loc, pos, p.error_count);
 }
 
+template <bool kSegments, int kInline>
+cudaError_t launch_store(int vec, dim3 grid, dim3 block, cudaStream_t s, unsigned mode, const StoreOpLaunch& a,
+                         const StoreRecords<kInline>& list) {
+  return vec == 4 ? launch(kv_store_kernel<4, kSegments, kInline>, grid, block, s, mode, a, list)
+                  : launch(kv_store_kernel<2, kSegments, kInline>, grid, block, s, mode, a, list);
+}
+
+// Channels per thread for D and the vectors' alignment, and the grid of `count` vectors.
+dsa_status store_shape(int head_dim, const float* vectors, int64_t count, int* vec, dim3* grid, dim3* block,
+                       const char* op) {
+  *vec = store_vector_width(head_dim, aligned(vectors, 16) ? 4 : aligned(vectors, 8) ? 2 : 0);
+  if (*vec == 0) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be 8-byte aligned on the GPU", op);
+  return request_grid(head_dim, *vec, count, 1, grid, block, op, head_dim / *vec);
+}
+
 }  // namespace
+
+// A host plan's records in launches of at most DSA_INLINE_RECORDS (16 for a small plan: a launch
+// costs more with larger parameters), chained with PDL.
+dsa_status store_prefill_vectors(const dsa_c128_prefill_params& p, const StoreLaunch& st, int64_t num_compress,
+                                 cudaStream_t stream, const char* op) {
+  StoreOpLaunch a = {};
+  a.head_dim = p.head_dim, a.vectors = p.out, a.error_count = p.error_count, a.store = st;
+  a.load_indices = p.load_indices != nullptr ? p.load_indices : p.indices;
+  a.num_tokens = p.num_tokens, a.batch_size = p.batch_size, a.num_slots = p.num_slots;
+  a.compact = p.out_layout == DSA_OUT_COMPACT;
+  int vec = 0;
+  dim3 grid, block;
+  if (!(p.flags & DSA_FLAG_HOST_PLAN)) {
+    a.num_vectors = (uint32_t)num_compress, a.segments = p.compress, a.counts = p.counts;
+    DSA_TRY(store_shape(p.head_dim, p.out, num_compress, &vec, &grid, &block, op));
+    return launch_status(launch_store<true, 0>(vec, grid, block, stream, kLaunchPdl, a, StoreRecords<0>{}), op);
+  }
+  for (int64_t first = 0; first < num_compress; first += DSA_INLINE_RECORDS) {
+    const int64_t n = std::min<int64_t>(DSA_INLINE_RECORDS, num_compress - first);
+    a.num_vectors = (uint32_t)n, a.first_record = first;
+    DSA_TRY(store_shape(p.head_dim, p.out, n, &vec, &grid, &block, op));
+    cudaError_t err;
+    if (n <= 16) {
+      StoreRecords<16> list;
+      std::copy(p.compress + first, p.compress + first + n, list.r);
+      err = launch_store<true, 16>(vec, grid, block, stream, kLaunchPdl, a, list);
+    } else {
+      StoreRecords<DSA_INLINE_RECORDS> list;
+      std::copy(p.compress + first, p.compress + first + n, list.r);
+      err = launch_store<true, DSA_INLINE_RECORDS>(vec, grid, block, stream, kLaunchPdl, a, list);
+    }
+    DSA_TRY(launch_status(err, op));
+  }
+  return DSA_STATUS_OK;
+}
+
 }  // namespace dsa
 
 extern "C" int64_t dsa_kv_page_bytes(int32_t head_dim, int32_t page_size) {
@@ -117,13 +216,11 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
     host_store(p);
     return ok();
   }
-  const int vec = store_vector_width(p.head_dim, aligned(p.vectors, 16) ? 4 : aligned(p.vectors, 8) ? 2 : 0);
-  if (vec == 0) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be 8-byte aligned on the GPU", op);
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
+  int vec = 0;
   dim3 grid, block;
-  const int lanes = p.head_dim / vec;
-  DSA_TRY(request_grid(p.head_dim, vec, p.num_vectors, 1, &grid, &block, op, lanes));
+  DSA_TRY(store_shape(p.head_dim, p.vectors, p.num_vectors, &vec, &grid, &block, op));
   DeviceGuard guard(p.device);
   StoreOpLaunch a = {};
   a.head_dim = p.head_dim, a.num_vectors = (uint32_t)p.num_vectors, a.vectors = p.vectors;
@@ -131,9 +228,7 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
   a.records = kinds ? p.records : nullptr, a.num_cache_slots = p.num_cache_slots;
   a.extend = (p.flags & DSA_FLAG_STORE_EXTEND_RECORDS) != 0;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const cudaStream_t s = (cudaStream_t)stream;
-  const cudaError_t err = vec == 4 ? launch(kv_store_kernel<4>, grid, block, s, mode, a)
-                                   : launch(kv_store_kernel<2>, grid, block, s, mode, a);
+  const cudaError_t err = launch_store<false, 0>(vec, grid, block, (cudaStream_t)stream, mode, a, StoreRecords<0>{});
   DSA_TRY(launch_status(err, op));
   return ok();
 }

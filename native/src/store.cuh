@@ -23,12 +23,19 @@ struct StoreLaunch {
   int64_t page_stride;         // bytes per page
   float eps;
   int32_t page_log2;
-  uint32_t* counters;          // [capacity] hand-off counters of the storing prefill (store_when_last)
 };
 
 // Host side: checks a dsa_kv_cache for head dim D and fills `out` (cache_slots left to the caller).
 dsa_status store_launch(const dsa_kv_cache* cache, const int64_t* cache_slots, int head_dim, int device,
                         const char* op, StoreLaunch* out);
+
+// A storing prefill's store on the GPU, launched with PDL behind the prefill's own launches: the
+// vector of each of its first num_compress compress records, from `out` (compact row, or the record's
+// ragged row), at cache slot cache_slots[ragged row] with rotary row position - 127. A host plan's
+// records travel in the launches; a device plan's are read in place (capped by its counts). Records
+// the prefill skipped are skipped here too, uncounted.
+dsa_status store_prefill_vectors(const dsa_c128_prefill_params& p, const StoreLaunch& st, int64_t num_compress,
+                                 cudaStream_t stream, const char* op);
 
 // Channels per thread of a storing kernel, and whether D / vec threads of one request fit a block in
 // whole warps: 4 with 16-byte aligned buffers and D a multiple of 128, else 2 (8-byte alignment).
@@ -137,39 +144,6 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
     *reinterpret_cast<Pack<uint8_t, VEC>*>(data + ch) = codes;
     if (threadIdx.x % kGroupLanes == 0) st.cache[at.scale + group] = (uint8_t)e;
   }
-}
-// The store of a prefill vector whose channels `tiles` blocks compute, `row` its D fp32 values in
-// global memory, each block's channels written there by the block itself before the call. Each block
-// counts itself in the slot's counter (atom.inc wraps at `tiles`: the counter is zero again once the
-// last one has counted, whatever the order, even for a slot that two records name); the last one
-// reads the row back from L2 and stores the entry with store_vector, D / 2 threads of 2 channels.
-// `o` holds thread t's operands for channels 2t, 2t + 1 (loaded early by every block: only the last
-// one uses them, but which one that is is known only here). Every thread of the block calls it
-// with the same loc and pos.
-__device__ __forceinline__ void store_when_last(const StoreLaunch& st, const float* row, int D, int tiles, int64_t loc, int64_t pos, uint32_t* error_count,
-                                                bool report) {
-  __shared__ uint32_t last;
-  const int check = store_check(loc, st.capacity, pos, st.num_positions);
-  if (check != kStoreWrite) {
-    if (check == kStoreCount && report) count_error(error_count);
-    return;  // uniform across the vector's blocks: none counts itself
-  }
-  __syncthreads();  // this block's writes of `row` happen before its count (the release below)
-  if (threadIdx.x == 0) {
-    uint32_t before;
-    asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
-                 : "=r"(before) : "l"(st.counters + loc), "r"((uint32_t)tiles - 1u) : "memory");
-    last = before == (uint32_t)tiles - 1u;
-  }
-  __syncthreads();
-  const int lanes = D / 2, ch = 2 * (int)threadIdx.x;
-  if (!last || (int)threadIdx.x >= lanes) return;
-  StoreOperands<2> o;
-  load_weights<2>(o, st, ch);
-  load_rotary<2>(o, st, D, ch, pos);
-  const float2 v = __ldcg(reinterpret_cast<const float2*>(row + ch));
-  const float x[2] = {v.x, v.y};
-  store_vector<2>(st, x, o, D, ch, lanes, loc, pos, nullptr);
 }
 #endif
 
