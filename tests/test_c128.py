@@ -615,15 +615,15 @@ def test_replans_queued_behind_gpu_work_each_reach_their_own_launch():
         check_chunk_vectors(out, seq, ext, token_stream, ape)
 
 
-def _prefill_kernels(fn) -> list:
-    """Names of the prefill kernels that fn() launched, in launch order (CUDA activity of the
-    torch profiler)."""
+def _prefill_kernels(fn, names=("c128_prefill_kernel",)) -> list:
+    """Names of the prefill kernels (or others named) that fn() launched, in launch order (CUDA
+    activity of the torch profiler)."""
     from torch.profiler import ProfilerActivity, profile
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if "c128_prefill_kernel" in e.name]
+    kernels = [e for e in prof.events() if any(name in e.name for name in names)]
     return [e.name for e in sorted(kernels, key=lambda e: e.time_range.start)]
 
 
@@ -686,12 +686,41 @@ def test_eager_prefill_takes_the_launches_its_plan_calls_for(extends, prefixes, 
             names = _prefill_kernels(call)
             assert [next(p for p in ("<1,", "<2,", "<3,", "<4,") if p in name) for name in names] == passes, names
             if passes == ["<3,"]:  # 128-channel tiles (log2 of the threads across a tile: 5) iff 64-channel ones overflow
-                lanes_log2 = int(re.search(r"c128_prefill_kernel<3, \d+, float, (\d), false>", names[0]).group(1))
+                lanes_log2 = int(re.search(r"c128_prefill_kernel<3, \d+, float, (\d)>", names[0]).group(1))
                 assert (lanes_log2 == 5) == ((len(plan[0]) + len(plan[1])) * 8 > 528), names
         else:
             call()
         results[dev] = (state.cpu(), out.cpu())
     _same_as_host(results)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("requests", [3, 40, 300])
+def test_a_storing_prefill_takes_the_plain_launches_then_its_store(requests):
+    """On the GPU a storing prefill launches what the plain one does, then one store launch per 256
+    compress records (16 records or fewer: the small parameter block)."""
+    d = 512
+    ext = np.full(requests, 200, np.int64)
+    seq = ext + np.arange(requests, dtype=np.int64) * 37
+    plan = pyplan.plan_prefill(seq, ext)
+    n, k = int(ext.sum()), len(plan[0])
+    stores = ["16>" if min(256, k - first) <= 16 else "256>" for first in range(0, k, 256)]
+    gen = torch.Generator().manual_seed(requests)
+    kv, ape, state = torch.randn(n, 2 * d, generator=gen).cuda(), ape_for(d).cuda(), random_state(requests, d, gen).cuda()
+    idx = torch.arange(requests, dtype=torch.int32, device="cuda")
+    out = torch.empty(n, d, device="cuda")
+    page = pydsa.kv_page_bytes(d, 2)
+    cache = pydsa.KVCache(torch.zeros(n // 2 + 1, page, dtype=torch.uint8, device="cuda"), torch.ones(d, device="cuda"),
+                          torch.randn(20000, 64, device="cuda"), page_size=2)
+    slots = torch.arange(n, dtype=torch.int64, device="cuda")
+    kinds = ("c128_prefill_kernel", "kv_store_kernel")
+    plain = _prefill_kernels(lambda: pydsa.c128_prefill(state, kv, out, ape, idx, plan), kinds)
+    storing = _prefill_kernels(lambda: pydsa.c128_prefill(state, kv, out, ape, idx, plan, store=cache,
+                                                          cache_slots=slots), kinds)
+    assert storing[:len(plain)] == plain and not any("kv_store" in k for k in plain), (plain, storing)
+    rest = storing[len(plain):]
+    assert len(rest) == len(stores) and all("kv_store_kernel<4, true, " + s in k for k, s in zip(rest, stores)), rest
 
 
 # ---------------------------------------------------------------------------------------------

@@ -98,7 +98,7 @@ struct PrefillLaunch {
   int32_t device;               // host
 };
 
-// A host plan's records in the launch parameters. Each record carries its position in its list
+// A host plan's records in the launch parameters (SegmentBlock). Each record carries its position in its list
 // (its compact output row; records are reordered) in the upper 16 bits of window_len, so a block
 // finds both in the one 16-byte record it reads; a window past 16 bits is stored as 0xFFFF, which
 // still fails segment_ok, and sentinels are stored unchanged (pack_records). A separate array of
@@ -106,9 +106,7 @@ struct PrefillLaunch {
 // for compact output instead gained as much on small plans but made the wide and cooperative
 // kernels spill (128 x 1K +11%).
 template <int kInline>
-struct InlineRecords {
-  dsa_segment r[kInline > 0 ? kInline : 1];
-};
+using InlineRecords = SegmentBlock<kInline>;
 
 // kBatch tokens of one thread: every load issued before any is used.
 struct TokenGroup {

@@ -56,12 +56,8 @@ DSA_HD int64_t request_items(const dsa_sglang_plan_params& p) {
   return p.batch_size > pad ? p.batch_size : pad;
 }
 
-// A prefill's records travel inside the launch (DSA_UPLOAD_RECORDS at most per launch): record j of
-// the launch is plan record first + j, compress records first, then write records.
-template <int kRecords>
-struct PlanRecords {
-  dsa_segment r[kRecords];
-};
+// A prefill's records travel inside the launch (SegmentBlock, DSA_UPLOAD_RECORDS at most per launch):
+// record j of the launch is plan record first + j, compress records first, then write records.
 
 struct PlanLaunch {
   dsa_sglang_plan_params p;  // pointers on the device; `compress` / `write` unused here
@@ -74,7 +70,7 @@ constexpr int kPlanThreads = 128;
 
 template <int kRecords>
 __global__ void __launch_bounds__(kPlanThreads)
-    sglang_plan_kernel(const __grid_constant__ PlanLaunch a, const __grid_constant__ PlanRecords<kRecords> records) {
+    sglang_plan_kernel(const __grid_constant__ PlanLaunch a, const __grid_constant__ SegmentBlock<kRecords> records) {
   wait_for_producers();
   allow_dependents();
   const dsa_sglang_plan_params& p = a.p;
@@ -91,16 +87,19 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
 }
 
-template <int kRecords>
 cudaError_t launch_plan(const PlanLaunch& a, cudaStream_t stream, bool pdl) {
-  PlanRecords<kRecords> records;
-  for (int i = 0; i < a.count; ++i) {
-    const int64_t j = a.first + i;
-    records.r[i] = j < a.p.num_compress ? a.p.compress[j] : a.p.write[j - a.p.num_compress];
-  }
   const int64_t items = std::max<int64_t>(a.count, a.requests ? request_items(a.p) : 0);
   const unsigned grid = (unsigned)std::clamp<int64_t>((items + kPlanThreads - 1) / kPlanThreads, 1, 4096);
-  return launch(sglang_plan_kernel<kRecords>, grid, kPlanThreads, stream, pdl ? kLaunchPdl : 0u, a, records);
+  return with_records<DSA_UPLOAD_RECORDS>(
+      a.count,
+      [&](int64_t i) {
+        const int64_t j = a.first + i;
+        return j < a.p.num_compress ? a.p.compress[j] : a.p.write[j - a.p.num_compress];
+      },
+      [&](const auto& records) {
+        constexpr int k = std::decay_t<decltype(records)>::kSize;
+        return launch(sglang_plan_kernel<k>, grid, kPlanThreads, stream, pdl ? kLaunchPdl : 0u, a, records);
+      });
 }
 
 dsa_status check_records(const dsa_sglang_plan_params& p, const char* op) {
@@ -175,10 +174,7 @@ extern "C" dsa_status dsa_sglang_plan(const dsa_sglang_plan_params* params, void
   do {  // at least one launch: the per-request part
     a.count = (int32_t)std::min<int64_t>(DSA_UPLOAD_RECORDS, records - a.first);
     const bool pdl = (p.flags & DSA_FLAG_PDL) || a.first > 0;
-    const cudaError_t err = a.count <= kSmallInline         ? launch_plan<kSmallInline>(a, s, pdl)
-                            : a.count <= DSA_INLINE_RECORDS ? launch_plan<DSA_INLINE_RECORDS>(a, s, pdl)
-                                                            : launch_plan<DSA_UPLOAD_RECORDS>(a, s, pdl);
-    DSA_TRY(launch_status(err, op));
+    DSA_TRY(launch_status(launch_plan(a, s, pdl), op));
     a.requests = 0;
     a.first += a.count;
   } while (a.first < records);

@@ -68,12 +68,6 @@ struct StoreOpLaunch {
   int32_t compact;
 };
 
-// A host plan's compress records of one store launch.
-template <int kInline>
-struct StoreRecords {
-  dsa_segment r[kInline > 0 ? kInline : 1];
-};
-
 // Whether the prefill stored vector v's out row (it skips invalid records and, in a continuing chunk,
 // a bad load slot; the skip was counted there); if so its out row, cache slot and rotary row.
 __device__ __forceinline__ bool prefill_vector(const StoreOpLaunch& p, const dsa_segment& seg, uint32_t v,
@@ -87,34 +81,38 @@ __device__ __forceinline__ bool prefill_vector(const StoreOpLaunch& p, const dsa
 }
 
 // One request row (threadIdx.y) per vector. kSegments: a storing prefill's vectors (kInline: how
-// many records its launch carries, 0 for a device plan's). Every thread waits for the producers
-// first, so the grid completes only after them even where a row has nothing to store.
+// many records its launch carries, 0 for a device plan's), launched behind the prefill's own
+// launches, whose blocks let it start only after their own wait for the producers: everything but
+// `out` may be read at once, `out` after the wait. Every thread waits (on every path), so the grid
+// completes only after the prefill.
 template <int VEC, bool kSegments, int kInline>
 __global__ void __launch_bounds__(1024)
-    kv_store_kernel(const __grid_constant__ StoreOpLaunch p, const __grid_constant__ StoreRecords<kInline> list) {
+    kv_store_kernel(const __grid_constant__ StoreOpLaunch p, const __grid_constant__ SegmentBlock<kInline> list) {
   const int D = p.head_dim;
   const uint32_t v = blockIdx.x * blockDim.y + threadIdx.y;
   const int ch = (int)threadIdx.x * VEC;
-  wait_for_producers();
-  uint32_t count = p.num_vectors;
-  if constexpr (kSegments && kInline == 0) {
-    if (p.counts != nullptr) count = (uint32_t)max((int64_t)0, min((int64_t)count, p.counts[0]));
-  }
-  if (v >= count) {
-    allow_dependents();
-    return;
-  }
   float x[VEC];
   StoreOperands<VEC> o;
   int64_t loc = -1, row = v;
   int32_t pos = 0;
   if constexpr (kSegments) {
-    const bool stored = prefill_vector(p, kInline > 0 ? list.r[v] : p.segments[v], v, &row, &loc, &pos);
+    uint32_t count = p.num_vectors;
+    if (kInline == 0 && p.counts != nullptr) count = (uint32_t)max((int64_t)0, min((int64_t)count, p.counts[0]));
+    const bool stored = v < count && prefill_vector(p, kInline > 0 ? list.r[v] : p.segments[v], v, &row, &loc, &pos);
+    if (stored) {
+      load_weights<VEC>(o, p.store, ch);
+      load_rotary<VEC>(o, p.store, D, ch, pos);
+    }
+    wait_for_producers();
     allow_dependents();
     if (!stored) return;
     load_floats<VEC>(x, p.vectors + row * D + ch);
-    load_weights<VEC>(o, p.store, ch);
   } else {
+    wait_for_producers();
+    if (v >= p.num_vectors) {
+      allow_dependents();
+      return;
+    }
     load_floats<VEC>(x, p.vectors + (int64_t)v * D + ch);
     load_weights<VEC>(o, p.store, ch);
     if (p.records == nullptr) {
@@ -128,14 +126,14 @@ __global__ void __launch_bounds__(1024)
       }
     }
     allow_dependents();
+    load_rotary<VEC>(o, p.store, D, ch, pos);
   }
-  load_rotary<VEC>(o, p.store, D, ch, pos);
   store_vector<VEC>(p.store, x, o, D, ch, (int)blockDim.x, loc, pos, p.error_count);
 }
 
 template <bool kSegments, int kInline>
 cudaError_t launch_store(int vec, dim3 grid, dim3 block, cudaStream_t s, unsigned mode, const StoreOpLaunch& a,
-                         const StoreRecords<kInline>& list) {
+                         const SegmentBlock<kInline>& list) {
   return vec == 4 ? launch(kv_store_kernel<4, kSegments, kInline>, grid, block, s, mode, a, list)
                   : launch(kv_store_kernel<2, kSegments, kInline>, grid, block, s, mode, a, list);
 }
@@ -150,8 +148,7 @@ dsa_status store_shape(int head_dim, const float* vectors, int64_t count, int* v
 
 }  // namespace
 
-// A host plan's records in launches of at most DSA_INLINE_RECORDS (16 for a small plan: a launch
-// costs more with larger parameters), chained with PDL.
+// A host plan's records in launches of at most DSA_INLINE_RECORDS (SegmentBlock), chained with PDL.
 dsa_status store_prefill_vectors(const dsa_c128_prefill_params& p, const StoreLaunch& st, int64_t num_compress,
                                  cudaStream_t stream, const char* op) {
   StoreOpLaunch a = {};
@@ -164,23 +161,19 @@ dsa_status store_prefill_vectors(const dsa_c128_prefill_params& p, const StoreLa
   if (!(p.flags & DSA_FLAG_HOST_PLAN)) {
     a.num_vectors = (uint32_t)num_compress, a.segments = p.compress, a.counts = p.counts;
     DSA_TRY(store_shape(p.head_dim, p.out, num_compress, &vec, &grid, &block, op));
-    return launch_status(launch_store<true, 0>(vec, grid, block, stream, kLaunchPdl, a, StoreRecords<0>{}), op);
+    return launch_status(launch_store<true, 0>(vec, grid, block, stream, kLaunchPdl, a, SegmentBlock<0>{}), op);
   }
   for (int64_t first = 0; first < num_compress; first += DSA_INLINE_RECORDS) {
     const int64_t n = std::min<int64_t>(DSA_INLINE_RECORDS, num_compress - first);
     a.num_vectors = (uint32_t)n, a.first_record = first;
     DSA_TRY(store_shape(p.head_dim, p.out, n, &vec, &grid, &block, op));
-    cudaError_t err;
-    if (n <= 16) {
-      StoreRecords<16> list;
-      std::copy(p.compress + first, p.compress + first + n, list.r);
-      err = launch_store<true, 16>(vec, grid, block, stream, kLaunchPdl, a, list);
-    } else {
-      StoreRecords<DSA_INLINE_RECORDS> list;
-      std::copy(p.compress + first, p.compress + first + n, list.r);
-      err = launch_store<true, DSA_INLINE_RECORDS>(vec, grid, block, stream, kLaunchPdl, a, list);
-    }
-    DSA_TRY(launch_status(err, op));
+    DSA_TRY(launch_status(with_records<DSA_INLINE_RECORDS>(
+                              n, [&](int64_t i) { return p.compress[first + i]; },
+                              [&](const auto& list) {
+                                constexpr int k = std::decay_t<decltype(list)>::kSize;
+                                return launch_store<true, k>(vec, grid, block, stream, kLaunchPdl, a, list);
+                              }),
+                          op));
   }
   return DSA_STATUS_OK;
 }
@@ -228,7 +221,7 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
   a.records = kinds ? p.records : nullptr, a.num_cache_slots = p.num_cache_slots;
   a.extend = (p.flags & DSA_FLAG_STORE_EXTEND_RECORDS) != 0;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const cudaError_t err = launch_store<false, 0>(vec, grid, block, (cudaStream_t)stream, mode, a, StoreRecords<0>{});
+  const cudaError_t err = launch_store<false, 0>(vec, grid, block, (cudaStream_t)stream, mode, a, SegmentBlock<0>{});
   DSA_TRY(launch_status(err, op));
   return ok();
 }

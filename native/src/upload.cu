@@ -10,15 +10,8 @@ namespace dsa {
 namespace {
 
 // ---- plan upload -----------------------------------------------------------------------------
-// A host plan into a device plan buffer, the records carried in the launch parameters: stream
-// order is the only synchronization, and nothing on the host has to outlive the call. Parameter
-// blocks of 256 B, 4 KB or 16 KB by the records of a launch: on the H200 host a launch costs the
-// same up to 4.6 KB of parameters and 0.7-1.0 us more at 16 KB (2 us more at 32 KB).
-
-template <int kRecords>
-struct UploadRecords {
-  dsa_segment r[kRecords];
-};
+// A host plan into a device plan buffer, the records carried in the launch parameters
+// (SegmentBlock): stream order is the only synchronization.
 
 struct UploadLaunch {
   dsa_segment* compress;  // destination lists
@@ -34,7 +27,7 @@ constexpr int kUploadThreads = 128;
 
 template <int kRecords>
 __global__ void __launch_bounds__(kUploadThreads)
-    upload_plan_kernel(const __grid_constant__ UploadLaunch a, const __grid_constant__ UploadRecords<kRecords> records) {
+    upload_plan_kernel(const __grid_constant__ UploadLaunch a, const __grid_constant__ SegmentBlock<kRecords> records) {
   const int i = blockIdx.x * kUploadThreads + threadIdx.x;
   if (i < a.count) {
     const int64_t j = a.first + i;
@@ -43,16 +36,19 @@ __global__ void __launch_bounds__(kUploadThreads)
   if (i == 0 && a.counts != nullptr) a.counts[0] = a.num_compress, a.counts[1] = a.num_write;
 }
 
-template <int kRecords>
 cudaError_t launch_upload(const UploadLaunch& a, const dsa_segment* compress, const dsa_segment* write,
                           cudaStream_t stream) {
-  UploadRecords<kRecords> records;
-  for (int i = 0; i < a.count; ++i) {
-    const int64_t j = a.first + i;
-    records.r[i] = j < a.num_compress ? compress[j] : write[j - a.num_compress];
-  }
   const unsigned grid = (unsigned)std::max(1, (a.count + kUploadThreads - 1) / kUploadThreads);
-  return launch(upload_plan_kernel<kRecords>, grid, kUploadThreads, stream, 0u, a, records);
+  return with_records<DSA_UPLOAD_RECORDS>(
+      a.count,
+      [&](int64_t i) {
+        const int64_t j = a.first + i;
+        return j < a.num_compress ? compress[j] : write[j - a.num_compress];
+      },
+      [&](const auto& records) {
+        constexpr int k = std::decay_t<decltype(records)>::kSize;
+        return launch(upload_plan_kernel<k>, grid, kUploadThreads, stream, 0u, a, records);
+      });
 }
 
 }  // namespace
@@ -95,10 +91,7 @@ extern "C" dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params,
   do {  // at least one launch: the counts are written even for an empty plan
     a.count = (int32_t)std::min<int64_t>(DSA_UPLOAD_RECORDS, total - a.first);
     const cudaStream_t s = (cudaStream_t)stream;
-    const cudaError_t err = a.count <= kSmallInline         ? launch_upload<kSmallInline>(a, p.compress, p.write, s)
-                            : a.count <= DSA_INLINE_RECORDS ? launch_upload<DSA_INLINE_RECORDS>(a, p.compress, p.write, s)
-                                                            : launch_upload<DSA_UPLOAD_RECORDS>(a, p.compress, p.write, s);
-    DSA_TRY(launch_status(err, op));
+    DSA_TRY(launch_status(launch_upload(a, p.compress, p.write, s), op));
     a.counts = nullptr;
     a.first += a.count;
   } while (a.first < total);
