@@ -410,10 +410,17 @@ def test_fused_prefill_on_every_tile_layout_stores_its_out(requests):
     plain = torch.full((n, d), float("nan"), device="cuda")
     pydsa.c128_prefill(state.clone(), kv, plain, ape, idx, plan)
     assert torch.equal(out.nan_to_num(7.0), plain.nan_to_num(7.0))
-    compact = make_cache(d, 2, n // 2 + 1, 1000, "cuda")  # out rows of its own (compact), a device plan
+    # a device plan (its launches and tiles may differ from the host plan's: another order of the same
+    # sums), with out given, then with out rows of its own: the store of its out, bit for bit
     dplan = pydsa.DevicePlan(n, requests, device="cuda").plan(seq, ext)
-    pydsa.c128_prefill(state.clone(), kv, None, ape, idx, dplan, store=compact, cache_slots=slots)
-    assert torch.equal(compact.cache, ref.cache)
+    dout = torch.full((n, d), float("nan"), device="cuda")
+    given, own = make_cache(d, 2, n // 2 + 1, 1000, "cuda"), make_cache(d, 2, n // 2 + 1, 1000, "cuda")
+    pydsa.c128_prefill(state.clone(), kv, dout, ape, idx, dplan, store=given, cache_slots=slots)
+    pydsa.c128_prefill(state.clone(), kv, None, ape, idx, dplan, store=own, cache_slots=slots)
+    dref = make_cache(d, 2, n // 2 + 1, 1000, "cuda")
+    pydsa.kv_store(dout[rows], torch.tensor(pos, dtype=torch.int32, device="cuda"), slots[rows], dref)
+    assert torch.equal(given.cache, dref.cache) and torch.equal(own.cache, dref.cache)
+    assert torch.allclose(dout[rows], out[rows], rtol=1e-5, atol=1e-6)
 
 
 @gpu
