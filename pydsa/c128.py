@@ -227,7 +227,9 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     waits until all its blocks fit; and for device-bound eager steps: the ordinary launches cost
     more host time but, for plans of many whole chunks, less device time).
     store / cache_slots (int64 [N], the slot of the vector a ragged row closes): store every closed
-    vector into a pydsa.KVCache as well, in the same launch; `out` may then be None."""
+    vector into a pydsa.KVCache as well, in the same call (on the GPU by a store launch behind the
+    prefill's own, reading the vectors from out); `out` may then be None (the call then takes out rows
+    of its own from torch's allocator)."""
     flags = ((DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0)
              | (0 if cooperative else FLAG_NO_COOPERATIVE))  # _prefill_flags, inline
     status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count, compact,

@@ -91,7 +91,7 @@ class Checker:
 
 
 class StoreChecker:
-    """Every chunk vector the ops close is also stored into a paged KV cache in the same launch (the
+    """Every chunk vector the ops close is also stored into a paged KV cache in the same call (the
     layer's `KVCache`). For each accepted chunk the cache entry must equal, byte for byte, the
     standalone store of the vector the op wrote to `out`, and its dequantized values must match the
     float64 normed vector within fp8's precision."""

@@ -260,7 +260,8 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
 def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,
                                out_loc, kvcache, page_size, head_dim: int = HEAD_DIM, compress_ratio: int = RATIO,
                                out=None):
-    """compress_forward then compress_norm_rope_store of its vectors, as one launch: every vector the
+    """compress_forward then compress_norm_rope_store of its vectors, as one call (decode: one launch;
+    prefill: its launches and a store launch behind them): every vector the
     compression closes is normalized, quantized and stored into kvcache at out_loc (decode: per
     request; prefill: per query token, by the closing token's row). Returns `out` when given."""
     _check_config(head_dim, compress_ratio, True)
