@@ -75,12 +75,15 @@ __global__ void __launch_bounds__(kDecodeThreads)
     return;
   }
   S* state = static_cast<S*>(p.state) + ((uint64_t)(uint32_t)slot * (3 * D) + ch);
-  // A chunk's first token reads its own slot's state and ignores it: the loads need no condition
-  // (bf16: no branch around the loads and their conversions).
-  const S* prior = static_cast<const S*>(p.state) + ((uint64_t)(uint32_t)(c != 0 ? load_slot : slot) * (3 * D) + ch);
+  // Without a store, a chunk's first token reads its own slot's state and ignores it: the loads need
+  // no condition (bf16: no branch around the loads and their conversions; B = 32 1.49 -> 1.22 us).
+  // The storing kernel measured slower that way (bf16 B = 1 1.12 -> 1.29 us) and keeps the condition
+  // (docs/performance.md, "c128 decode").
+  const S* prior = static_cast<const S*>(p.state) +
+                   ((uint64_t)(uint32_t)(kStore || c != 0 ? load_slot : slot) * (3 * D) + ch);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((uint32_t)c * D + ch));
-  const Lanes<VEC> m0 = load_state<VEC>(prior), s0 = load_state<VEC>(prior + D), k0 = load_state<VEC>(prior + 2 * D);
-  Lanes<VEC> m = m0, s = s0, k = k0;
+  Lanes<VEC> m, s, k;
+  if (!kStore || c != 0) m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
   if (kStore && c == DSA_CHUNK - 1) load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
