@@ -390,10 +390,12 @@ def _prefill_case(requests, rng, d=512):
 
 
 @gpu
-@pytest.mark.parametrize("requests", [1, 5, 50, 300], ids=["tiny", "narrow", "mid", "wide"])
+@pytest.mark.parametrize("requests", [1, 5, 50, 300], ids=["tiny", "mid-one-launch", "wide-one-launch", "wide-passes"])
 def test_fused_prefill_on_every_tile_layout_stores_its_out(requests):
-    # 1, 5, 50 and 300 closing segments take the 8-, 16-, 64- and 128-channel tiles on an H200 (the
-    # layout follows the plan's size); 300 records take two store launches.
+    # Each request closes one chunk and most keep a trailing partial, so the plan has about 2 records
+    # per request. On an H200 (132 SMs) that is 8-channel tiles (1 request), one launch of both lists
+    # in 64- or 128-channel tiles (5, 50), and two passes in 128-channel tiles (300: more than one
+    # launch holds; two store launches).
     rng = np.random.default_rng(requests)
     d = 512
     seq, ext, n, kv, state, ape, idx = _prefill_case(requests, rng)
