@@ -116,13 +116,19 @@ def test_store_matches_float64_reference_but_for_counted_last_bit_flips(device, 
 
 
 @gpu
-@pytest.mark.parametrize("d", [512, 256])
-def test_store_gpu_writes_the_host_backends_bytes(d):
-    torch.manual_seed(7)
+@pytest.mark.parametrize("d", [512, 256, 192, 320, 640])
+@pytest.mark.parametrize("spread", ["normal", "wide"])
+def test_store_gpu_writes_the_host_backends_bytes(d, spread):
+    # d: powers of two (the mean as a product) and not (a division); 3, 5 and 10 groups of 64 (every
+    # branch of the group total); 2 and 4 channels per thread. "wide": magnitudes over 2^-24..2^8 in
+    # every group, so the codes span every binade, the subnormal codes and their rounding ties.
+    torch.manual_seed(7 + d)
     n = 301
     host = make_cache(d, 2, 200, 1000, "cpu")
     dev = make_cache(d, 2, 200, 1000, "cuda")
     vectors = torch.randn(n, d) * 3
+    if spread == "wide":
+        vectors *= torch.exp2(torch.randint(-24, 8, (n, d)).float())
     slots = torch.randperm(400)[:n].to(torch.int64)
     positions = torch.randint(0, 1000, (n,), dtype=torch.int32)
     pydsa.kv_store(vectors, positions, slots, host)

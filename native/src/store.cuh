@@ -53,6 +53,26 @@ __device__ __forceinline__ void request_barrier(int row, int lanes) {
   }
 }
 
+// The group sums of one request added left to right (store_math.h's order). Up to 8 groups (D <= 512)
+// in two 16-byte shared reads issued together, then the adds; more groups continue four at a time.
+__device__ __forceinline__ float groups_total(const float* sums, int groups) {
+  const float4* q = reinterpret_cast<const float4*>(sums);
+  const float4 a = q[0], b = groups > 4 ? q[1] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+  float total = v[0];
+#pragma unroll
+  for (int g = 1; g < 8; ++g)
+    if (g < groups) total = add_rn(total, v[g]);
+  for (int g = 8; g < groups; g += 4) {
+    const float4 c = q[g / 4];
+    total = add_rn(total, c.x);
+    if (g + 1 < groups) total = add_rn(total, c.y);
+    if (g + 2 < groups) total = add_rn(total, c.z);
+    if (g + 3 < groups) total = add_rn(total, c.w);
+  }
+  return total;
+}
+
 template <int VEC>
 __device__ __forceinline__ void load_floats(float (&v)[VEC], const float* p) {
   const Lanes<VEC> x = load_lanes<VEC>(p);
@@ -88,7 +108,7 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
                                              int D, int ch, int lanes, int64_t loc, int64_t pos,
                                              uint32_t* error_count) {
   static_assert(VEC == 2 || VEC == 4 || VEC == 8, "pairs of channels per thread");
-  __shared__ float group_sums[kStoreMaxRows][kStoreMaxGroups];
+  __shared__ __align__(16) float group_sums[kStoreMaxRows][kStoreMaxGroups];
   constexpr int kGroupLanes = kStoreGroup / VEC;
   const int check = store_check(loc, st.capacity, pos, st.num_positions);
   if (check != kStoreWrite) {
@@ -112,8 +132,7 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
   for (int offset = 1; offset < kGroupLanes; offset <<= 1) sum = add_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, offset));
   if (threadIdx.x % kGroupLanes == 0) group_sums[row][group] = sum;
   request_barrier(row, lanes);
-  float total = group_sums[row][0];
-  for (int g = 1; g < D / kStoreGroup; ++g) total = add_rn(total, group_sums[row][g]);
+  const float total = groups_total(group_sums[row], D / kStoreGroup);
   const float r = rms_factor(total, D, st.eps);
   float y[VEC];
 #pragma unroll
@@ -138,10 +157,10 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
     for (int offset = 1; offset < kGroupLanes; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
     const uint32_t e = scale_exponent(amax);
     const float inv = inverse_scale(e);
-    Pack<uint8_t, VEC> codes;
+    Pack<uint16_t, VEC / 2> codes;
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) codes.e[i] = (uint8_t)fp8_e4m3(y[i] * inv);
-    *reinterpret_cast<Pack<uint8_t, VEC>*>(data + ch) = codes;
+    for (int i = 0; i < VEC; i += 2) codes.e[i / 2] = (uint16_t)fp8_e4m3x2(y[i] * inv, y[i + 1] * inv);
+    *reinterpret_cast<Pack<uint16_t, VEC / 2>*>(data + ch) = codes;
     if (threadIdx.x % kGroupLanes == 0) st.cache[at.scale + group] = (uint8_t)e;
   }
 }

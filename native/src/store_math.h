@@ -35,12 +35,25 @@ DSA_HD float add_rn(float a, float b) {
 // x_b^2 + x_a^2 of one channel pair (a = even channel, b = odd), rounded once after the add.
 DSA_HD float pair_square(float a, float b) { return fmaf(b, b, mul_rn(a, a)); }
 
+// The mean of the squares, sum / D correctly rounded. For a power-of-two D it is the product by
+// 2^-log2(D): exact scaling, so the same bits as the division (both round the same real number
+// once), without the division's instruction sequence on the GPU.
+DSA_HD float mean_square(float sum_of_squares, int head_dim) {
+  if ((head_dim & (head_dim - 1)) == 0) return mul_rn(sum_of_squares, bits_float((254u - (float_bits((float)head_dim) >> 23)) << 23));
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(sum_of_squares, (float)head_dim);
+#else
+  return sum_of_squares / (float)head_dim;
+#endif
+}
+
 // 1 / sqrt(mean + eps), correctly rounded at every step on both backends.
 DSA_HD float rms_factor(float sum_of_squares, int head_dim, float eps) {
+  const float mean = mean_square(sum_of_squares, head_dim);
 #if defined(__CUDA_ARCH__)
-  return __frcp_rn(__fsqrt_rn(__fadd_rn(__fdiv_rn(sum_of_squares, (float)head_dim), eps)));
+  return __frcp_rn(__fsqrt_rn(__fadd_rn(mean, eps)));
 #else
-  return 1.0f / sqrtf(sum_of_squares / (float)head_dim + eps);
+  return 1.0f / sqrtf(mean + eps);
 #endif
 }
 
@@ -51,15 +64,15 @@ DSA_HD float normed(float x, float r, float w) { return mul_rn(mul_rn(x, r), w);
 DSA_HD float bf16_rounded(float y) { return as_stored<Bf16>(y); }
 
 // The biased exponent byte of the scale of a group whose largest |bf16 value| is amax: the smallest
-// power of two >= max(amax, 1e-4) / 448.
+// power of two 2^k >= s, s = max(amax, 1e-4) / 448 rounded to float. Computed from a = max(amax,
+// 1e-4) without dividing: s <= 2^k exactly when a <= 448 * 2^k (no float lies between 448 * 2^k and
+// the midpoint above it), and 448 = 1.75 * 2^8, so k is a's exponent - 8, plus one when a's
+// significand exceeds 1.75. Checked against the division for every float a (an infinite a gives 255,
+// as the division does).
 DSA_HD uint32_t scale_exponent(float amax) {
-#if defined(__CUDA_ARCH__)
-  const float s = __fdiv_rn(fmaxf(amax, kScaleFloor), kFp8Max);
-#else
-  const float s = fmaxf(amax, kScaleFloor) / kFp8Max;
-#endif
-  const uint32_t u = float_bits(s);
-  return ((u >> 23) & 0xFFu) + ((u & 0x7FFFFFu) != 0u);
+  const uint32_t u = float_bits(fmaxf(amax, kScaleFloor));
+  if (u >= 0x7F800000u) return 0xFFu;
+  return (u >> 23) - 8u + ((u & 0x7FFFFFu) > 0x600000u);
 }
 
 // 1 / scale for a scale exponent byte (exact: a power of two).
@@ -80,6 +93,21 @@ DSA_HD uint32_t fp8_e4m3(float v) {
   uint32_t u = float_bits(a);
   u += 0x7FFFFu + ((u >> 20) & 1u);  // round the mantissa to 3 bits, nearest even
   return sign | ((u >> 20) - (120u << 3));
+}
+
+// The fp8 e4m3 codes of (lo, hi) as one 16-bit pair, lo in the low byte. sm_89 and later convert
+// with one cvt.rn.satfinite.e4m3x2.f32 after the same clamp (so NaN gives 448's code, as above):
+// round to nearest even with e4m3's subnormals, the bits of fp8_e4m3 for every clamped value.
+DSA_HD uint32_t fp8_e4m3x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+      : "=h"(pair)
+      : "f"(fmaxf(fminf(hi, kFp8Max), -kFp8Max)), "f"(fmaxf(fminf(lo, kFp8Max), -kFp8Max)));
+  return pair;
+#else
+  return fp8_e4m3(lo) | (fp8_e4m3(hi) << 8);
+#endif
 }
 
 // One rope pair (a, b) rotated by (cos, sin): (a c - b s, a s + b c).
