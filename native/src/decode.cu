@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // offsets are unsigned 64-bit products, one wide multiply-add each.
   const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
   const uint32_t ch = (blockIdx.y * blockDim.x + threadIdx.x) * VEC;
-  if (b >= p.batch_size || ch >= D) return;
+  if (b >= p.batch_size || ch >= D || (kStore && !store_params_ready(p.store))) return;
   wait_for_producers();
   const float* token = p.kv_score + ((uint64_t)b * (2 * D) + ch);
   const Lanes<VEC> kv = load_lanes<VEC>(token), score = load_lanes<VEC>(token + D);

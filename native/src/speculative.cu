@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
   const int D = p.head_dim, V = p.num_drafts;
   const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
   const int ch = (int)(blockIdx.y * blockDim.x + threadIdx.x) * VEC;
-  if (b >= p.batch_size || ch >= D) return;
+  if (b >= p.batch_size || ch >= D || (kStore && !store_params_ready(p.store))) return;
   wait_for_producers();
   const float* drafts = p.kv_score + ((int64_t)b * V * (2 * D) + ch);
   Lanes<VEC> kv[kDraftBatch], score[kDraftBatch];

@@ -44,6 +44,14 @@ inline int store_vector_width(int head_dim, int aligned_vec) {
 }
 
 #if defined(__CUDACC__)
+// Always true for a launch from store_launch (non-null slots, page_log2 >= 0). A storing kernel tests
+// it before its grid-dependency wait: the test reads the store's parameters, so the constant lines
+// they sit in are fetched while the kernel waits instead of after it, on its critical path (the
+// compiler places parameter reads at their first use otherwise; docs/performance.md, "c128 decode").
+__device__ __forceinline__ bool store_params_ready(const StoreLaunch& st) {
+  return st.cache_slots != nullptr && st.page_log2 >= 0;
+}
+
 // Blocks until the warps of request row `row` (lanes threads) reach it; one warp syncs itself.
 __device__ __forceinline__ void request_barrier(int row, int lanes) {
   if (lanes <= 32) {
