@@ -74,17 +74,16 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (ch == 0) count_error(p.error_count);
     return;
   }
+  // The second trip: the rotary pairs (a storing kernel's closing row, as a predicated load), the ape
+  // row and the state, all issued before the first add that waits on them. A chunk's first token
+  // reads its own slot's state and ignores it, so no load sits in a branch: a branch let the
+  // compiler place that add ahead of the loads after it, one more memory trip (docs/performance.md,
+  // "c128 decode").
+  if constexpr (kStore) load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK, c == DSA_CHUNK - 1);
   S* state = static_cast<S*>(p.state) + ((uint64_t)(uint32_t)slot * (3 * D) + ch);
-  // Without a store, a chunk's first token reads its own slot's state and ignores it: the loads need
-  // no condition (bf16: no branch around the loads and their conversions; B = 32 1.49 -> 1.22 us).
-  // The storing kernel measured slower that way (bf16 B = 1 1.12 -> 1.29 us) and keeps the condition
-  // (docs/performance.md, "c128 decode").
-  const S* prior = static_cast<const S*>(p.state) +
-                   ((uint64_t)(uint32_t)(kStore || c != 0 ? load_slot : slot) * (3 * D) + ch);
+  const S* prior = static_cast<const S*>(p.state) + ((uint64_t)(uint32_t)(c != 0 ? load_slot : slot) * (3 * D) + ch);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((uint32_t)c * D + ch));
-  Lanes<VEC> m, s, k;
-  if (!kStore || c != 0) m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
-  if (kStore && c == DSA_CHUNK - 1) load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK);
+  Lanes<VEC> m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const Partial r = token_into_state(m.v[i], s.v[i], k.v[i], to_log2(score.v[i] + bias.v[i]), kv.v[i], c);

@@ -42,6 +42,15 @@ __device__ __forceinline__ void load_drafts(Lanes<VEC> (&kv)[NB], Lanes<VEC> (&s
     if (u < count) kv[u] = load_lanes<VEC>(draft + (int64_t)u * 2 * D), score[u] = load_lanes<VEC>(draft + (int64_t)u * 2 * D + D);
 }
 
+// The ape rows of drafts at positions seq .. seq + count - 1 (their chunk positions).
+template <int VEC, int NB>
+__device__ __forceinline__ void load_biases(Lanes<VEC> (&bias)[NB], const float* ape, int32_t seq, int count, int D,
+                                            int ch) {
+#pragma unroll
+  for (int u = 0; u < NB; ++u)
+    if (u < count) bias[u] = load_lanes<VEC>(ape + ((int64_t)((seq + u) & (DSA_CHUNK - 1)) * D + ch));
+}
+
 // kStore: the vector a draft closes is also stored into the cache (store.cuh), with the threads of
 // a request in one block (up to 512).
 template <int VEC, typename S, int kDraftBatch, bool kStore>
@@ -78,6 +87,10 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
     load_weights<VEC>(o, p.store, ch);
     load_rotary<VEC>(o, p.store, D, ch, (int64_t)seq + close - (DSA_CHUNK - 1));
   }
+  // The first drafts' ape rows load with the state, not after it: behind the state's copy into the
+  // bank they were one more memory trip (docs/performance.md, "Speculative verify and commit").
+  Lanes<VEC> bias[kDraftBatch];
+  load_biases<VEC, kDraftBatch>(bias, p.ape, seq, min(v, kDraftBatch), D, ch);
   S* const state = static_cast<S*>(p.state);
   const int64_t entry_step = p.bank_stride * 3 * D;
   S* entry = state + (int64_t)bank * 3 * D + ch;  // bank entry 0, then one entry per draft
@@ -89,11 +102,10 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
   }
   for (int j0 = 0; j0 < v; j0 += kDraftBatch) {
     const int count = min(v - j0, kDraftBatch);
-    if (j0 > 0) load_drafts<VEC, kDraftBatch>(kv, score, drafts + (int64_t)j0 * 2 * D, D, count);
-    Lanes<VEC> bias[kDraftBatch];
-#pragma unroll
-    for (int u = 0; u < kDraftBatch; ++u)
-      if (u < count) bias[u] = load_lanes<VEC>(p.ape + ((int64_t)((seq + j0 + u) & (DSA_CHUNK - 1)) * D + ch));
+    if (j0 > 0) {
+      load_drafts<VEC, kDraftBatch>(kv, score, drafts + (int64_t)j0 * 2 * D, D, count);
+      load_biases<VEC, kDraftBatch>(bias, p.ape, seq + j0, count, D, ch);
+    }
 #pragma unroll
     for (int u = 0; u < kDraftBatch; ++u) {
       if (u >= count) break;

@@ -94,7 +94,7 @@ __device__ __forceinline__ void load_floats(float (&v)[VEC], const float* p) {
 template <int VEC>
 struct StoreOperands {
   float w[VEC];
-  float rot[VEC];
+  float rot[VEC] = {};  // read only in the rope lanes of a stored row
 };
 
 template <int VEC>
@@ -102,10 +102,35 @@ __device__ __forceinline__ void load_weights(StoreOperands<VEC>& o, const StoreL
   load_floats<VEC>(o.w, st.norm_weight + ch);
 }
 
+// VEC floats from p where `pred` holds (else v unchanged), as one predicated load: no branch, so the
+// compiler cannot place arithmetic that waits on earlier loads ahead of it (a branch around the
+// rotary load let a dependent add in first and made the load a third memory trip; docs/performance.md,
+// "c128 decode"). p need not be a valid address where pred is false.
 template <int VEC>
-__device__ __forceinline__ void load_rotary(StoreOperands<VEC>& o, const StoreLaunch& st, int D, int ch, int64_t pos) {
-  if (ch >= D - kStoreGroup && pos >= 0 && pos < st.num_positions)
-    load_floats<VEC>(o.rot, st.rotary + pos * kStoreGroup + (ch - (D - kStoreGroup)));
+__device__ __forceinline__ void load_floats_if(bool pred, float (&v)[VEC], const float* p) {
+  const uint32_t on = pred;
+  if constexpr (VEC == 1) {  // instantiated by non-storing kernels only
+    asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.f32 %0, [%1];\n}"
+                 : "+f"(v[0]) : "l"(p), "r"(on));
+  } else if constexpr (VEC == 2) {
+    asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n @q ld.global.nc.v2.f32 {%0, %1}, [%2];\n}"
+        : "+f"(v[0]), "+f"(v[1]) : "l"(p), "r"(on));
+  } else {
+#pragma unroll
+    for (int i = 0; i < VEC; i += 4)
+      asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n @q ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\n}"
+          : "+f"(v[i]), "+f"(v[i + 1]), "+f"(v[i + 2]), "+f"(v[i + 3]) : "l"(p + i), "r"(on));
+  }
+}
+
+// The rotary pairs of row `pos` for the rope lanes, where `wanted` (a row outside the table is not
+// read; store_vector skips it).
+template <int VEC>
+__device__ __forceinline__ void load_rotary(StoreOperands<VEC>& o, const StoreLaunch& st, int D, int ch, int64_t pos,
+                                            bool wanted = true) {
+  const bool rope = ch >= D - kStoreGroup;
+  load_floats_if<VEC>(wanted && rope && pos >= 0 && pos < st.num_positions, o.rot,
+                      st.rotary + (pos * kStoreGroup + (ch - (D - kStoreGroup))));
 }
 
 // Writes the cache entry of vector x (this thread's VEC channels from `ch`; o: its loaded operands)
