@@ -67,10 +67,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
   // Early for small grids, where the next kernel's launch latency is what a step waits on; a grid
   // that fills the GPU lets it start as its blocks finish (docs/performance.md, "c128 decode").
   if (p.early_dependents) allow_dependents();
-  // A closing row's rotary pairs, as a predicated load ahead of every branch below (a padding row's
-  // position is negative and reads nothing): issued the moment the length arrives.
-  if constexpr (kStore)
-    load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK, ((seq_len - 1) & (DSA_CHUNK - 1)) == DSA_CHUNK - 1);
   if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
   const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
   if (kLoadSlots && c != 0 && load_slot < 0) return;  // state not held on this GPU
@@ -78,10 +74,12 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  // The rest of the second trip: the ape row and the state, issued before the first add that waits on
-  // them. A chunk's first token reads its own slot's state and ignores it, so no load sits in a
-  // branch: a branch let the compiler place that add ahead of the loads after it, one more memory trip
-  // (docs/performance.md, "c128 decode").
+  // The second trip: the rotary pairs (a storing kernel's closing row, as a predicated load), the ape
+  // row and the state, all issued before the first add that waits on them. A chunk's first token
+  // reads its own slot's state and ignores it, so no load sits in a branch: a branch let the
+  // compiler place that add ahead of the loads after it, one more memory trip (docs/performance.md,
+  // "c128 decode").
+  if constexpr (kStore) load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK, c == DSA_CHUNK - 1);
   S* state = static_cast<S*>(p.state) + ((uint64_t)(uint32_t)slot * (3 * D) + ch);
   const S* prior = static_cast<const S*>(p.state) + ((uint64_t)(uint32_t)(c != 0 ? load_slot : slot) * (3 * D) + ch);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((uint32_t)c * D + ch));
