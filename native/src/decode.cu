@@ -74,11 +74,10 @@ __global__ void __launch_bounds__(kDecodeThreads)
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  // The second trip: the rotary pairs (a storing kernel's closing row, as a predicated load), the ape
-  // row and the state, all issued before the first add that waits on them. A chunk's first token
-  // reads its own slot's state and ignores it, so no load sits in a branch: a branch let the
-  // compiler place that add ahead of the loads after it, one more memory trip (docs/performance.md,
-  // "c128 decode").
+  // The second trip: a closing row's rotary pairs (rope lanes only, one predicated load), the ape row
+  // and the state. A chunk's first token reads its own slot's state and ignores it, so none of these
+  // loads sits in a branch: around them, branches let the compiler put dependent arithmetic ahead of
+  // later loads (docs/performance.md, "c128 decode": 0.2-0.35 us off a storing decode's closing row).
   if constexpr (kStore) load_rotary<VEC>(o, p.store, D, ch, seq_len - DSA_CHUNK, c == DSA_CHUNK - 1);
   S* state = static_cast<S*>(p.state) + ((uint64_t)(uint32_t)slot * (3 * D) + ch);
   const S* prior = static_cast<const S*>(p.state) + ((uint64_t)(uint32_t)(c != 0 ? load_slot : slot) * (3 * D) + ch);

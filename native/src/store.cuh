@@ -46,8 +46,8 @@ inline int store_vector_width(int head_dim, int aligned_vec) {
 #if defined(__CUDACC__)
 // Always true for a launch from store_launch (non-null slots, page_log2 >= 0). A storing kernel tests
 // it before its grid-dependency wait: the test reads the store's parameters, so the constant lines
-// they sit in are fetched while the kernel waits instead of after it, on its critical path (the
-// compiler places parameter reads at their first use otherwise; docs/performance.md, "c128 decode").
+// they sit in are fetched while the kernel waits (the compiler otherwise places a parameter read at
+// its first use, after the wait; docs/performance.md, "c128 decode").
 __device__ __forceinline__ bool store_params_ready(const StoreLaunch& st) {
   return st.cache_slots != nullptr && st.page_log2 >= 0;
 }
@@ -102,10 +102,9 @@ __device__ __forceinline__ void load_weights(StoreOperands<VEC>& o, const StoreL
   load_floats<VEC>(o.w, st.norm_weight + ch);
 }
 
-// VEC floats from p where `pred` holds (else v unchanged), as one predicated load: no branch, so the
-// compiler cannot place arithmetic that waits on earlier loads ahead of it (a branch around the
-// rotary load let a dependent add in first and made the load a third memory trip; docs/performance.md,
-// "c128 decode"). p need not be a valid address where pred is false.
+// VEC floats from p where `pred` holds (else v unchanged), as one predicated load instead of a branch
+// around the load (in the decode the branch, divergent in the rope warp, let dependent arithmetic in
+// ahead of it; docs/performance.md, "c128 decode"). p need not be a valid address where pred is false.
 template <int VEC>
 __device__ __forceinline__ void load_floats_if(bool pred, float (&v)[VEC], const float* p) {
   const uint32_t on = pred;

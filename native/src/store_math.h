@@ -97,7 +97,8 @@ DSA_HD uint32_t fp8_e4m3(float v) {
 
 // The fp8 e4m3 codes of (lo, hi) as one 16-bit pair, lo in the low byte. sm_89 and later convert
 // with one cvt.rn.satfinite.e4m3x2.f32 after the same clamp (so NaN gives 448's code, as above):
-// round to nearest even with e4m3's subnormals, the bits of fp8_e4m3 for every clamped value.
+// round to nearest even with e4m3's subnormals, as fp8_e4m3 (the GPU-against-host byte tests cover
+// every binade and the subnormal codes and their ties).
 DSA_HD uint32_t fp8_e4m3x2(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   uint16_t pair;
