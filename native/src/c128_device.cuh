@@ -26,6 +26,12 @@ struct SegmentBlock {
   dsa_segment r[kSize];
 };
 
+// Record j of a plan's two lists read as one: its compress records first, then its write records.
+template <typename T>
+DSA_HD T& plan_record(T* compress, T* write, int64_t num_compress, int64_t j) {
+  return j < num_compress ? compress[j] : write[j - num_compress];
+}
+
 // The smallest block of kSmallInline, DSA_INLINE_RECORDS or kLargest records that holds `count`,
 // filled with record(i) for i < count; returns launch(block).
 template <int kLargest, typename Record, typename Launch>

@@ -94,7 +94,7 @@ cudaError_t launch_plan(const PlanLaunch& a, cudaStream_t stream, bool pdl) {
       a.count,
       [&](int64_t i) {
         const int64_t j = a.first + i;
-        return j < a.p.num_compress ? a.p.compress[j] : a.p.write[j - a.p.num_compress];
+        return plan_record(a.p.compress, a.p.write, a.p.num_compress, j);
       },
       [&](const auto& records) {
         constexpr int k = std::decay_t<decltype(records)>::kSize;
@@ -159,7 +159,7 @@ extern "C" dsa_status dsa_sglang_plan(const dsa_sglang_plan_params* params, void
   const int64_t records = prefill ? p.num_compress + p.num_write : 0;
   if (p.device == DSA_DEVICE_HOST) {
     for (int64_t j = 0; j < records; ++j) {
-      const dsa_segment& s = j < p.num_compress ? p.compress[j] : p.write[j - p.num_compress];
+      const dsa_segment& s = plan_record(p.compress, p.write, p.num_compress, j);
       const Record r = prefill_record(s, p.req_pool_indices[s.batch_id], p.state_slot_offset);
       j < p.num_compress ? put(p.plan_c, j, r) : put(p.plan_w, j - p.num_compress, r);
     }

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kUploadThreads)
   const int i = blockIdx.x * kUploadThreads + threadIdx.x;
   if (i < a.count) {
     const int64_t j = a.first + i;
-    (j < a.num_compress ? a.compress[j] : a.write[j - a.num_compress]) = records.r[i];
+    plan_record(a.compress, a.write, a.num_compress, j) = records.r[i];
   }
   if (i == 0 && a.counts != nullptr) a.counts[0] = a.num_compress, a.counts[1] = a.num_write;
 }
@@ -41,10 +41,7 @@ cudaError_t launch_upload(const UploadLaunch& a, const dsa_segment* compress, co
   const unsigned grid = (unsigned)std::max(1, (a.count + kUploadThreads - 1) / kUploadThreads);
   return with_records<DSA_UPLOAD_RECORDS>(
       a.count,
-      [&](int64_t i) {
-        const int64_t j = a.first + i;
-        return j < a.num_compress ? compress[j] : write[j - a.num_compress];
-      },
+      [&](int64_t i) { return plan_record(compress, write, a.num_compress, a.first + i); },
       [&](const auto& records) {
         constexpr int k = std::decay_t<decltype(records)>::kSize;
         return launch(upload_plan_kernel<k>, grid, kUploadThreads, stream, 0u, a, records);
