@@ -82,10 +82,12 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
   const int close = DSA_CHUNK - 1 - c0;
   [[maybe_unused]] StoreOperands<VEC> o;
   [[maybe_unused]] int64_t loc = 0;
-  if (kStore && close < v) {
-    loc = __ldg(p.store.cache_slots + ((int64_t)b * V + close));
-    load_weights<VEC>(o, p.store, ch);
-    load_rotary<VEC>(o, p.store, D, ch, (int64_t)seq + close - (DSA_CHUNK - 1));
+  if constexpr (kStore) {
+    if (close < v) {
+      loc = __ldg(p.store.cache_slots + ((int64_t)b * V + close));
+      load_weights<VEC>(o, p.store, ch);
+      load_rotary<VEC>(o, p.store, D, ch, (int64_t)seq + close - (DSA_CHUNK - 1));
+    }
   }
   // The first drafts' ape rows load with the state, not after it: behind the state's copy into the
   // bank they were one more memory trip (docs/performance.md, "Speculative verify and commit").

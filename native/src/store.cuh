@@ -107,11 +107,9 @@ __device__ __forceinline__ void load_weights(StoreOperands<VEC>& o, const StoreL
 // ahead of it; docs/performance.md, "c128 decode"). p need not be a valid address where pred is false.
 template <int VEC>
 __device__ __forceinline__ void load_floats_if(bool pred, float (&v)[VEC], const float* p) {
+  static_assert(VEC == 2 || VEC == 4 || VEC == 8, "pairs of channels per thread");
   const uint32_t on = pred;
-  if constexpr (VEC == 1) {  // instantiated by non-storing kernels only
-    asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q ld.global.nc.f32 %0, [%1];\n}"
-                 : "+f"(v[0]) : "l"(p), "r"(on));
-  } else if constexpr (VEC == 2) {
+  if constexpr (VEC == 2) {
     asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n @q ld.global.nc.v2.f32 {%0, %1}, [%2];\n}"
         : "+f"(v[0]), "+f"(v[1]) : "l"(p), "r"(on));
   } else {
