@@ -8,10 +8,21 @@ import torch
 from . import _abi
 
 
+def distribution() -> str | None:
+    """The installed distribution that provides this package ("dsa-kernels <version>"), or None: the one
+    that declares its sglang plugin entry point (found alike for a wheel and an editable install)."""
+    import importlib.metadata as md
+    for ep in md.entry_points(group="sglang.srt.plugins"):
+        if ep.value.startswith(__package__ + ".") and ep.dist is not None:
+            return f"{ep.dist.name} {ep.dist.version}"
+    return None
+
+
 def main(argv=None) -> int:
     argparse.ArgumentParser(prog="python -m pydsa info").parse_args(argv)
     lib = _abi.lib
-    print(f"pydsa {lib.dsa_version_string().decode()} (ABI {lib.dsa_abi_version()})")
+    print(f"pydsa {lib.dsa_version_string().decode()} (ABI {lib.dsa_abi_version()}), "
+          f"distribution: {distribution() or 'none (imported from a source tree, not installed)'}")
     print(f"library: {lib.path}")
     archs = lib.dsa_cuda_architectures().decode()
     real = [a.split("-")[0] for a in archs.split(",") if a and not a.endswith("-virtual")]

@@ -1,4 +1,4 @@
-"""The sglang plugin: `pip install pydsa` and sglang 0.5.23 loads this through its `sglang.srt.plugins`
+"""The sglang plugin: `pip install dsa-kernels` and sglang 0.5.23 loads this through its `sglang.srt.plugins`
 entry point (`register`), which makes a running sglang use pydsa for the online c128 path, the MTP
 calls and the fused metadata copy. Restrict sglang's plugins with SGLANG_PLUGINS=pydsa.
 
