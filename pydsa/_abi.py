@@ -10,7 +10,7 @@ import os
 import sys
 from importlib import resources
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
@@ -73,6 +73,7 @@ class KvCache(C.Structure):
         ("struct_size", C.c_uint32), ("layout", C.c_int32),
         ("cache", C.c_void_p), ("num_pages", C.c_int64), ("page_size", C.c_int32), ("eps", C.c_float),
         ("norm_weight", C.c_void_p), ("rotary", C.c_void_p), ("num_positions", C.c_int64),
+        ("dcp_world", C.c_int32), ("dcp_rank", C.c_int32),
     ]
 
 

@@ -38,10 +38,26 @@ class KVCache:
     cache: uint8 [num_pages, kv_page_bytes(D, page_size)] (or any contiguous uint8 tensor of whole
     pages); norm_weight: float32 [D]; rotary: float32 [num_positions, 64], (cos, sin) of pair l at
     columns 2l, 2l+1 (complex64 [num_positions, 32] is taken through view_as_real); page_size: a
-    power of two; eps: the RMSNorm epsilon. Cache slot `loc` is entry loc % page_size of page
-    loc // page_size."""
+    power of two in 1..1024; eps: the RMSNorm epsilon. Cache slot `loc` is entry loc % page_size of page
+    loc // page_size.
 
-    def __init__(self, cache, norm_weight, rotary, *, page_size: int, eps: float = 1e-6):
+    dcp=(world, rank): this cache is rank `rank`'s share of a cache sharded over `world` GPUs
+    (decode-context parallelism): the entry of slot `loc` is written here only when loc % world == rank,
+    at local slot loc // world; slots other ranks own are skipped silently, as negative ones are. Every
+    storing op honors it on the GPU and the host backend."""
+
+    def __init__(self, cache, norm_weight, rotary, *, page_size: int, eps: float = 1e-6, dcp=(1, 0)):
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1024 \
+                or page_size & (page_size - 1):
+            raise ValueError(f"page_size must be a power of two in 1..1024 (got {page_size!r})")
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0.0 <= float(eps) < float("inf"):
+            raise ValueError(f"eps must be a finite number >= 0 (got {eps!r})")
+        try:
+            world, rank = (int(dcp[0]), int(dcp[1])) if len(dcp) == 2 else (None, None)
+        except (TypeError, ValueError):
+            world = rank = None
+        if world is None or world < 1 or not 0 <= rank < world or world >= 2 ** 31:
+            raise ValueError(f"dcp must be (world, rank) with world >= 1 and 0 <= rank < world (got {dcp!r})")
         if not isinstance(norm_weight, torch.Tensor) or norm_weight.dim() != 1:
             raise ValueError("norm_weight must be a 1-D float32 tensor [D]")
         d = norm_weight.shape[0]
@@ -69,16 +85,19 @@ class KVCache:
         s.norm_weight = norm_weight.data_ptr()
         s.rotary = rotary.data_ptr()
         s.num_positions = rotary.shape[0]
+        s.dcp_world, s.dcp_rank = world, rank
         self._struct = s
         self.address = C.addressof(s)
         self._keep = (cache, norm_weight, rotary)
         self.cache, self.norm_weight, self.rotary = cache, norm_weight, rotary
         self.head_dim, self.page_size, self.page_bytes = d, page_size, page
         self.num_pages, self.eps, self.device = s.num_pages, float(eps), dev
+        self.dcp = (world, rank)
 
     def __repr__(self) -> str:
+        dcp = f", dcp={self.dcp}" if self.dcp[0] > 1 else ""
         return (f"KVCache(D={self.head_dim}, pages={self.num_pages} x {self.page_size}, "
-                f"{self.page_bytes} B/page, device={self.cache.device})")
+                f"{self.page_bytes} B/page, device={self.cache.device}{dcp})")
 
 
 _calls.set_store_type(KVCache)

@@ -41,7 +41,7 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 8
+#define DSA_ABI_VERSION 9
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
@@ -234,6 +234,13 @@ typedef struct dsa_kv_cache {
   const float* norm_weight;    /* [D] fp32 */
   const float* rotary;         /* [num_positions, 64] fp32: (cos, sin) of pair l at 2l, 2l+1 */
   int64_t num_positions;       /* rows of `rotary` */
+  /* Decode-context-parallel ownership (ABI 9): with dcp_world > 1 this cache is rank dcp_rank's share
+   * of a cache sharded over dcp_world GPUs. The entry of cache slot loc >= 0 is written here only when
+   * loc % dcp_world == dcp_rank, at local slot loc / dcp_world (num_pages counts the local pages);
+   * other slots are skipped silently, as negative ones are. 0 or 1: this cache owns every slot
+   * (a zeroed struct needs no DCP fields). 0 <= dcp_rank < max(dcp_world, 1). */
+  int32_t dcp_world;
+  int32_t dcp_rank;
 } dsa_kv_cache;
 
 /* Bytes of one page of the cache for head dim D (a multiple of 64, >= 128). */

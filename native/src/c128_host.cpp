@@ -14,7 +14,7 @@ namespace dsa {
 
 // The cache entry of vector x [D] at slot `loc`, rotary row `pos` (store_math.h, in its order).
 void host_store_vector(const float* x, int D, const dsa_kv_cache& c, int64_t loc, int64_t pos, uint32_t* error_count) {
-  const int check = store_check(loc, c.num_pages * c.page_size, pos, c.num_positions);
+  const int check = store_check(&loc, c.num_pages * c.page_size, pos, c.num_positions, c.dcp_world, c.dcp_rank);
   if (check != kStoreWrite) {
     if (check == kStoreCount && error_count != nullptr) ++*error_count;
     return;

@@ -26,6 +26,9 @@ dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int h
   if (c->num_positions < 1)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.num_positions is %lld; expected >= 1", op,
                 (long long)c->num_positions);
+  if (c->dcp_world < 0 || c->dcp_rank < 0 || c->dcp_rank >= std::max(c->dcp_world, 1))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.dcp_world is %d and store.dcp_rank %d; expected dcp_world >= 0 "
+                "and 0 <= dcp_rank < max(dcp_world, 1)", op, c->dcp_world, c->dcp_rank);
   if (!(c->eps >= 0.0f) || c->eps == INFINITY)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.eps is %g; expected a finite value >= 0", op, (double)c->eps);
   if (c->cache == nullptr || c->norm_weight == nullptr || c->rotary == nullptr || cache_slots == nullptr)
@@ -41,6 +44,7 @@ dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int h
   out->num_positions = c->num_positions, out->capacity = c->num_pages * ps;
   out->page_stride = page_bytes(head_dim, ps), out->eps = c->eps;
   out->page_log2 = page_log2_of(ps);
+  out->dcp_world = c->dcp_world, out->dcp_rank = c->dcp_rank;
   return DSA_STATUS_OK;
 }
 

@@ -23,6 +23,8 @@ struct StoreLaunch {
   int64_t page_stride;         // bytes per page
   float eps;
   int32_t page_log2;
+  int32_t dcp_world;           // decode-context-parallel ownership (store_check)
+  int32_t dcp_rank;
 };
 
 // Host side: checks a dsa_kv_cache for head dim D and fills `out` (cache_slots left to the caller).
@@ -52,12 +54,22 @@ __device__ __forceinline__ bool store_params_ready(const StoreLaunch& st) {
   return st.cache_slots != nullptr && st.page_log2 >= 0;
 }
 
-// Blocks until the warps of request row `row` (lanes threads) reach it; one warp syncs itself.
+// Blocks until the warps of request row `row` (lanes threads) reach it; one warp syncs itself. Barrier
+// ids are immediates (row r: barrier r, row 0 on barrier 0 with a thread count): a register id makes
+// ptxas reserve all 16 of a block's barriers, which held a storing kernel to 4 blocks per SM (1.9 waves
+// at B = 1024; docs/performance.md, "c128 decode").
 __device__ __forceinline__ void request_barrier(int row, int lanes) {
+  static_assert(kStoreMaxRows == 4, "one immediate barrier id per request row");
   if (lanes <= 32) {
     __syncwarp();
+  } else if (row == 0) {
+    asm volatile("bar.sync 0, %0;" ::"r"(lanes) : "memory");
+  } else if (row == 1) {
+    asm volatile("bar.sync 1, %0;" ::"r"(lanes) : "memory");
+  } else if (row == 2) {
+    asm volatile("bar.sync 2, %0;" ::"r"(lanes) : "memory");
   } else {
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + row), "r"(lanes) : "memory");
+    asm volatile("bar.sync 3, %0;" ::"r"(lanes) : "memory");
   }
 }
 
@@ -140,7 +152,7 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
   static_assert(VEC == 2 || VEC == 4 || VEC == 8, "pairs of channels per thread");
   __shared__ __align__(16) float group_sums[kStoreMaxRows][kStoreMaxGroups];
   constexpr int kGroupLanes = kStoreGroup / VEC;
-  const int check = store_check(loc, st.capacity, pos, st.num_positions);
+  const int check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
   if (check != kStoreWrite) {
     if (check == kStoreCount && ch == 0) count_error(error_count);
     return;

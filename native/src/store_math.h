@@ -170,9 +170,16 @@ DSA_HD int record_row(const int32_t* records, bool extend, int64_t i, const int6
   *pos = (int32_t)(seq - 128u);
   return kStoreWrite;
 }
-DSA_HD int store_check(int64_t loc, int64_t capacity, int64_t position, int64_t num_positions) {
-  if (loc < 0) return kStoreSkip;
-  return loc < capacity && position >= 0 && position < num_positions ? kStoreWrite : kStoreCount;
+// *loc: the op's cache slot in, the local slot to write out (decode-context-parallel ownership: a slot
+// another rank owns is skipped silently, as a negative one; world <= 1 owns every slot).
+DSA_HD int store_check(int64_t* loc, int64_t capacity, int64_t position, int64_t num_positions, int32_t world,
+                       int32_t rank) {
+  if (*loc < 0) return kStoreSkip;
+  if (world > 1) {
+    if (*loc % world != rank) return kStoreSkip;
+    *loc /= world;
+  }
+  return *loc < capacity && position >= 0 && position < num_positions ? kStoreWrite : kStoreCount;
 }
 
 }  // namespace dsa
