@@ -9,7 +9,7 @@ summary=${1:-sanitizer-summary.txt}
 logs=${SANITIZE_LOGS:-sanitizer-logs}
 mkdir -p "$logs"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYDSA_HYPOTHESIS_PROFILE=${PYDSA_HYPOTHESIS_PROFILE:-sanitize}
-modules="test_c128 test_speculative test_store test_metadata test_reliability test_sglang test_calls"
+modules="test_c128 test_speculative test_store test_dcp test_metadata test_reliability test_sglang test_calls"
 tools="memcheck racecheck initcheck synccheck"
 if [ -z "${SANITIZE_SKIP_RUN:-}" ]; then
   for m in $modules; do

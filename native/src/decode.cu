@@ -41,7 +41,7 @@ enum RowSource { kPacked, kLoad, kRecords };
 // first constant line read at run time cost every decode). kStore: a closed vector is also stored
 // into the cache (store.cuh); `out` may then be null.
 template <int VEC, typename S, int kRows, bool kStore>
-__global__ void __launch_bounds__(kDecodeThreads)
+__global__ void __launch_bounds__(kStore ? 2 * kDecodeThreads : kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ DecodeLaunch p) {
   constexpr bool kLoadSlots = kRows != kPacked;
   const uint32_t D = p.head_dim;
@@ -160,14 +160,21 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   // (docs/performance.md, "Decode"). A storing decode keeps a request's channels in one block.
   const int vec4 = vector_width(p);
   int vec = bf16 && vec4 == 4 && aligned(p.state, 16) && p.head_dim % 8 == 0 && p.batch_size >= 4096 ? 8 : vec4;
+  // A storing decode keeps a request's channels in one block: 4 per thread, or, for a batch that
+  // leaves the GPU half idle, 2 per thread (256 threads per request at D = 512; more warps per SM for
+  // the same bytes: P24 1.48 -> 1.58 at B = 256 fp32, but 1.31 -> 1.09 at B = 1024 with every row
+  // closing; docs/performance.md, "c128 decode").
+  const bool wide = p.store != nullptr && p.batch_size < (int64_t)kLateDependentsBlocksPerSm * sms;
   if (p.store != nullptr) {
     vec = store_vector_width(p.head_dim, vec4);
-    if (vec == 0 || p.head_dim / vec > kDecodeThreads)
+    if (wide && vec == 4 && p.head_dim / 2 <= 2 * kDecodeThreads) vec = 2;
+    if (vec == 0 || p.head_dim / vec > (vec == 2 ? 2 : 1) * kDecodeThreads)
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing decode on the GPU needs 16-byte aligned buffers and "
                   "head_dim <= %d (got %d)", op, 4 * kDecodeThreads, p.head_dim);
   }
   dim3 grid, block;
-  DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op));
+  DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op,
+                       p.store != nullptr && vec == 2 ? 2 * kDecodeThreads : kDecodeThreads));
   DeviceGuard guard(p.device);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaStream_t s = (cudaStream_t)stream;
