@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 
@@ -24,6 +25,9 @@ def main(argv=None) -> int:
     print(f"pydsa {lib.dsa_version_string().decode()} (ABI {lib.dsa_abi_version()}), "
           f"distribution: {distribution() or 'none (imported from a source tree, not installed)'}")
     print(f"library: {lib.path}")
+    prefix = os.path.dirname(lib.path)
+    print(f"C/C++ prefix: {prefix} (CMAKE_PREFIX_PATH={prefix}, PKG_CONFIG_PATH={prefix}/lib/pkgconfig, "
+          f"DSA_KERNELS_LIB_DIR={prefix})")
     archs = lib.dsa_cuda_architectures().decode()
     real = [a.split("-")[0] for a in archs.split(",") if a and not a.endswith("-virtual")]
     ptx = [a.split("-")[0] for a in archs.split(",") if a and not a.endswith("-real")]

@@ -69,6 +69,13 @@ class MetadataCopy:
             raise ValueError(f"destinations: expected 1..{MAX_DESTINATIONS} backends (got {len(destinations)})")
         self.mode = _mode_id(mode)
         self.decode = self.mode == MODE_DECODE
+        known = {key for key, _, _ in _DEST_FIELDS}
+        for k, dest in enumerate(destinations):
+            if not isinstance(dest, dict):
+                raise TypeError(f"destinations[{k}] must be a dict of tensors (got {type(dest).__name__})")
+            unknown = sorted(str(key) for key in dest if key not in known)
+            if unknown:  # a misspelled key would leave its buffer never refreshed
+                raise _bad(f"destinations[{k}]", f"unknown keys {unknown}; the keys are {[f for f, _, _ in _DEST_FIELDS]}")
         destinations = [{key: (None if t is None else as_tensor(t, f"destinations[{k}]['{key}']"))
                          for key, t in dest.items()} for k, dest in enumerate(destinations)]
         first = destinations[0].get("cache_seqlens")

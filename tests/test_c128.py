@@ -91,7 +91,8 @@ def test_decode_padding_rows_and_empty_batch(device):
                       ape_for(d).to(device), empty, empty)
 
 
-def test_decode_out_of_range_slot_is_skipped_and_counted(device):
+def test_decode_out_of_range_slot_is_skipped_and_counted_a_negative_one_skipped_silently(device):
+    """As in every op (docs/spec.md, conventions): a negative slot is not held on this GPU."""
     d = 128
     state0 = random_state(4, d, torch.Generator().manual_seed(5)).to(device)
     state = state0.clone()
@@ -100,7 +101,7 @@ def test_decode_out_of_range_slot_is_skipped_and_counted(device):
     pydsa.c128_decode(state, torch.randn(3, 2 * d, device=device), out, ape_for(d).to(device),
                       torch.tensor([4, -1, 1 << 31 - 1], dtype=torch.int32, device=device),
                       torch.tensor([5, 128, 1], dtype=torch.int32, device=device), error_count=counter)
-    assert int(counter.item()) == 3
+    assert int(counter.item()) == 2  # slots 4 (past the 4 slots) and 2^30, not -1
     assert torch.equal(state, state0) and torch.isnan(out).all()
 
 
@@ -771,14 +772,14 @@ _BAD_COMPRESS = [(300, 0, 127, 1),          # ragged row past the input
 _BAD_WRITE = [(80, 0, 127, 5)]            # closes its chunk: wrong list
 
 
-def _corrupt_prefill(device, compress, write, as_tensors=False):
+def _corrupt_prefill(device, compress, write, as_tensors=False, idx=None, load=None):
     d, n = 64, 300
     state0 = random_state(3, d, torch.Generator().manual_seed(1)).to(device)
     state = state0.clone()
     out = torch.full((n, d), POISON, device=device)
     counter = torch.zeros(1, dtype=torch.int32, device=device)
-    idx = torch.tensor([0, 1, 77], dtype=torch.int32, device=device)
-    load = torch.tensor([0, -4, 1], dtype=torch.int32, device=device)
+    idx = torch.tensor([0, 1, 77] if idx is None else idx, dtype=torch.int32, device=device)
+    load = torch.tensor([0, 40, 1] if load is None else load, dtype=torch.int32, device=device)
     plan = (np.array(compress, pyplan.SEGMENT_DTYPE), np.array(write, pyplan.SEGMENT_DTYPE))
     if as_tensors:  # records in device memory: data, like slots
         plan = tuple(torch.from_numpy(r.view(np.uint8).reshape(-1, 16).copy()).to(device) for r in plan)
@@ -807,6 +808,13 @@ def test_a_host_plan_record_that_does_not_fit_the_call_is_an_error_naming_it(dev
 def test_slots_of_a_host_plan_are_data_skipped_and_counted(device):
     """Slots live in tensors: a load slot or store slot outside the state skips its record and counts."""
     assert _corrupt_prefill(device, [(70, 1, 127, 10)], [(90, 2, 50, 5), (0xFFFFFFFF,) * 4]) == 2
+
+
+def test_negative_slots_of_a_prefill_are_skipped_silently(device):
+    """As in every op (docs/spec.md, conventions): a negative load or store slot is not held on this GPU;
+    its records write nothing and count nothing."""
+    assert _corrupt_prefill(device, [(70, 1, 127, 10)], [(90, 2, 50, 5), (0xFFFFFFFF,) * 4],
+                            idx=[0, 1, -7], load=[0, -4, 1]) == 0
 
 
 @gpu

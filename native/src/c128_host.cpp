@@ -98,14 +98,13 @@ void host_decode(const dsa_c128_decode_params& p) {
   const Closer closed{D, p.store, p.cache_slots, p.out, p.error_count};
   // DSA_FLAG_DECODE_RECORDS: {seq_len, slot, load slot, unused} per request at `indices`
   const bool records = (p.flags & DSA_FLAG_DECODE_RECORDS) != 0;
-  const bool loads = records || p.load_indices != nullptr;
   for (int64_t b = 0; b < p.batch_size; ++b) {
     const int32_t* r = records ? p.indices + 4 * b : nullptr;
     const int32_t seq_len = records ? r[0] : p.seq_lens[b], slot = records ? r[1] : p.indices[b];
     const int32_t load_slot = records ? r[2] : p.load_indices != nullptr ? p.load_indices[b] : slot;
     if (seq_len <= 0) continue;
     const int c = (seq_len - 1) % DSA_CHUNK;
-    if (c != 0 && load_slot < 0 && loads) continue;  // state not held here
+    if (slot < 0 || (c != 0 && load_slot < 0)) continue;  // not held here: skipped, uncounted
     if (!slot_ok(slot, p.num_slots) || (c != 0 && !slot_ok(load_slot, p.num_slots))) {
       if (p.error_count) ++*p.error_count;
       continue;
@@ -150,6 +149,7 @@ void host_prefill_pass(const dsa_c128_prefill_params& p, bool write_pass, std::v
     const bool continues = first_in_chunk != 0;
     const int32_t load_slot = continues ? load_indices[seg.batch_id] : 0;
     const int32_t store_slot = write_pass ? p.indices[seg.batch_id] : 0;
+    if ((continues && load_slot < 0) || (write_pass && store_slot < 0)) continue;  // not held here, uncounted
     if ((continues && !slot_ok(load_slot, p.num_slots)) || (write_pass && !slot_ok(store_slot, p.num_slots))) {
       if (p.error_count) ++*p.error_count;
       continue;

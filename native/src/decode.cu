@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kStore ? 2 * kDecodeThreads : kDecodeThreads)
   if (p.early_dependents) allow_dependents();
   if (seq_len <= 0) return;  // padding row of a CUDA-graph batch
   const int c = (seq_len - 1) & (DSA_CHUNK - 1);  // seq_len >= 1
-  if (kLoadSlots && c != 0 && load_slot < 0) return;  // state not held on this GPU
+  if (slot < 0 || (kLoadSlots && c != 0 && load_slot < 0)) return;  // not held on this GPU: skipped, uncounted
   if (!slot_ok(slot, p.slot_count) || (kLoadSlots && c != 0 && !slot_ok(load_slot, p.slot_count))) {
     if (ch == 0) count_error(p.error_count);
     return;

@@ -241,6 +241,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
         fold_group(part, g, t0, 8 - lanes_log2, n);
       }
     }
+    if ((continues && load_slot < 0) || (write && store_slot < 0)) continue;  // not held on this GPU, uncounted
     if ((continues && !slot_ok(load_slot, p.num_slots)) || (write && !slot_ok(store_slot, p.num_slots))) {
       if (report) count_error(p.error_count);
       continue;  // uniform: every thread read the same slots
