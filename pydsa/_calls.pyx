@@ -177,6 +177,7 @@ cdef extern from "dsa_kernels.h":
         uint8_t* plan_w
         int64_t compress_rows
         int64_t write_rows
+        uint32_t* error_count
 
     ctypedef struct dsa_metadata_sources:
         const int32_t* cache_seqlens
@@ -960,7 +961,8 @@ def sglang_decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, st
     if _plan_head(&p, DSA_SGLANG_DECODE_PLAN, req_pool_indices, state_slot_offset, flags, &rid) < 0:
         return DECLINED
     if (_vector(seq_lens, &sq, I64, rid.dev, p.batch_size) < 0
-            or _matrix(plan_d, &pd, U8, rid.dev, p.batch_size, 16) < 0):
+            or _matrix(plan_d, &pd, U8, rid.dev, p.batch_size, 16) < 0
+            or _error_counter(None, rid.dev, &p.error_count) < 0):
         return DECLINED
     p.seq_lens = <const int64_t*>sq.data
     p.plan_d = <uint8_t*>pd.data

@@ -479,10 +479,20 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.requests < 1:
         ap.error(f"--steps and --requests must be at least 1 (got {args.steps}, {args.requests})")
+    if not 0 <= args.seed < 2**32:
+        ap.error(f"--seed must be in 0..2^32-1 (got {args.seed})")
     try:
         device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except (ValueError, RuntimeError) as exc:
         ap.error(f"--device {args.device}: {exc}")
+    if device.type not in ("cpu", "cuda"):
+        ap.error(f"--device {args.device}: expected cpu, cuda or cuda:N")
+    if args.json:  # fail before the run, not after it
+        try:
+            with open(args.json, "a"):
+                pass
+        except OSError as exc:
+            ap.error(f"--json {args.json}: cannot write there ({exc.strerror})")
     if device.type == "cpu":
         print("pydsa demo: no GPU in use, running the host backend (same C entry points, host memory)")
     else:
@@ -508,7 +518,8 @@ def main(argv=None) -> int:
     print(f"\n{'PASS' if r['ok'] else 'FAIL'}: {r['chunk_failures']} chunk, {r['cache_entry_failures']} cache entry and "
           f"{r['metadata_failures']} metadata check failures "
           f"in {r['wall_s']:.1f} s")
-    if args.json:
+    if args.json:  # strict JSON: a figure with no sample (NaN) is null
+        clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
         with open(args.json, "w") as f:
-            json.dump(r, f, indent=1)
+            json.dump(clean, f, indent=1, allow_nan=False)
     return 0 if r["ok"] else 1

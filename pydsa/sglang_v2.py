@@ -20,6 +20,7 @@ accepted; the rows past the real tokens belong to no segment.
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -30,6 +31,7 @@ import pyplan
 from . import _calls
 from ._abi import DEFAULT_PDL_FLAG, check as _check_status
 from .c128 import DevicePlan, c128_decode, c128_prefill
+from ._tensors import error_counter
 from .store import KVCache, kv_store
 
 _decode_plan = _calls.sglang_decode_plan
@@ -59,15 +61,20 @@ class CompressorDecodePlan(NamedTuple):
     def generate_online(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
                         state_slot_offset: int = 0) -> "CompressorDecodePlan":
         """sglang's argument order; seq_lens and req_pool_indices int64 [B] on the device, req_to_token
-        shape-checked only (as in sglang). No host synchronization: one launch writes the records."""
-        if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
-            raise RuntimeError("req_to_token must be a 2-D int32 tensor")
+        shape-checked only (as in sglang). No host synchronization: one launch writes the records. A
+        seq_len outside 0..2^31-1 (sglang's 32-bit record would wrap it) becomes a padding record and is
+        counted on the device (pydsa.error_count); one in a CPU tensor is refused by name."""
+        if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
+            raise RuntimeError(f"req_to_token must be a 2-D int32 tensor (got {_described(req_to_token)})")
+        if not isinstance(seq_lens, torch.Tensor) or not isinstance(req_pool_indices, torch.Tensor) or seq_lens.is_cpu:
+            _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
         plan_d = torch.empty((seq_lens.shape[0], 16), dtype=torch.uint8, device=req_pool_indices.device)
         status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
-        if status:
-            if status == _calls.DECLINED:
-                _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
-            _plan_status(status, "decode")
+        if status == _calls.DECLINED:  # a wrong argument, or the device's error counter not made yet
+            _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
+            error_counter(req_pool_indices.device)
+            status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
+        _plan_status(status, "decode")
         return CompressorDecodePlan(RATIO, plan_d)
 
     @property
@@ -103,6 +110,11 @@ class CompressorPrefillPlan(NamedTuple):
         DevicePlan that copy_ refreshes, so a captured compress_forward reads the new plan."""
         seq, ext = _host_int64(seq_lens), _host_int64(extend_lens)
         n, b = int(num_q_tokens), int(seq.shape[0])
+        if not isinstance(req_pool_indices, torch.Tensor) or req_pool_indices.dim() != 1 \
+                or req_pool_indices.dtype not in (torch.int64, torch.int32):
+            raise RuntimeError(f"req_pool_indices must be a 1-D int64 tensor (got {_described(req_pool_indices)})")
+        if req_pool_indices.shape[0] != b:
+            raise RuntimeError(f"req_pool_indices has {req_pool_indices.shape[0]} entries but seq_lens has {b}")
         if state_slot_offset < 0:
             raise RuntimeError(f"state_slot_offset must be >= 0 (got {state_slot_offset})")
         if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
@@ -136,16 +148,32 @@ class CompressorPrefillPlan(NamedTuple):
         return False
 
 
+def _described(x) -> str:
+    """What the caller passed, in its own terms: a tensor's dtype, shape and device, else its type."""
+    if isinstance(x, torch.Tensor):
+        return f"{str(x.dtype).replace('torch.', '')} {list(x.shape)} on {x.device}"
+    return type(x).__module__.replace("builtins", "").strip(".") + ("." if type(x).__module__ != "builtins" else "") \
+        + type(x).__name__
+
+
 def _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset) -> None:
-    """sglang's refusals of a decode plan's arguments (what the plan filler declined)."""
-    if seq_lens.dtype != torch.int64 or req_pool_indices.dtype != torch.int64:
-        raise RuntimeError(f"seq_lens and req_pool_indices must be int64 (got {seq_lens.dtype}, "
-                           f"{req_pool_indices.dtype})")
-    if seq_lens.shape != req_pool_indices.shape or seq_lens.dim() != 1:
-        raise RuntimeError(f"seq_lens {list(seq_lens.shape)} and req_pool_indices {list(req_pool_indices.shape)} "
-                           f"must be 1-D of one length")
-    if type(state_slot_offset) is not int or state_slot_offset < 0:
-        raise RuntimeError(f"state_slot_offset must be an int >= 0 (got {state_slot_offset!r})")
+    """sglang's refusals of a decode plan's arguments, each naming the argument and what was passed."""
+    for name, t in (("seq_lens", seq_lens), ("req_pool_indices", req_pool_indices)):
+        if not isinstance(t, torch.Tensor):
+            raise RuntimeError(f"{name} must be a torch.Tensor (got {_described(t)})")
+        if t.dtype != torch.int64 or t.dim() != 1 or not t.is_contiguous():
+            raise RuntimeError(f"{name} must be a contiguous 1-D int64 tensor (got {_described(t)})")
+    if seq_lens.shape != req_pool_indices.shape:
+        raise RuntimeError(f"seq_lens and req_pool_indices must have one length (got {seq_lens.shape[0]} and "
+                           f"{req_pool_indices.shape[0]})")
+    if seq_lens.device != req_pool_indices.device:
+        raise RuntimeError(f"seq_lens and req_pool_indices must be on one device (got {seq_lens.device} and "
+                           f"{req_pool_indices.device})")
+    if type(state_slot_offset) is not int or not 0 <= state_slot_offset < 2**31:
+        raise RuntimeError(f"state_slot_offset must be an int in 0..2^31-1 (got {state_slot_offset!r})")
+    if seq_lens.device.type == "cpu" and seq_lens.numel() and not 0 <= int(seq_lens.min()) <= int(seq_lens.max()) < 2**31:
+        raise RuntimeError(f"seq_lens must lie in 0..2^31-1 (sglang's record holds 32 bits; got "
+                           f"{int(seq_lens.min())}..{int(seq_lens.max())})")
 
 
 def _host_int64(t) -> np.ndarray:
@@ -184,11 +212,59 @@ def _check_config(head_dim, compress_ratio, is_online):
         raise _not_ours(f"head_dim {head_dim}")
 
 
+# pydsa's argument names as sglang's caller knows them (errors are re-raised in the caller's words)
+_COMPRESS_NAMES = {"state": "kv_score_buffer", "kv_score": "kv_score_input", "indices": "plan.plan_d",
+                   "cache_slots": "out_loc", "out": "out", "ape": "ape"}
+_STORE_NAMES = {"vectors": "kv", "cache_slots": "out_loc", "records": "plan", "cache": "kvcache",
+                "rotary": "freq_cis"}
+_LEADING_NAME = re.compile(r"^([A-Za-z_]+)\b")
+
+
+class _CallerWords:
+    """Re-raises a pydsa argument error (TypeError / ValueError) with sglang's argument names; `first`
+    (the arguments as the caller passed them) is checked first, for what a reshape would hide. Cold
+    path only: nothing runs unless the call raised."""
+
+    def __init__(self, names, first=None):
+        self.names, self.first = names, first
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if kind is None or not issubclass(kind, (TypeError, ValueError, AttributeError)) and kind is not RuntimeError:
+            return False
+        if self.first is not None:
+            self.first()  # raises the caller's-words error where one applies
+        if kind in (TypeError, ValueError) and exc.args and isinstance(exc.args[0], str):
+            m = _LEADING_NAME.match(exc.args[0])
+            if m and self.names.get(m.group(1), m.group(1)) != m.group(1):
+                raise kind(self.names[m.group(1)] + exc.args[0][m.end():]) from None
+        return False
+
+
+def _compress_args(kv_score_buffer, kv_score_input, ape) -> None:
+    """compress_forward's tensors as sglang's caller passed them (before pydsa's views)."""
+    for name, t in (("kv_score_buffer", kv_score_buffer), ("kv_score_input", kv_score_input), ("ape", ape)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor (got {_described(t)})")
+    if kv_score_buffer.dim() < 2 or kv_score_buffer.shape[-1] != 3 * HEAD_DIM:
+        raise ValueError(f"kv_score_buffer must be [num_slots, {3 * HEAD_DIM}] (3 x head_dim {HEAD_DIM}; got "
+                         f"{_described(kv_score_buffer)})")
+    if ape.numel() != RATIO * HEAD_DIM or ape.shape[-1] != HEAD_DIM:
+        raise ValueError(f"ape must be [{RATIO}, {HEAD_DIM}] (got {_described(ape)})")
+
+
 def _run(kv_score_buffer, kv_score_input, ape, plan, out, store=None, cache_slots=None):
-    state = kv_score_buffer.view(-1, 1, kv_score_buffer.shape[-1])
-    if ape.dtype != kv_score_input.dtype:
-        ape = ape.to(dtype=kv_score_input.dtype)
-    ape = ape.view(-1, HEAD_DIM)
+    with _CallerWords(_COMPRESS_NAMES, lambda a=ape: _compress_args(kv_score_buffer, kv_score_input, a)):
+        state = kv_score_buffer.view(-1, 1, kv_score_buffer.shape[-1])
+        if ape.dtype != kv_score_input.dtype:
+            ape = ape.to(dtype=kv_score_input.dtype)
+        ape = ape.view(-1, HEAD_DIM)
+        _ops(state, kv_score_input, ape, plan, out, store, cache_slots)
+
+
+def _ops(state, kv_score_input, ape, plan, out, store, cache_slots):
     if plan.is_decode:
         c128_decode(state, kv_score_input, out, ape, plan.plan_d, None, store=store, cache_slots=cache_slots)
         return
@@ -209,6 +285,8 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: in
     _check_config(head_dim, compress_ratio, is_online)
     plan = _plan_of(plan)
     if out is None:
+        if not isinstance(kv_score_input, torch.Tensor):
+            _compress_args(kv_score_buffer, kv_score_input, ape)
         out = kv_score_input.new_empty((plan[1].shape[0], head_dim))
     _run(kv_score_buffer, kv_score_input, ape, plan, out)
     return out
@@ -252,9 +330,10 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
     at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch."""
     _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
                         kvcache_rope)
-    cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
-    # one launch: the store reads each row's position and slot from the plan's records in place
-    kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode)
+    with _CallerWords(_STORE_NAMES):
+        cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
+        # one launch: the store reads each row's position and slot from the plan's records in place
+        kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode)
 
 
 def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,
@@ -266,6 +345,7 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     request; prefill: per query token, by the closing token's row). Returns `out` when given."""
     _check_config(head_dim, compress_ratio, True)
     plan = _plan_of(plan)
-    cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
+    with _CallerWords(_STORE_NAMES):
+        cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
     _run(kv_score_buffer, kv_score_input, ape, plan, out, store=cache, cache_slots=out_loc)
     return out

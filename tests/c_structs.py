@@ -100,7 +100,7 @@ class SglangPlanParams(C.Structure):
         ("slots", C.c_void_p), ("load_slots", C.c_void_p), ("seq_lens", C.c_void_p), ("plan_d", C.c_void_p),
         ("seq_lens_out", C.c_void_p), ("compress", C.c_void_p), ("write", C.c_void_p),
         ("num_compress", C.c_int64), ("num_write", C.c_int64), ("plan_c", C.c_void_p), ("plan_w", C.c_void_p),
-        ("compress_rows", C.c_int64), ("write_rows", C.c_int64),
+        ("compress_rows", C.c_int64), ("write_rows", C.c_int64), ("error_count", C.c_void_p),
     ]
 
 

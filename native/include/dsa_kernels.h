@@ -511,6 +511,9 @@ typedef struct dsa_sglang_plan_params {
   uint8_t* plan_w;                  /* prefill: [write_rows, 16] out */
   int64_t compress_rows;            /* >= num_compress */
   int64_t write_rows;               /* >= num_write */
+  /* ABI 9: [1] incremented per decode seq_len outside 0..INT32_MAX (a value the 32-bit record would
+   * wrap); that request's record is written as padding (seq_len 0). May be null. */
+  uint32_t* error_count;
 } dsa_sglang_plan_params;
 
 DSA_API dsa_status dsa_sglang_plan(const dsa_sglang_plan_params* params, void* stream);

@@ -37,7 +37,17 @@ DSA_HD void request_item(const dsa_sglang_plan_params& p, int64_t i) {
     if (p.slots != nullptr) p.slots[i] = (int32_t)(rid + p.state_slot_offset);
     if (p.load_slots != nullptr) p.load_slots[i] = (int32_t)rid;
     if (p.kind == DSA_SGLANG_DECODE_PLAN) {
-      const int64_t seq = p.seq_lens[i];
+      int64_t seq = p.seq_lens[i];
+      if (seq < 0 || seq > INT32_MAX) {  // the 32-bit record would wrap it: padding, counted
+        seq = 0;
+        if (p.error_count != nullptr) {
+#if defined(__CUDA_ARCH__)
+          atomicAdd(p.error_count, 1u);
+#else
+          ++*p.error_count;
+#endif
+        }
+      }
       put(p.plan_d, i, decode_record(seq, rid, p.state_slot_offset));
       if (p.seq_lens_out != nullptr) p.seq_lens_out[i] = (int32_t)seq;
     }
