@@ -59,10 +59,10 @@ def main(argv=None) -> int:
                          "(default: from a GPU kept busy until the replay is queued)")
     ap.add_argument("--reference-build", metavar="DIR",
                     help="time sglang's speculative kernels beside pydsa's in this process (a build of "
-                         "the reference build's build.sh (benchmarks/README.md))")
+                         "benchmarks/reference/build.sh; benchmarks/README.md)")
     ap.add_argument("--side-by-side", metavar="FILE",
-                    help="judge the targets relative to the reference kernels on this output of the reference's "
-                         "side_by_side.py, run in the same lease")
+                    help="judge the targets relative to the seed kernels on this side-by-side run of the same "
+                         "lease (the format of benchmarks/results/side-by-side-*.json)")
     args = ap.parse_args(argv)
     harness.GRAPH_BUSY_START = not args.graph_idle_start
     what = set(args.what or ["all"])
