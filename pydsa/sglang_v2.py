@@ -66,7 +66,7 @@ class CompressorDecodePlan(NamedTuple):
         counted on the device (pydsa.error_count); one in a CPU tensor is refused by name."""
         if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError(f"req_to_token must be a 2-D int32 tensor (got {_described(req_to_token)})")
-        if not isinstance(seq_lens, torch.Tensor) or not isinstance(req_pool_indices, torch.Tensor) or seq_lens.is_cpu:
+        if type(seq_lens) is not torch.Tensor or seq_lens.is_cpu:  # host values are checked on the host
             _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
         plan_d = torch.empty((seq_lens.shape[0], 16), dtype=torch.uint8, device=req_pool_indices.device)
         status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
@@ -152,8 +152,8 @@ def _described(x) -> str:
     """What the caller passed, in its own terms: a tensor's dtype, shape and device, else its type."""
     if isinstance(x, torch.Tensor):
         return f"{str(x.dtype).replace('torch.', '')} {list(x.shape)} on {x.device}"
-    return type(x).__module__.replace("builtins", "").strip(".") + ("." if type(x).__module__ != "builtins" else "") \
-        + type(x).__name__
+    module = type(x).__module__
+    return type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
 
 
 def _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset) -> None:
@@ -220,27 +220,19 @@ _STORE_NAMES = {"vectors": "kv", "cache_slots": "out_loc", "records": "plan", "c
 _LEADING_NAME = re.compile(r"^([A-Za-z_]+)\b")
 
 
-class _CallerWords:
-    """Re-raises a pydsa argument error (TypeError / ValueError) with sglang's argument names; `first`
-    (the arguments as the caller passed them) is checked first, for what a reshape would hide. Cold
-    path only: nothing runs unless the call raised."""
+def _caller_words(exc, names):
+    """A pydsa argument error (TypeError / ValueError) renamed into sglang's argument names, or exc itself.
+    Cold path: called only from an except clause."""
+    if type(exc) in (TypeError, ValueError) and exc.args and isinstance(exc.args[0], str):
+        m = _LEADING_NAME.match(exc.args[0])
+        if m and names.get(m.group(1), m.group(1)) != m.group(1):
+            return type(exc)(names[m.group(1)] + exc.args[0][m.end():])
+    return exc
 
-    def __init__(self, names, first=None):
-        self.names, self.first = names, first
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        if kind is None or not issubclass(kind, (TypeError, ValueError, AttributeError)) and kind is not RuntimeError:
-            return False
-        if self.first is not None:
-            self.first()  # raises the caller's-words error where one applies
-        if kind in (TypeError, ValueError) and exc.args and isinstance(exc.args[0], str):
-            m = _LEADING_NAME.match(exc.args[0])
-            if m and self.names.get(m.group(1), m.group(1)) != m.group(1):
-                raise kind(self.names[m.group(1)] + exc.args[0][m.end():]) from None
-        return False
+def _explained(exc) -> bool:
+    """Whether an exception may come from a wrong argument (not the library's DsaError)."""
+    return isinstance(exc, (TypeError, ValueError, AttributeError)) or type(exc) is RuntimeError
 
 
 def _compress_args(kv_score_buffer, kv_score_input, ape) -> None:
@@ -256,12 +248,15 @@ def _compress_args(kv_score_buffer, kv_score_input, ape) -> None:
 
 
 def _run(kv_score_buffer, kv_score_input, ape, plan, out, store=None, cache_slots=None):
-    with _CallerWords(_COMPRESS_NAMES, lambda a=ape: _compress_args(kv_score_buffer, kv_score_input, a)):
+    try:
         state = kv_score_buffer.view(-1, 1, kv_score_buffer.shape[-1])
-        if ape.dtype != kv_score_input.dtype:
-            ape = ape.to(dtype=kv_score_input.dtype)
-        ape = ape.view(-1, HEAD_DIM)
-        _ops(state, kv_score_input, ape, plan, out, store, cache_slots)
+        a = ape if ape.dtype == kv_score_input.dtype else ape.to(dtype=kv_score_input.dtype)
+        _ops(state, kv_score_input, a.view(-1, HEAD_DIM), plan, out, store, cache_slots)
+    except Exception as exc:
+        if not _explained(exc):
+            raise
+        _compress_args(kv_score_buffer, kv_score_input, ape)  # the tensors as passed, before the views
+        raise _caller_words(exc, _COMPRESS_NAMES) from None
 
 
 def _ops(state, kv_score_input, ape, plan, out, store, cache_slots):
@@ -330,10 +325,12 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
     at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch."""
     _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
                         kvcache_rope)
-    with _CallerWords(_STORE_NAMES):
+    try:
         cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
         # one launch: the store reads each row's position and slot from the plan's records in place
         kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode)
+    except (TypeError, ValueError) as exc:
+        raise _caller_words(exc, _STORE_NAMES) from None
 
 
 def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,
@@ -345,7 +342,9 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     request; prefill: per query token, by the closing token's row). Returns `out` when given."""
     _check_config(head_dim, compress_ratio, True)
     plan = _plan_of(plan)
-    with _CallerWords(_STORE_NAMES):
+    try:
         cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
+    except (TypeError, ValueError) as exc:
+        raise _caller_words(exc, _STORE_NAMES) from None
     _run(kv_score_buffer, kv_score_input, ape, plan, out, store=cache, cache_slots=out_loc)
     return out
