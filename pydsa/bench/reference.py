@@ -1,4 +1,4 @@
-"""The benchmarks' reference: sglang 0.5.23's own online-c128 path, its Python (compress.py,
+"""The benchmarks' reference: sglang 0.5.23's own c128 paths (online, and the default offline one), its Python (compress.py,
 online_c128_mtp.py) and its CUDA kernels, compiled ahead of time by sglang's own JIT builder.
 
     python -m pydsa.bench.reference build OUT --sglang-root SRC   # where nvcc is (no GPU needed)
@@ -7,8 +7,8 @@ SRC holds the sglang package of the 0.5.23 wheel (unpacked; benchmarks/reference
 The build imports sglang's compress.py and online_c128_mtp.py (pydsa/bench/sglang_shim.py: without
 sglang's runtime), sets sglang's JIT target to the H200's (sm_90a, PDL on, as sglang picks on that GPU)
 and asks sglang's own module loaders for every module the benchmarks call: the c128 online module
-(fp32 and bf16 state), the c128 store module (fp32 vectors, D 512, rope 64, page 2, V4) and the MTP
-modules. sglang's load_jit writes its build file and compiles it with its own flags; the built
+(fp32 and bf16 state), the c128 store module (fp32 vectors, D 512, rope 64, page 2, V4), the MTP
+modules, and the default offline c128 path's compress module (fp32 ring, input and output) and planner. sglang's load_jit writes its build file and compiles it with its own flags; the built
 libraries, a manifest naming each by sglang's module arguments, and the sglang Python files those
 modules import are copied into OUT.
 
@@ -43,7 +43,7 @@ def _enter(root):
     return sglang_shim.import_all(MODULES, stand_ins, real=("tvm_ffi",))
 
 
-PARTS = ("online", "store", "mtp")
+PARTS = ("online", "store", "mtp", "offline")
 
 
 def cuda_home() -> str:
@@ -98,6 +98,9 @@ def build(out: str, sglang_root: str, parts=PARTS) -> dict:
         if "mtp" in parts:
             for seq, req in MTP_INDEX_DTYPES:
                 mtp._jit_online_c128_mtp_module.__wrapped__(512, seq, req, state)
+    if "offline" in parts:  # the release's default c128 path: a 128-row raw ring per request, and its planner
+        compress._jit_compress_module.__wrapped__(512, torch.float32, torch.float32, torch.float32, 128)
+        compress._jit_compress_plan_module.__wrapped__()
     if "store" in parts:
         compress._jit_compress_norm_rope_module.__wrapped__(torch.float32, 512, 64, 2, False,
                                                              kv_layout.KVLayout.V4, False)
@@ -150,6 +153,19 @@ class Reference:
     def compress_forward(self, state, kv_score, ape, plan, out=None):
         return self.compress.compress_forward(state, kv_score, ape, plan, head_dim=512, compress_ratio=128, out=out,
                                               is_online=True)
+
+    # the default offline c128 path (a 128-row ring of raw kv_score rows per request, slot = request)
+    def plan_decode_offline(self, req_pool_indices, seq_lens):
+        return self.compress.CompressorDecodePlan.generate_legacy(128, req_pool_indices, seq_lens)
+
+    def plan_prefill_offline(self, req_pool_indices, seq_lens_cpu, extend_lens_cpu, num_q_tokens):
+        return self.compress.CompressorPrefillPlan.generate_legacy(128, req_pool_indices, seq_lens_cpu,
+                                                                   extend_lens_cpu, num_q_tokens,
+                                                                   req_pool_indices.device)
+
+    def compress_forward_offline(self, ring, kv_score, ape, plan, out=None):
+        return self.compress.compress_forward(ring, kv_score, ape, plan, head_dim=512, compress_ratio=128, out=out,
+                                              is_online=False)
 
     def store(self, kv, plan, norm_weight, eps, freq_cis, out_loc, kvcache, page_size):
         self.compress.compress_norm_rope_store(kv, plan, norm_weight=norm_weight, norm_eps=eps, freq_cis=freq_cis,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import pydsa
-from . import harness, reference
+from . import harness, offline, reference
 from .harness import graph_us, host_us, host_vs_empty
 
 from .decode_path import D, PAGE, Layer, _rotary, decode_rows, floor_rows, model_step_rows  # noqa: F401
@@ -445,7 +445,7 @@ def main(argv=None):
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
-    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step", "floor", "sglang-api", "planning"],
+    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step", "floor", "sglang-api", "planning", "offline"],
                     help="one part")
     args = ap.parse_args(argv)
     ref = _load(args.reference_build)
@@ -477,6 +477,8 @@ def main(argv=None):
         result["model_step"] = model_step_rows(ref, [32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "floor"):
         result["floor"] = floor_rows(rounds=rounds)
+    if args.only in (None, "offline"):
+        result["offline_vs_online"] = offline.rows(ref, rounds, PREFILL_CASES)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
 
