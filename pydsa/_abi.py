@@ -10,7 +10,7 @@ import os
 import sys
 from importlib import resources
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
@@ -41,7 +41,6 @@ STATUS_NAMES = {
 MODE_DECODE, MODE_TARGET_VERIFY, MODE_DRAFT_EXTEND = 0, 1, 2
 
 
-
 class Segment(C.Structure):
     _fields_ = [("ragged_id", C.c_uint32), ("batch_id", C.c_uint32),
                 ("position", C.c_uint32), ("window_len", C.c_uint32)]
@@ -58,16 +57,6 @@ class PlanParams(C.Structure):
     ]
 
 
-
-
-
-
-
-
-
-
-
-
 class KvCache(C.Structure):
     _fields_ = [
         ("struct_size", C.c_uint32), ("layout", C.c_int32),
@@ -75,8 +64,6 @@ class KvCache(C.Structure):
         ("norm_weight", C.c_void_p), ("rotary", C.c_void_p), ("num_positions", C.c_int64),
         ("dcp_world", C.c_int32), ("dcp_rank", C.c_int32),
     ]
-
-
 
 
 SOURCE_FIELDS = ("cache_seqlens", "cu_seqlens_k", "page_indices", "seqlens_expanded",
@@ -104,11 +91,8 @@ class MetadataDestination(C.Structure):
     ]
 
 
-
-
-# dsa_struct_id -> mirror
-# dsa_struct_id -> mirror, for the structs filled here through ctypes; the op params are filled by
-# pydsa/_calls.pyx, compiled against the header, and checked by their compiled sizes.
+# dsa_struct_id -> mirror, for the structs filled here through ctypes; the op params are filled by the
+# compiled fillers (pydsa/_fill_*.pyx), compiled against the header, and checked by their compiled sizes.
 STRUCTS = {0: Segment, 1: PlanParams, 4: MetadataSources, 5: MetadataDestination, 10: KvCache}
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
@@ -148,9 +132,10 @@ def _load() -> C.CDLL:
     if found != ABI_VERSION:
         raise ImportError(f"pydsa: {path} has ABI version {found} but this pydsa expects {ABI_VERSION} "
                           f"(a stale build); {_BUILD_HINT}")
-    from . import _calls
+    from . import _read
     sizes = {sid: (mirror.__name__, C.sizeof(mirror)) for sid, mirror in STRUCTS.items()}
-    sizes.update({sid: (f"params struct {sid}", size) for sid, size in _calls.struct_sizes().items()})
+    names = {sid: name for name, sid in _read.STRUCTS.items()}
+    sizes.update({sid: (f"the {names[sid]} params", size) for sid, size in _read.struct_sizes().items()})
     for sid, (name, want) in sizes.items():
         size = lib.dsa_struct_size(sid)
         if size != want:
@@ -170,7 +155,7 @@ def _load() -> C.CDLL:
     lib.dsa_c128_plan_prefill.restype = C.c_int
     lib.dsa_c128_plan_prefill.argtypes = [C.POINTER(PlanParams)]
     for name in ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan", "dsa_c128_verify",
-                 "dsa_c128_commit", "dsa_kv_store", "dsa_sglang_plan"):
+                 "dsa_c128_commit", "dsa_kv_store", "dsa_request_records"):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream

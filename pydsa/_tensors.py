@@ -1,16 +1,14 @@
-"""Argument checks at the Python boundary and the per-device pieces every op needs (stream,
-error counter). Messages name the argument and say what was expected and what was given.
-
-Every op call checks its tensors, so the checks are written for the per-call cost: a tensor
-argument costs one dtype, device, shape and contiguity read and its data pointer (`ptr`), and
-only a failing check builds a message (`explain`). Devices are C ABI ordinals: the CUDA index,
+"""The messages of refused arguments and the per-device pieces every op needs (stream, error
+counter). The compiled reader (pydsa/_read.pyx) judges each argument and, on the cold path, asks
+`check` / `check_state` here for the error naming it (what was expected, what was given); `as_tensor`
+is its DLPack view of an array that is not a torch tensor. Devices are C ABI ordinals: the CUDA index,
 or DEVICE_HOST (-1) for CPU memory, which is what `Tensor.get_device()` returns.
 """
 from __future__ import annotations
 
 import torch
 
-from . import _calls
+from . import _read
 from ._abi import DEVICE_HOST
 
 _int32 = torch.int32
@@ -90,6 +88,24 @@ def check(t, name: str, dtype, shape: tuple, device: torch.device) -> torch.Tens
     return t
 
 
+def check_state(state, name: str = "state") -> torch.Tensor:
+    """Checks a state argument [S, 1, 3D], fp32 or bf16, D a positive multiple of 64, contiguous, on the
+    CPU or a CUDA device: the state, or the error naming it."""
+    state = as_tensor(state, name)
+    if state.dtype not in (torch.float32, torch.bfloat16):
+        raise TypeError(f"{name} must have dtype torch.float32 or torch.bfloat16 (got {state.dtype})")
+    if state.dim() != 3 or state.shape[1] != 1 or state.shape[2] % 3 != 0:
+        raise ValueError(f"{name} must have shape [num_slots, 1, 3*D] (got {list(state.shape)})")
+    d = state.shape[2] // 3
+    if d <= 0 or d % 64 != 0:
+        raise ValueError(f"head dim D = {name}.shape[2] / 3 = {d} must be a positive multiple of 64")
+    if not state.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (got strides {state.stride()})")
+    if state.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"tensors must be on the CPU or a CUDA device (got {state.device})")
+    return state
+
+
 def arg(t, name: str, dtype, dev: int, shape: tuple) -> torch.Tensor:
     """A contiguous tensor argument of `dtype` and exact `shape` (None: any size) on device `dev`,
     checked: the tensor (a torch view of a DLPack array), or the error naming it."""
@@ -140,7 +156,7 @@ def error_counter(device) -> torch.Tensor:
     if counter is None:
         counter = torch.zeros(1, dtype=_int32, device=device_name(dev))
         _error_counters[dev] = counter
-        _calls.set_error_counter(dev, counter.data_ptr())
+        _read.set_error_counter(dev, counter.data_ptr())
     return counter
 
 

@@ -18,51 +18,16 @@ import torch
 
 import pyplan
 
-from . import _abi, _calls
-from ._abi import (CHUNK, DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_NO_COOPERATIVE, check as _check_status, lib, new,
-                   pdl_flag)
-from ._op import DECLINED, SIZES, Prepared, call_checked, counter_arg, state_arg
-from ._tensors import (_float32, _int32, arg, as_tensor, device_name, launch_stream, optional_arg, resolve_device, rows_arg,
-                       shaped_arg)
-from .store import store_arg
+from . import _abi, _fill_c128, _read
+from ._abi import CHUNK, DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_NO_COOPERATIVE, check as _check_status, lib, new, pdl_flag
+from ._op import SIZES, Prepared
+from ._tensors import resolve_device
+from .store import KVCache
 
-__all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "plan_prefill_c"]
+__all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan"]
 
-_fast_decode = _calls.decode
-_fast_prefill = _calls.prefill
-
-
-def _out_arg(out, store, dev: int, shape: tuple):
-    """`out`, checked; None is allowed when the op stores its vectors into a cache."""
-    if out is None and store is not None:
-        return None
-    return arg(out, "out", _float32, dev, shape)
-
-
-def _decode_checked(state, kv_score, out, ape, indices, seq_lens, error_count, load_indices=None, store=None,
-                    cache_slots=None) -> tuple:
-    """The decode's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
-    state, dev, _, d = state_arg(state)
-    kv_score, b = rows_arg(kv_score, "kv_score", _float32, dev, 2 * d)
-    if seq_lens is None:  # indices are records
-        if load_indices is not None:
-            raise ValueError("load_indices must be None when seq_lens is None (the records in `indices` carry the "
-                             "load slots)")
-        records = as_tensor(indices, "indices")
-        if records.dim() != 2:
-            raise TypeError(f"seq_lens must be an int32 [{b}] tensor; it may be None only when indices holds one "
-                            f"record per request (int32 [B, 4] or uint8 [B, 16]), got indices of shape "
-                            f"{list(records.shape)}")
-        indices = (arg(records, "indices", torch.uint8, dev, (b, 16)) if records.dtype is torch.uint8
-                   else arg(records, "indices (records: int32 [B, 4] or uint8 [B, 16])", _int32, dev, (b, 4)))
-    else:
-        indices = arg(indices, "indices", _int32, dev, (b,))
-        seq_lens = arg(seq_lens, "seq_lens", _int32, dev, (b,))
-    return dict(state=state, kv_score=kv_score, out=_out_arg(out, store, dev, (b, d)),
-                ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=indices, seq_lens=seq_lens,
-                error_count=counter_arg(error_count, dev),
-                load_indices=optional_arg(load_indices, "load_indices", dev, (b,)), store=store,
-                cache_slots=store_arg(store, cache_slots, dev, d, b)), dev
+_decode = _fill_c128.decode
+_prefill = _fill_c128.prefill
 
 
 def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
@@ -78,28 +43,22 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
     launches with programmatic dependent launch where every compiled architecture supports it."""
     flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
-    status = _fast_decode(state, kv_score, out, ape, indices, seq_lens, stream, flags, error_count, load_indices,
-                          store, cache_slots)
+    status = _decode(state, kv_score, out, ape, indices, seq_lens, stream, flags, error_count, load_indices, store,
+                     cache_slots)
     if status:
-        if status != DECLINED:
-            _check_status(status)  # raises
-        call_checked(_fast_decode, *_decode_checked(state, kv_score, out, ape, indices, seq_lens, error_count,
-                                                     load_indices, store, cache_slots), stream, flags)
+        _check_status(status)  # raises
 
 
 class C128Decode(Prepared):
     """A validated decode call over fixed buffers; launch() re-runs it (e.g. for CUDA-graph
     capture or replay) with no re-validation. Contents of the buffers may change between launches."""
 
-    _op = _calls.OP_DECODE
-    _struct = 2
+    _op = "decode"
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None,
                  cache_slots=None, pdl=None, error_count=None):
-        self._bind(_calls.fill_decode, _decode_checked,
-                   dict(state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
-                        error_count=error_count, load_indices=load_indices, store=store, cache_slots=cache_slots),
-                   dict(flags=pdl_flag(pdl)))
+        self._bind(_fill_c128.fill_decode, state, kv_score, out, ape, indices, seq_lens, pdl_flag(pdl), error_count,
+                   load_indices, store, cache_slots)
 
 
 class DevicePlan:
@@ -140,9 +99,9 @@ class DevicePlan:
         # The host side of the plan, and the upload params over it (prepared once; plan() sets the counts).
         self._host = (np.empty(self.compress_capacity, pyplan.SEGMENT_DTYPE),
                       np.empty(self.write_capacity, pyplan.SEGMENT_DTYPE))
-        self._upload = C.create_string_buffer(SIZES[7])
+        self._upload = C.create_string_buffer(SIZES["upload"])
         self._upload_address = C.addressof(self._upload)
-        _calls.init_upload(self._upload_address, self._dev, self._host[0].ctypes.data, self._host[1].ctypes.data,
+        _fill_c128.init_upload(self._upload_address, self._dev, self._host[0].ctypes.data, self._host[1].ctypes.data,
                            self.compress_ptr, self.write_ptr, self.compress_capacity, self.write_capacity,
                            self.counts_ptr)
 
@@ -158,8 +117,6 @@ class DevicePlan:
                                            return_counts=True)
         status = _upload(self._upload_address, nc, nw, self._dev, stream)
         if status:
-            if status == DECLINED:  # the counts are set: only the stream could not be read
-                status = _calls.upload(self._upload_address, nc, nw, self._dev, launch_stream(stream, self._dev))
             _check_status(status)
         self.num_tokens, self.num_compress, self.num_write = tokens, nc, nw
         return self
@@ -168,51 +125,6 @@ class DevicePlan:
     def host_records(self) -> tuple:
         """The last plan's records as planned on the host: (compress, write) views of the real ones."""
         return self._host[0][:self.num_compress], self._host[1][:self.num_write]
-
-
-def _prefill_flags(pdl, cooperative) -> int:
-    return pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
-
-
-def _plan_arg(plan, dev: int):
-    """The plan checked: (plan as the filler takes it, compress capacity)."""
-    if type(plan) is list and len(plan) == 2:
-        plan = tuple(plan)
-    if type(plan) is tuple and len(plan) == 2 and type(plan[0]) is np.ndarray:
-        _, nc, _, _ = pyplan.record_lists(plan[0], plan[1])  # raises for arrays that are not record lists
-        return plan, nc
-    if type(plan) is tuple and len(plan) == 2 and type(plan[0]) is not np.ndarray:
-        # Record tensors as sglang keeps them: uint8 [M, 16], on the op's device (read there) or
-        # in host memory (carried inside the launches).
-        compress, write = plan
-        where = getattr(compress, "get_device", lambda: dev)()
-        if where != dev and where != -1:
-            raise ValueError(f"plan tensors are on {compress.device} but the other tensors are on {device_name(dev)}")
-        compress, (nc, width_c) = shaped_arg(compress, "plan[0] (compress)", torch.uint8, where, 2)
-        write, (_, width_w) = shaped_arg(write, "plan[1] (write)", torch.uint8, where, 2)
-        if width_c != 16 or width_w != 16:
-            raise ValueError(f"plan tensors must have shape [M, 16] (got {list(compress.shape)} and {list(write.shape)})")
-        return (compress, write), nc
-    if isinstance(plan, DevicePlan):
-        if plan._dev != dev:
-            raise ValueError(f"plan is a DevicePlan on {plan.device} but the tensors are on {device_name(dev)}")
-        return plan, plan.compress_capacity
-    raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
-                    "record tensors) or a DevicePlan")
-
-
-def _prefill_checked(state, kv_score, out, ape, indices, plan, load_indices, error_count, compact, store=None,
-                     cache_slots=None) -> tuple:
-    """The prefill's arguments checked (a wrong one raises, naming it) and as tensors; and the device."""
-    state, dev, _, d = state_arg(state)
-    kv_score, n = rows_arg(kv_score, "kv_score", _float32, dev, 2 * d)
-    indices, (b,) = shaped_arg(indices, "indices", _int32, dev, 1)
-    plan, nc = _plan_arg(plan, dev)
-    return dict(state=state, kv_score=kv_score, out=_out_arg(out, store, dev, (nc if compact else n, d)),
-                ape=arg(ape, "ape", _float32, dev, (CHUNK, d)), indices=indices, plan=plan,
-                load_indices=optional_arg(load_indices, "load_indices", dev, (b,)),
-                error_count=counter_arg(error_count, dev),
-                compact=bool(compact), store=store, cache_slots=store_arg(store, cache_slots, dev, d, n)), dev
 
 
 def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
@@ -232,17 +144,14 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     of its own from torch's allocator)."""
     flags = ((DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0)
              | (0 if cooperative else FLAG_NO_COOPERATIVE))  # _prefill_flags, inline
-    status = _fast_prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count, compact,
-                           store, cache_slots)
+    status = _prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count, compact,
+                      store, cache_slots)
     if status:
-        if status != DECLINED:
-            _check_status(status)  # raises
-        call_checked(_fast_prefill, *_prefill_checked(state, kv_score, out, ape, indices, plan, load_indices,
-                                                       error_count, compact, store, cache_slots), stream, flags)
+        _check_status(status)  # raises
 
 
-_calls.set_device_plan_type(DevicePlan)
-_upload = _calls.upload
+_upload = _fill_c128.upload
+_read.set_types(DevicePlan, KVCache)
 
 
 class C128Prefill(Prepared):
@@ -253,16 +162,13 @@ class C128Prefill(Prepared):
     out=...) and launch again), or a DevicePlan (read in place on the device: re-plan, then launch
     or replay a graph that captured this call)."""
 
-    _op = _calls.OP_PREFILL
-    _struct = 3
+    _op = "prefill"
 
     def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
                  cache_slots=None, pdl=None, error_count=None, cooperative=True):
-        self._bind(_calls.fill_prefill, _prefill_checked,
-                   dict(state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, plan=plan,
-                        load_indices=load_indices, error_count=error_count, compact=bool(compact), store=store,
-                        cache_slots=cache_slots),
-                   dict(flags=_prefill_flags(pdl, cooperative)))
+        self._bind(_fill_c128.fill_prefill, state, kv_score, out, ape, indices, plan, load_indices,
+                   pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE), error_count, bool(compact), store,
+                   cache_slots)
 
 
 def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None):

@@ -14,18 +14,17 @@ import ctypes as C
 
 import torch
 
-from . import _calls
+from . import _fill_metadata
 from ._abi import (FLAG_PDL, MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY,
                    MetadataDestination, check as _check_status)
-from ._op import DECLINED, SIZES
-from ._tensors import _int32, as_tensor, device_index, launch_stream, shaped_arg
+from ._op import OPS, SIZES, _launch
+from ._tensors import _int32, as_tensor, device_index
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
 MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_extend": MODE_DRAFT_EXTEND}
-_fill_sources = _calls.fill_metadata_sources  # the compiled reader of a step's sources
-_launch = _calls.launch
-_OP = _calls.OP_METADATA
+_fill_sources = _fill_metadata.fill_metadata_sources  # the compiled judge and filler of a step's sources
+_OP = OPS["metadata"]
 
 # (key in a destination dict, C field, kind): kind 1 = 1-D, 2 = 2-D with a row stride, 0 = any
 # shape, contiguous, taken flat.
@@ -113,9 +112,9 @@ class MetadataCopy:
         self._keep = destinations
         self._flags = FLAG_PDL if pdl else 0
         self._dests_address = C.addressof(self._dests)
-        self._params = C.create_string_buffer(SIZES[6])
+        self._params = C.create_string_buffer(SIZES["metadata"])
         self._address = C.addressof(self._params)
-        _calls.init_metadata(self._address, self._flags, self._dev, self.mode, len(destinations), self._dests_address)
+        _fill_metadata.init_metadata(self._address, self._flags, self._dev, self.mode, len(destinations), self._dests_address)
         self._last = (None,) * 9  # the source tensors the params were last built from
 
     def _check_dest(self, t, name, kind):
@@ -144,14 +143,8 @@ class MetadataCopy:
         if not (cache_seqlens is last[0] and cu_seqlens_k is last[1] and page_indices is last[2]
                 and dsa_cache_seqlens is last[3] and dsa_cu_seqlens_k is last[4] and seqlens_expanded is last[5]
                 and real_page_table is last[6] and num_splits is last[7] and flashmla_metadata is last[8]):
-            if _fill_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, cache_seqlens,
-                             cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k, seqlens_expanded,
-                             real_page_table, num_splits, flashmla_metadata):
-                self._last = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                              seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
-            else:  # the checks (naming the argument that is wrong), then the filler
-                self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                              seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+            self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
+                          seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
         self.launch(stream)
 
     def bind(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
@@ -168,68 +161,23 @@ class MetadataCopy:
             raise RuntimeError("MetadataCopy.launch: no sources bound; call bind(...) or call the object with sources")
         status = _launch(_OP, self._address, self._dev, stream)
         if status:
-            if status == DECLINED:  # the current stream could not be read there
-                status = _launch(_OP, self._address, self._dev, launch_stream(stream, self._dev))
             _check_status(status)
 
-    def fill_flat(self, bs: int, max_len: int, max_seqlen_k: int, expanded: int, *sources) -> bool:
-        """sglang's convention (sizes given, every source taken flat; pydsa.sglang): fills one step's
-        sources through the compiled filler. True when filled, False (nothing written, nothing
-        bound) when the filler declined them."""
+    def fill_flat(self, names: tuple, bs: int, max_len: int, max_seqlen_k: int, expanded: int, *sources) -> None:
+        """Sizes given, every source taken flat (the convention pydsa.sglang speaks): fills one step's
+        sources through the compiled filler, which names a wrong one by `names` (the caller's names of
+        the nine sources and four sizes); on success they are bound (launch() may run; the next
+        __call__ re-checks its sources), on failure nothing is."""
         self._last = (None,) * 9
-        if not _calls.fill_flat_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, bs,
-                                        max_len, max_seqlen_k, expanded, *sources):
-            return False
-        self._last = (True,) + (None,) * 8  # bound: launch() may run; the next __call__ re-checks its sources
-        return True
+        _fill_metadata.fill_flat_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, names,
+                                         bs, max_len, max_seqlen_k, expanded, *sources)
+        self._last = (True,) + (None,) * 8
 
-    def _prepare(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                 seqlens_expanded, real_page_table, num_splits, flashmla_metadata) -> None:
-        """Checks the sources (an error names the one that is wrong) and fills the params with them
-        through the compiled filler; on success they become the bound sources, on failure nothing
-        stays bound."""
+    def _prepare(self, *sources) -> None:
+        """Judges the sources (an error names the one that is wrong) and fills the params with them through
+        the compiled filler; on success they become the bound sources, on failure nothing stays bound."""
         self._last = (None,) * 9
-        dev = self._dev
-        cache_seqlens, (bs,) = shaped_arg(cache_seqlens, "cache_seqlens", _int32, dev, 1)
-        cu_seqlens_k, (n_cu,) = shaped_arg(cu_seqlens_k, "cu_seqlens_k", _int32, dev, 1)
-        if n_cu != bs + 1:
-            raise _bad("cu_seqlens_k", f"expected {bs + 1} elements (bs + 1), got {n_cu}")
-        page_indices, (rows, width) = shaped_arg(page_indices, "page_indices", _int32, dev, 2)
-        if self.decode:
-            if seqlens_expanded is not None:
-                raise _bad("seqlens_expanded", "is not used in DECODE mode")
-            if rows != bs:
-                raise _bad("page_indices", f"DECODE copies bs = {bs} rows but page_indices has {rows}")
-            n = bs
-        else:
-            if seqlens_expanded is None:
-                raise _bad("seqlens_expanded", "is required in TARGET_VERIFY and DRAFT_EXTEND modes")
-            seqlens_expanded, (n,) = shaped_arg(seqlens_expanded, "seqlens_expanded", _int32, dev, 1)
-        dsa_cache_seqlens, (n_dc,) = shaped_arg(dsa_cache_seqlens, "dsa_cache_seqlens", _int32, dev, 1)
-        if n_dc != n:
-            raise _bad("dsa_cache_seqlens", f"expected {n} elements, got {n_dc}")
-        dsa_cu_seqlens_k, (n_du,) = shaped_arg(dsa_cu_seqlens_k, "dsa_cu_seqlens_k", _int32, dev, 1)
-        if n_du != n + 1:
-            raise _bad("dsa_cu_seqlens_k", f"expected {n + 1} elements, got {n_du}")
-        if (real_page_table is not None) != self.has_real_page_table:
-            raise _bad("real_page_table", "must be given exactly when the destinations carry real_page_table")
-        if real_page_table is not None:
-            real_page_table, (r_rows, _) = shaped_arg(real_page_table, "real_page_table", _int32, dev, 2)
-            if r_rows != rows:
-                raise _bad("real_page_table", f"has {r_rows} rows but page_indices has {rows}")
-        if (num_splits is not None or flashmla_metadata is not None) != self.has_flashmla or \
-                (num_splits is None) != (flashmla_metadata is None):
-            raise _bad("num_splits/flashmla_metadata", "the FlashMLA group is all-or-nothing and must match the destinations")
-        if num_splits is not None:
-            num_splits, (n_ns,) = shaped_arg(num_splits, "num_splits", _int32, dev, 1)
-            if n_ns != n + 1:
-                raise _bad("num_splits", f"expected {n + 1} elements, got {n_ns}")
-            flashmla_metadata, _ = shaped_arg(flashmla_metadata, "flashmla_metadata", _int32, dev, None)
-        sources = (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k, seqlens_expanded,
-                   real_page_table, num_splits, flashmla_metadata)
-        if not _fill_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, *sources):
-            raise RuntimeError("pydsa: the metadata params filler declined sources that passed their checks "
-                               "(a bug in pydsa; please report it with the sources' shapes)")
+        self._views = _fill_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, *sources)
         self._last = sources
 
 

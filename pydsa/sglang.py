@@ -28,7 +28,7 @@ import torch
 import pyplan
 
 from ._abi import MODE_DECODE
-from ._tensors import _int32, device_name
+from ._tensors import _int32
 from .c128 import c128_decode, c128_prefill
 from .metadata import MetadataCopy
 from .speculative import c128_commit, c128_verify
@@ -83,58 +83,11 @@ def _bind(mode: int, groups) -> MetadataCopy:
     return copy
 
 
-def _flat(t, name: str, dev: int, need: int):
-    """A contiguous int32 source on `dev` holding at least `need` elements, checked."""
-    if t.dtype is not _int32:
-        raise RuntimeError(f"{name} must have dtype int32 (got {t.dtype})")
-    if t.get_device() != dev:
-        raise ValueError(f"{name} is on {t.device} but the destination buffers are on {device_name(dev)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
-    if t.numel() < need:
-        raise ValueError(f"{name} holds {t.numel()} elements but {need} are copied")
-    return t
-
-
-def _checked_flat(copy: MetadataCopy, decode: bool, sources, bs, max_len, max_seqlen_k, expanded) -> tuple:
-    """The sources of an sglang-convention copy checked (an error names the one that is wrong)."""
-    sizes = dict(bs=bs, max_len=max_len, max_seqlen_k=max_seqlen_k, seqlens_expanded_size=expanded)
-    for name, value in sizes.items():
-        if type(value) is not int:
-            raise TypeError(f"{name} must be an int (got {type(value).__name__} {value!r})")
-        if not 0 <= value < 2**31:
-            raise ValueError(f"bs, max_len, max_seqlen_k and seqlens_expanded_size must be in 0..2**31-1 "
-                             f"(got {bs}, {max_len}, {max_seqlen_k}, {expanded})")
-    (cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k,
-     real_page_table, num_splits, flashmla_metadata) = sources
-    dev = copy.device.index if copy.device.type == "cuda" else -1
-    rows, width = (bs, max_len) if decode else (page_indices.shape[0], max_seqlen_k)
-    n = bs if decode else expanded
-    if (real_page_table is not None) != copy.has_real_page_table:
-        raise ValueError("real_page_table: must be given exactly when the destinations carry real_page_table")
-    if (num_splits is not None or flashmla_metadata is not None) != copy.has_flashmla or \
-            (num_splits is None) != (flashmla_metadata is None):
-        raise ValueError("flashmla_num_splits/flashmla_metadata: the FlashMLA group is all-or-nothing and must "
-                         "match the destinations")
-    real_cols = real_page_table.shape[1] if real_page_table is not None else 0
-    meta = flashmla_metadata.numel() if flashmla_metadata is not None else 0
-    return (_flat(cache_seqlens, "cache_seqlens_src", dev, bs),
-            _flat(cu_seqlens_k, "cu_seqlens_k_src", dev, bs + 1),
-            _flat(page_indices, "page_indices_src", dev, rows * width),
-            _flat(dsa_cache_seqlens, "nsa_cache_seqlens_src", dev, n),
-            seqlens_expanded if decode else _flat(seqlens_expanded, "seqlens_expanded_src", dev, n),
-            _flat(dsa_cu_seqlens_k, "nsa_cu_seqlens_k_src", dev, n + 1),
-            None if real_page_table is None else _flat(real_page_table, "real_page_table_src", dev, rows * real_cols),
-            None if num_splits is None else _flat(num_splits, "flashmla_num_splits_src", dev, n + 1),
-            None if flashmla_metadata is None else _flat(flashmla_metadata, "flashmla_metadata_src", dev, meta))
+_FLAT_NAMES = _SOURCE_NAMES + ("bs", "max_len", "max_seqlen_k", "seqlens_expanded_size")
 
 
 def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seqlen_k: int, expanded: int) -> None:
-    if not copy.fill_flat(bs, max_len, max_seqlen_k, expanded, *sources):
-        checked = _checked_flat(copy, mode == MODE_DECODE, sources, bs, max_len, max_seqlen_k, expanded)
-        if not copy.fill_flat(bs, max_len, max_seqlen_k, expanded, *checked):
-            raise RuntimeError("pydsa: the metadata params filler declined sglang sources that passed their checks "
-                               "(a bug in pydsa; please report it with the sources' shapes)")
+    copy.fill_flat(_FLAT_NAMES, bs, max_len, max_seqlen_k, expanded, *sources)
     copy.launch()
 
 

@@ -28,14 +28,13 @@ import torch
 
 import pyplan
 
-from . import _calls
+from . import _fill_records
 from ._abi import DEFAULT_PDL_FLAG, check as _check_status
 from .c128 import DevicePlan, c128_decode, c128_prefill
-from ._tensors import error_counter
 from .store import KVCache, kv_store
 
-_decode_plan = _calls.sglang_decode_plan
-_prefill_plan = _calls.sglang_prefill_plan
+_decode_records = _fill_records.decode_records
+_prefill_records = _fill_records.prefill_records
 
 __all__ = ["CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward", "compress_norm_rope_store",
            "compress_forward_and_store"]
@@ -66,15 +65,17 @@ class CompressorDecodePlan(NamedTuple):
         counted on the device (pydsa.error_count); one in a CPU tensor is refused by name."""
         if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError(f"req_to_token must be a 2-D int32 tensor (got {_described(req_to_token)})")
-        if type(seq_lens) is not torch.Tensor or seq_lens.is_cpu:  # host values are checked on the host
-            _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
+        for name, t in (("seq_lens", seq_lens), ("req_pool_indices", req_pool_indices)):
+            if not isinstance(t, torch.Tensor):
+                raise RuntimeError(f"{name} must be a torch.Tensor (got {_described(t)})")
+        if seq_lens.device.type == "cpu" and seq_lens.numel() and seq_lens.dtype == torch.int64 \
+                and not 0 <= int(seq_lens.min()) <= int(seq_lens.max()) < 2**31:
+            raise RuntimeError(f"seq_lens must lie in 0..2^31-1 (sglang's record holds 32 bits; got "
+                               f"{int(seq_lens.min())}..{int(seq_lens.max())})")
         plan_d = torch.empty((seq_lens.shape[0], 16), dtype=torch.uint8, device=req_pool_indices.device)
-        status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
-        if status == _calls.DECLINED:  # a wrong argument, or the device's error counter not made yet
-            _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset)
-            error_counter(req_pool_indices.device)
-            status = _decode_plan(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
-        _plan_status(status, "decode")
+        status = _decode_records(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
+        if status:
+            _check_status(status)
         return CompressorDecodePlan(RATIO, plan_d)
 
     @property
@@ -139,8 +140,10 @@ class CompressorPrefillPlan(NamedTuple):
         plan_w = torch.empty((rows_w, 16), dtype=torch.uint8, device=dev)
         indices, load = torch.empty(b, dtype=torch.int32, device=dev), torch.empty(b, dtype=torch.int32, device=dev)
         rid = req_pool_indices if req_pool_indices.dtype == torch.int64 else req_pool_indices.to(torch.int64)
-        _plan_status(_prefill_plan(compress, write, rid, state_slot_offset, plan_c, plan_w, indices, load, None,
-                                   DEFAULT_PDL_FLAG), "prefill")
+        status = _prefill_records(compress, write, rid, state_slot_offset, plan_c, plan_w, indices, load, None,
+                                  DEFAULT_PDL_FLAG)
+        if status:
+            _check_status(status)
         return CompressorPrefillPlan(RATIO, plan_c, plan_w, None, records, indices, load)
 
     @property
@@ -156,39 +159,11 @@ def _described(x) -> str:
     return type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
 
 
-def _decode_plan_checks(seq_lens, req_pool_indices, state_slot_offset) -> None:
-    """sglang's refusals of a decode plan's arguments, each naming the argument and what was passed."""
-    for name, t in (("seq_lens", seq_lens), ("req_pool_indices", req_pool_indices)):
-        if not isinstance(t, torch.Tensor):
-            raise RuntimeError(f"{name} must be a torch.Tensor (got {_described(t)})")
-        if t.dtype != torch.int64 or t.dim() != 1 or not t.is_contiguous():
-            raise RuntimeError(f"{name} must be a contiguous 1-D int64 tensor (got {_described(t)})")
-    if seq_lens.shape != req_pool_indices.shape:
-        raise RuntimeError(f"seq_lens and req_pool_indices must have one length (got {seq_lens.shape[0]} and "
-                           f"{req_pool_indices.shape[0]})")
-    if seq_lens.device != req_pool_indices.device:
-        raise RuntimeError(f"seq_lens and req_pool_indices must be on one device (got {seq_lens.device} and "
-                           f"{req_pool_indices.device})")
-    if type(state_slot_offset) is not int or not 0 <= state_slot_offset < 2**31:
-        raise RuntimeError(f"state_slot_offset must be an int in 0..2^31-1 (got {state_slot_offset!r})")
-    if seq_lens.device.type == "cpu" and seq_lens.numel() and not 0 <= int(seq_lens.min()) <= int(seq_lens.max()) < 2**31:
-        raise RuntimeError(f"seq_lens must lie in 0..2^31-1 (sglang's record holds 32 bits; got "
-                           f"{int(seq_lens.min())}..{int(seq_lens.max())})")
-
-
 def _host_int64(t) -> np.ndarray:
     """A host int64 array of a length list (a CPU int64 tensor is read in place)."""
     if type(t) is torch.Tensor and t.dtype is torch.int64 and t.device.type == "cpu" and t.is_contiguous():
         return t.numpy()
     return np.ascontiguousarray(torch.as_tensor(t).detach().to(torch.int64).cpu().numpy())
-
-
-def _plan_status(status: int, which: str) -> None:
-    if status == _calls.DECLINED:  # the checks above passed: req_pool_indices must be int64 on one device
-        raise RuntimeError(f"the {which} plan's tensors could not be read: req_pool_indices (and seq_lens) must be "
-                           f"contiguous 1-D int64 tensors on one CPU or CUDA device")
-    if status:
-        _check_status(status)
 
 
 def _plan_of(plan):

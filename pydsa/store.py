@@ -12,15 +12,14 @@ import ctypes as C
 
 import torch
 
-from . import _abi, _calls
+from . import _abi, _fill_store
 from ._abi import CACHE_V4, DEFAULT_PDL_FLAG, FLAG_PDL, KvCache, check as _check_status, lib, new
-from ._op import DECLINED, call_checked, counter_arg
-from ._tensors import _float32, arg, device_index, ptr
+from ._tensors import _float32, device_index, ptr
 
 __all__ = ["KVCache", "kv_store", "kv_page_bytes"]
 
 _int64 = torch.int64
-_fast_store = _calls.store
+_store = _fill_store.store
 
 
 def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
@@ -100,45 +99,6 @@ class KVCache:
                 f"{self.page_bytes} B/page, device={self.cache.device}{dcp})")
 
 
-_calls.set_store_type(KVCache)
-
-
-def store_arg(store, cache_slots, dev: int, d: int, rows: int):
-    """An op's optional store checked: its cache_slots tensor (int64 [rows]), or None without a store."""
-    if store is None:
-        if cache_slots is not None:
-            raise ValueError("cache_slots is given without store=")
-        return None
-    if not isinstance(store, KVCache):
-        raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
-    if store.device != dev:
-        raise ValueError(f"store's cache is on {store.cache.device} but the other tensors are on "
-                         f"{'cpu' if dev < 0 else f'cuda:{dev}'}")
-    if store.head_dim != d:
-        raise ValueError(f"store is for D = {store.head_dim} but the op's head dim is {d}")
-    if cache_slots is None:
-        raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
-    return arg(cache_slots, "cache_slots", _int64, dev, (rows,))
-
-
-def _store_checked(vectors, positions, cache_slots, cache, error_count, records=None, extend=False) -> tuple:
-    if not isinstance(cache, KVCache):
-        raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
-    dev, d = cache.device, cache.head_dim
-    vectors = arg(vectors, "vectors", _float32, dev, (None, d))
-    n = vectors.shape[0]
-    if records is None:
-        positions = arg(positions, "positions", torch.int32, dev, (n,))
-        cache_slots = arg(cache_slots, "cache_slots", _int64, dev, (n,))
-    else:
-        if positions is not None:
-            raise ValueError("positions must be None with records (the records give each vector's position)")
-        records = arg(records, "records", torch.uint8, dev, (None, 16))
-        if records.shape[0] > n:
-            raise ValueError(f"records has {records.shape[0]} rows but vectors only {n}")
-        cache_slots = arg(cache_slots, "cache_slots", _int64, dev, (None,))
-    return dict(vectors=vectors, positions=positions, cache_slots=cache_slots, cache=cache,
-                error_count=counter_arg(error_count, dev), records=records, extend=bool(extend)), dev
 
 
 def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, extend: bool = False, stream=None,
@@ -152,12 +112,9 @@ def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, e
     row i when its seq_len is a positive multiple of 128, at cache_slots[i]; extend records store every
     record but padding, at cache_slots[its ragged row]; the position is seq_len - 128."""
     flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
-    status = _fast_store(vectors, positions, cache_slots, cache, stream, flags, error_count, records, extend)
+    status = _store(vectors, positions, cache_slots, cache, stream, flags, error_count, records, bool(extend))
     if status:
-        if status != DECLINED:
-            _check_status(status)  # raises
-        call_checked(_fast_store, *_store_checked(vectors, positions, cache_slots, cache, error_count, records,
-                                                  extend), stream, flags)
+        _check_status(status)  # raises
 
 
 del _abi

@@ -73,9 +73,9 @@ def test_wrong_struct_size_is_refused_with_a_clear_message(fn, struct, delta):
 
 
 def test_the_test_mirrors_and_the_compiled_filler_lay_out_every_struct_as_the_library():
-    from pydsa import _calls
+    from pydsa import _read
     for sid, mirror in c_structs.STRUCTS.items():
-        assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(mirror) == _calls.struct_sizes()[sid], mirror.__name__
+        assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(mirror) == _read.struct_sizes()[sid], mirror.__name__
 
 
 def test_null_params_are_refused():

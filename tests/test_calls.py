@@ -1,10 +1,9 @@
-"""The one params filler (pydsa/_calls.pyx) and the checks in front of it.
+"""The call path's judges (pydsa/_read.pyx and the fillers, pydsa/_fill_*.pyx) and what they say.
 
-For valid arguments the filler fills, through either of its readers (the DLPack exchange API and
-the attribute reader for a torch without it), the same bytes, and the same bytes again from the
-arguments as the checks convert them (DLPack views of other arrays). For an argument that is wrong
-in any one way the filler declines (writes nothing, launches nothing) and the checks raise the error
-naming it. And the one-shot calls really take the filler without the checks."""
+For valid arguments a filler fills, through either of its readers (the DLPack exchange API, and the
+attribute reader for a torch without it) and from DLPack views of other arrays (numpy), the same bytes.
+For an argument that is wrong in any one way the filler raises the error naming it and writes nothing
+(the params buffer stays poisoned)."""
 import ctypes as C
 
 import numpy as np
@@ -15,7 +14,7 @@ from hypothesis import given, settings, strategies as st
 import pydsa
 import pyplan
 from conftest import DEVICES, examples
-from pydsa import _calls, c128
+from pydsa import _fill_c128, _fill_metadata, _read
 from pydsa._op import SIZES
 from pydsa._tensors import error_counter
 
@@ -23,35 +22,41 @@ POISON = b"\xab"
 for _dev in [-1] + list(range(torch.cuda.device_count())):
     error_counter(_dev)  # the default counters exist (the first call of a process makes them)
 
-
-def _buffer(size):
-    buf = C.create_string_buffer(POISON * size, size)
-    return buf, C.addressof(buf)
-
-
-def _fill(fill, sid, args, **extra):
-    """(filled?, params bytes) of fill(address, **args, **extra) into a poisoned buffer."""
-    buf, address = _buffer(SIZES[sid])
-    ok = fill(address, **args, **extra)
-    return ok, buf.raw
+DECODE_ORDER = ("state", "kv_score", "out", "ape", "indices", "seq_lens", "flags", "error_count", "load_indices",
+                "kv_cache", "cache_slots")
+PREFILL_ORDER = ("state", "kv_score", "out", "ape", "indices", "plan", "load_indices", "flags", "error_count",
+                 "compact", "kv_cache", "cache_slots")
 
 
-def _both_readers(fill, sid, args, **extra):
-    """The params through the exchange API and through the attribute reader: they must agree."""
-    first = _fill(fill, sid, args, **extra)
-    _calls.read_attributes_only(True)
+def _fill(op, args):
+    """(params bytes, error or None) of the op's filler over `args` into a poisoned buffer."""
+    fill, order = {"decode": (_fill_c128.fill_decode, DECODE_ORDER), "prefill": (_fill_c128.fill_prefill, PREFILL_ORDER)}[op]
+    buf = C.create_string_buffer(POISON * SIZES[op], SIZES[op])
+    full = dict(dict(flags=0, error_count=None, load_indices=None, kv_cache=None, cache_slots=None, compact=False), **args)
     try:
-        second = _fill(fill, sid, args, **extra)
+        fill(C.addressof(buf), *(full[k] for k in order))
+    except (TypeError, ValueError) as exc:
+        return buf.raw, exc
+    return buf.raw, None
+
+
+def _every_reader(op, args):
+    """The params through the exchange API, the attribute reader and numpy views (host): they agree."""
+    first, err = _fill(op, args)
+    assert err is None, err
+    _read.read_attributes_only(True)
+    try:
+        second, err = _fill(op, args)
     finally:
-        _calls.read_attributes_only(False)
-    assert first == second
+        _read.read_attributes_only(False)
+    assert err is None and first == second
     return first
 
 
 def test_the_compiled_path_is_on_with_a_torch_that_has_the_exchange_api():
     # torch >= 2.10 exports the DLPack C exchange API; with an older torch the attribute reader runs.
-    assert _calls.available == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
-    assert _calls.available, f"torch {torch.__version__} lacks __dlpack_c_exchange_api__"
+    assert _read.available == hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+    assert _read.available, f"torch {torch.__version__} lacks __dlpack_c_exchange_api__"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -87,20 +92,14 @@ def _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, gen):
     return args
 
 
-def _decode_fill(args, flags, error_count):
-    return dict(args, error_count=error_count), dict(flags=flags)
-
-
-def _checked_bytes(checker, fill, sid, args, extra):
-    """The params filled from the arguments as the checks return them (raises what the checks raise)."""
-    checked, _ = checker(**args)
-    ok, raw = _fill(fill, sid, checked, **extra)
-    assert ok, "the filler declined arguments that passed the checks"
-    return raw
-
 
 # ---------------------------------------------------------------------------------------------
 # Same bytes for valid arguments
+
+def _numpy_views(args):
+    """Host arguments as numpy arrays (the state stays a tensor: its bf16 has no numpy dtype)."""
+    return {k: (v.numpy() if isinstance(v, torch.Tensor) and k != "state" else v) for k, v in args.items()}
+
 
 @pytest.mark.parametrize("device", DEVICES)
 @settings(max_examples=examples(40))
@@ -109,10 +108,11 @@ def _checked_bytes(checker, fill, sid, args, extra):
 def test_decode_fills_the_same_params_through_every_reader(device, d, b, slots, bf16, pdl, own_counter, seed):
     dev = torch.device(device)
     args = _decode_args(dev, d, b, slots, bf16, torch.Generator().manual_seed(seed))
-    counter = torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None
-    args = dict(args, error_count=counter)
-    ok, got = _both_readers(_calls.fill_decode, 2, args, flags=1 if pdl else 0)
-    assert ok and got == _checked_bytes(c128._decode_checked, _calls.fill_decode, 2, args, dict(flags=1 if pdl else 0))
+    args.update(flags=1 if pdl else 0,
+                error_count=torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None)
+    got = _every_reader("decode", args)
+    if dev.type == "cpu":
+        assert _fill("decode", _numpy_views(args)) == (got, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -125,11 +125,11 @@ def test_prefill_fills_the_same_params_through_every_reader(device, d, extends, 
                                                             cooperative, own_counter, seed):
     dev = torch.device(device)
     args = _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, torch.Generator().manual_seed(seed))
-    counter = torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None
-    args = dict(args, error_count=counter, compact=compact)
-    flags = c128._prefill_flags(pdl, cooperative)
-    ok, got = _both_readers(_calls.fill_prefill, 3, args, flags=flags)
-    assert ok and got == _checked_bytes(c128._prefill_checked, _calls.fill_prefill, 3, args, dict(flags=flags))
+    args.update(compact=compact, flags=(1 if pdl else 0) | (0 if cooperative else pydsa._abi.FLAG_NO_COOPERATIVE),
+                error_count=torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None)
+    got = _every_reader("prefill", args)
+    if dev.type == "cpu" and plan_kind != "device_plan":
+        assert _fill("prefill", _numpy_views(args)) == (got, None)
 
 
 def _metadata_case(dev, mode, bs, width, expanded, real, flash, meta_shape):
@@ -161,11 +161,19 @@ _SOURCE_ORDER = ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seq
                  "seqlens_expanded", "real_page_table", "num_splits", "flashmla_metadata")
 
 
+_SOURCE_ORDER = ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k",
+                 "seqlens_expanded", "real_page_table", "num_splits", "flashmla_metadata")
+
+
 def _compiled_metadata(copy, src):
+    """(params before, error or None, params after) of the sources' filler."""
     before = bytes(copy._params)
-    ok = _calls.fill_metadata_sources(copy._address, copy.decode, copy.has_real_page_table, copy.has_flashmla,
-                                      *(src.get(k) for k in _SOURCE_ORDER))
-    return ok, before, bytes(copy._params)
+    try:
+        _fill_metadata.fill_metadata_sources(copy._address, copy.decode, copy.has_real_page_table, copy.has_flashmla,
+                                             *(src.get(k) for k in _SOURCE_ORDER))
+    except (TypeError, ValueError) as exc:
+        return before, exc, bytes(copy._params)
+    return before, None, bytes(copy._params)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -176,23 +184,21 @@ def _compiled_metadata(copy, src):
 def test_metadata_fills_the_same_params_through_every_reader(device, mode, bs, width, expanded, real, flash,
                                                              meta_shape, k):
     src, dst = _metadata_case(torch.device(device), mode, bs, width, expanded, real, flash, meta_shape)
-    checked = pydsa.MetadataCopy([dst] * k, mode=mode)
-    checked._prepare(*(src.get(k) for k in _SOURCE_ORDER))  # the checks, then the filler
-    compiled = pydsa.MetadataCopy([dst] * k, mode=mode)
-    ok, before, got = _compiled_metadata(compiled, src)
-    _calls.read_attributes_only(True)
+    fast = pydsa.MetadataCopy([dst] * k, mode=mode)
+    before, err, got = _compiled_metadata(fast, src)
+    _read.read_attributes_only(True)
     try:
         slow = pydsa.MetadataCopy([dst] * k, mode=mode)
-        ok_slow, _, got_slow = _compiled_metadata(slow, src)
+        _, err_slow, got_slow = _compiled_metadata(slow, src)
     finally:
-        _calls.read_attributes_only(False)
+        _read.read_attributes_only(False)
     # equal but for the last field, each object's own destinations array
-    assert ok and ok_slow and got[:-8] == bytes(checked._params)[:-8] == got_slow[:-8] and got[-8:] == before[-8:]
+    assert err is None and err_slow is None and got[:-8] == got_slow[:-8] and got[-8:] == before[-8:]
+    assert got != before or bs == 0
 
 
 # ---------------------------------------------------------------------------------------------
-# Arguments changed one at a time: where the checks raise, the filler declines and writes nothing;
-# where they accept, the filler fills the same bytes from the checked arguments
+# Arguments changed one at a time: the filler fills, or raises naming the argument and writes nothing
 
 def _variants(t, dev):
     """Changes to one tensor argument: most make it wrong, a few (a longer state) keep it valid."""
@@ -214,59 +220,51 @@ def _variants(t, dev):
     return out
 
 
-def _agree(checker, fill, sid, args, extra):
-    """Returns True if the checks reject the arguments (and then the filler declined them too)."""
-    ok, raw = _fill(fill, sid, args, **extra)
-    try:
-        expected = _checked_bytes(checker, fill, sid, args, extra)
-    except (TypeError, ValueError):
-        assert not ok and raw == POISON * SIZES[sid]
-        return True
-    assert not ok or raw == expected  # an array the filler cannot read itself is declined, then converted
-    return False
+def _judged(op, name, args):
+    """True if the filler refused the arguments (then naming `name`, the buffer untouched)."""
+    raw, err = _fill(op, args)
+    if err is None:
+        return False
+    said = str(err)
+    # the changed argument, or one it no longer fits (a longer kv_score leaves out one row short)
+    named = name in said or "head dim" in said or "tensors must be on" in said
+    assert named or said.split(" ")[0].split("[")[0] in (DECODE_ORDER + PREFILL_ORDER), (name, said)
+    assert raw == POISON * SIZES[op], (name, said)
+    return True
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("as_bytes", [False, True])
 def test_decode_records_fill_the_same_params_through_every_reader(device, as_bytes):
-    """seq_lens None: the per-request records (int32 [B, 4] or uint8 [B, 16], sglang's plan_d) fill the
-    params the checks fill, through both readers; other shapes and dtypes are declined by both, and
-    the checks raise for them."""
+    """seq_lens None: the per-request records (int32 [B, 4] or uint8 [B, 16]) fill the params through
+    both readers; other shapes and dtypes are refused by name."""
     dev = torch.device(device)
     args = _decode_args(dev, 128, 3, 4, False, torch.Generator().manual_seed(1))
     rec = torch.stack([args.pop("seq_lens"), args["indices"], args["indices"], torch.full((3,), -1, dtype=torch.int32,
                                                                                         device=dev)], 1).contiguous()
     args = dict(args, indices=rec.view(torch.uint8).reshape(3, 16) if as_bytes else rec, seq_lens=None,
                 error_count=torch.zeros(1, dtype=torch.int32, device=dev))
-    ok, got = _both_readers(_calls.fill_decode, 2, args, flags=0)
-    assert ok and got == _checked_bytes(c128._decode_checked, _calls.fill_decode, 2, args, dict(flags=0))
+    _every_reader("decode", args)
     for bad in (rec[:, :3].contiguous(), rec.long(), rec[:2], rec.t().contiguous().t()):
-        bad_args = dict(args, indices=bad)
-        assert _both_readers(_calls.fill_decode, 2, bad_args, flags=0)[0] is False
-        with pytest.raises((TypeError, ValueError)):
-            c128._decode_checked(**bad_args)
+        assert _judged("decode", "indices", dict(args, indices=bad))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", ["state", "kv_score", "out", "ape", "indices", "seq_lens", "error_count"])
-def test_decode_agrees_on_every_changed_argument(device, name):
+def test_decode_judges_every_changed_argument(device, name):
     dev = torch.device(device)
     base = _decode_args(dev, 128, 3, 4, False, torch.Generator().manual_seed(0))
     base["error_count"] = torch.zeros(1, dtype=torch.int32, device=dev)
-    rejected = 0
-    for bad in _variants(base[name], dev):
-        args = dict(base, **{name: bad})
-        rejected += _agree(c128._decode_checked, _calls.fill_decode, 2, args, dict(flags=0))
+    rejected = sum(_judged("decode", name, dict(base, **{name: bad})) for bad in _variants(base[name], dev))
     assert rejected >= 5
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("plan_kind", ["arrays", "tensors", "device_plan"])
 @pytest.mark.parametrize("name", ["state", "kv_score", "out", "ape", "indices", "load_indices", "plan0", "plan1"])
-def test_prefill_agrees_on_every_changed_argument(device, plan_kind, name):
+def test_prefill_judges_every_changed_argument(device, plan_kind, name):
     dev = torch.device(device)
     base = _prefill_args(dev, 64, [130, 5], False, plan_kind, False, True, torch.Generator().manual_seed(0))
-    base = dict(base, error_count=None, compact=False)
     if name.startswith("plan"):
         if plan_kind == "device_plan":
             return  # a DevicePlan has no record arrays to change
@@ -275,125 +273,29 @@ def test_prefill_agrees_on_every_changed_argument(device, plan_kind, name):
         wrong = [records[:, :8], records.float()] if plan_kind == "tensors" else [records.view(np.uint8), records[::2]]
         cases = [dict(base, plan=tuple(bad if j == i else r for j, r in enumerate(base["plan"])))
                  for bad in _variants(records, dev) + wrong]
-        cases += [dict(base, plan=p) for p in (list(base["plan"]), base["plan"][:1], None)]
+        cases += [dict(base, plan=p) for p in (base["plan"][:1], None)]
+        name = "plan"
     else:
         cases = [dict(base, **{name: bad}) for bad in _variants(base[name], dev)]
-    rejected = 0
-    for args in cases:
-        rejected += _agree(c128._prefill_checked, _calls.fill_prefill, 3, args, dict(flags=0))
+    rejected = sum(_judged("prefill", name, args) for args in cases)
     assert rejected >= 4
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["decode", "target_verify"])
 @pytest.mark.parametrize("name", _SOURCE_ORDER)
-def test_metadata_agrees_on_every_changed_source(device, mode, name):
+def test_metadata_judges_every_changed_source(device, mode, name):
     dev = torch.device(device)
     src, dst = _metadata_case(dev, mode, 5, 9, 7, True, True, (3, 4))
     present = src.get(name)
     variants = _variants(present, dev) if present is not None else [torch.zeros(5, dtype=torch.int32, device=dev)]
     rejected = 0
     for bad in variants:
-        case = dict(src, **{name: bad})
-        checked = pydsa.MetadataCopy([dst, dst], mode=mode)
-        compiled = pydsa.MetadataCopy([dst, dst], mode=mode)
-        ok, before, after = _compiled_metadata(compiled, case)
-        try:
-            checked._prepare(*(case.get(k) for k in _SOURCE_ORDER))
-        except (TypeError, ValueError):
-            assert not ok and after == before, (name, bad)
+        copy = pydsa.MetadataCopy([dst, dst], mode=mode)
+        before, err, after = _compiled_metadata(copy, dict(src, **{name: bad}))
+        if err is not None:
+            assert after == before, (name, bad)
+            said = str(err)  # the changed source, or one it no longer fits
+            assert name in said or said.split(":")[0].split(" ")[0] in _SOURCE_ORDER + ("num_splits/flashmla_metadata",), said
             rejected += 1
-            continue
-        assert not ok or after[:-8] == bytes(checked._params)[:-8]
     assert rejected >= min(3, len(variants))
-
-
-# ---------------------------------------------------------------------------------------------
-# The one-shot calls take the compiled path
-
-def test_one_shot_calls_launch_through_the_compiled_path(device, monkeypatch):
-    def python_path(*args):
-        raise AssertionError("the checks ran")
-
-    dev = torch.device(device)
-    gen = torch.Generator().manual_seed(3)
-    args = _decode_args(dev, 64, 5, 6, False, gen)
-    pydsa.c128_decode(*args.values())  # creates the default error counter once
-    monkeypatch.setattr(c128, "_decode_checked", python_path)
-    monkeypatch.setattr(c128, "_prefill_checked", python_path)
-    monkeypatch.setattr(pydsa.metadata.MetadataCopy, "_prepare", python_path)
-    pydsa.c128_decode(*args.values())
-    for kind in ("arrays", "tensors", "device_plan"):
-        p = _prefill_args(dev, 64, [200, 3], True, kind, kind == "tensors", True, gen)
-        pydsa.c128_prefill(p.pop("state"), p.pop("kv_score"), p.pop("out"), p.pop("ape"), p.pop("indices"),
-                           p.pop("plan"), load_indices=p.pop("load_indices"), compact=kind == "tensors")
-    src, dst = _metadata_case(dev, "target_verify", 4, 8, 6, True, True, (2, 3))
-    pydsa.MetadataCopy([dst, dst], mode="target_verify")(**src)
-    assert torch.equal(dst["page_table_1"][:6, :8], src["page_indices"])
-    # A numpy array is not something the filler reads: the checks convert it.
-    host = {k: (v.cpu().numpy() if k != "state" else v.cpu()) for k, v in args.items()}
-    with pytest.raises(AssertionError, match="the checks ran"):
-        pydsa.c128_decode(*host.values())
-
-
-def test_sglang_metadata_copy_takes_the_compiled_path(device, monkeypatch):
-    from pydsa import sglang
-    dev = torch.device(device)
-    src, dst = _metadata_case(dev, "target_verify", 4, 8, 6, True, True, (2, 3))
-    args = (src["cache_seqlens"], src["cu_seqlens_k"], src["page_indices"], src["dsa_cache_seqlens"],
-            src["seqlens_expanded"], src["dsa_cu_seqlens_k"], src["real_page_table"], src["num_splits"],
-            src["flashmla_metadata"], dst["cache_seqlens"], dst["cu_seqlens_k"], dst["page_table_1"],
-            dst["dsa_cache_seqlens"], dst["seqlens_expanded"], dst["dsa_cu_seqlens_k"], dst["real_page_table"],
-            dst["flashmla_num_splits"], dst["flashmla_metadata"])
-    sglang.fused_metadata_copy_cuda(*args, 1, 4, 0, 8, 6)  # binds the destinations once
-    for t in dst.values():
-        t.zero_()
-
-    def python_path(*a):
-        raise AssertionError("the checks ran")
-
-    monkeypatch.setattr(sglang, "_checked_flat", python_path)
-    sglang.fused_metadata_copy_cuda(*args, 1, 4, 0, 8, 6)
-    assert torch.equal(dst["page_table_1"][:6, :8], src["page_indices"])
-    assert torch.equal(dst["flashmla_metadata"], src["flashmla_metadata"].reshape(-1))
-    with pytest.raises(AssertionError, match="the checks ran"):  # a size that is not an int
-        sglang.fused_metadata_copy_cuda(*args, 1, 4.0, 0, 8, 6)
-
-
-def test_storing_and_speculative_one_shot_calls_take_the_filler_without_the_checks(device, monkeypatch):
-    """Valid torch tensors never reach the checks: the storing decode, prefill and verify, the
-    standalone store and both commits are filled and launched by the compiled filler alone."""
-    from pydsa import speculative, store
-    dev = torch.device(device)
-    gen = torch.Generator().manual_seed(8)
-    d, b, v = 128, 4, 3
-    i32, i64 = dict(dtype=torch.int32, device=dev), dict(dtype=torch.int64, device=dev)
-    cache = pydsa.KVCache(torch.zeros(64, pydsa.kv_page_bytes(d, 2), dtype=torch.uint8, device=dev),
-                          (torch.rand(d, generator=gen) + 0.5).to(dev), torch.randn(2048, 64, generator=gen).to(dev),
-                          page_size=2)
-    state = torch.randn(b + b * (v + 1), 1, 3 * d, generator=gen).to(dev)
-    ape, idx = torch.randn(128, d, generator=gen).to(dev), torch.arange(b, **i32)
-    seq = torch.tensor([127, 255, 3, 1000], **i32)
-    bank = torch.arange(b, b + b * (v + 1), v + 1, **i32)
-    plan = pyplan.plan_prefill(np.array([300, 130]), np.array([300, 129]))
-    pydsa.c128_decode(state, torch.randn(b, 2 * d, generator=gen).to(dev), None, ape, idx, seq + 1, store=cache,
-                      cache_slots=torch.arange(b, **i64))  # the default counter exists from here on
-
-    def checks(*args, **kwargs):
-        raise AssertionError("the checks ran")
-
-    for module, name in ((c128, "_decode_checked"), (c128, "_prefill_checked"), (speculative, "_verify_checked"),
-                         (speculative, "_commit_checked"), (store, "_store_checked")):
-        monkeypatch.setattr(module, name, checks)
-    pydsa.c128_decode(state, torch.randn(b, 2 * d, generator=gen).to(dev), None, ape, idx, seq + 1, store=cache,
-                      cache_slots=torch.arange(b, **i64))
-    pydsa.c128_prefill(state, torch.randn(429, 2 * d, generator=gen).to(dev), None, ape, idx[:2], plan, store=cache,
-                       cache_slots=torch.arange(429, **i64) % 128)
-    pydsa.c128_verify(state, torch.randn(b * v, 2 * d, generator=gen).to(dev), None, ape, idx, seq, bank,
-                      store=cache, cache_slots=torch.arange(b * v, **i64))
-    pydsa.kv_store(torch.randn(b, d, generator=gen).to(dev), torch.arange(b, **i32), torch.arange(b, **i64), cache)
-    accepted = torch.tensor([0, 3, 1, 2], **i32)
-    pydsa.c128_commit(seq, accepted, idx, bank, load_indices=idx.clone(), num_drafts=v)
-    pydsa.c128_commit(seq, accepted, idx, bank, states=[state, state.clone()], num_drafts=v)
-    with pytest.raises(AssertionError, match="the checks ran"):  # a numpy array goes to the checks
-        pydsa.kv_store(torch.randn(b, d).numpy(), torch.arange(b, dtype=torch.int32), torch.arange(b), cache)

@@ -106,7 +106,7 @@ def test_a_prefill_plan_of_more_records_than_one_launch_carries(device):
 
 
 def test_the_plan_entry_point_refuses_records_sglang_cannot_hold():
-    """dsa_sglang_plan checks a prefill's records on the host before writing anything: a batch_id past the
+    """dsa_request_records checks a prefill's records on the host before writing anything: a batch_id past the
     batch, a ragged row past 16 bits, a window outside 1..128."""
     import ctypes
     import c_structs
@@ -121,12 +121,12 @@ def test_the_plan_entry_point_refuses_records_sglang_cannot_hold():
         p.device, p.kind, p.batch_size = -1, 1, 2
         p.req_pool_indices, p.slots, p.load_slots = rid.data_ptr(), slots.data_ptr(), load.data_ptr()
         p.compress, p.num_compress, p.plan_c, p.compress_rows = records.ctypes.data, 2, plan_c.data_ptr(), 2
-        assert _abi.lib.dsa_sglang_plan(ctypes.byref(p), None) == 1
+        assert _abi.lib.dsa_request_records(ctypes.byref(p), None) == 1
         assert f"compress record 1 {{ragged_id" in _abi.lib.dsa_last_error().decode() and why in \
             _abi.lib.dsa_last_error().decode()
         assert (plan_c == 0xAB).all() and (slots == 7).all()  # nothing written
     p.kind = 5
-    assert _abi.lib.dsa_sglang_plan(ctypes.byref(p), None) == 1 and "kind is 5" in _abi.lib.dsa_last_error().decode()
+    assert _abi.lib.dsa_request_records(ctypes.byref(p), None) == 1 and "kind is 5" in _abi.lib.dsa_last_error().decode()
 
 
 def _layer(device, b, seed=0):

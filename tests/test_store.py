@@ -502,7 +502,7 @@ def test_fused_prefill_graph_replays_store_the_same_bytes():
 @gpu
 def test_a_storing_prefill_on_the_gpu_needs_out():
     from c_structs import PrefillParams
-    from pydsa import _calls
+    from pydsa import _fill_c128, _read
     d = 512
     seq, ext = np.array([300], np.int64), np.array([300], np.int64)
     plan = pyplan.plan_prefill(seq, ext)
@@ -512,9 +512,10 @@ def test_a_storing_prefill_on_the_gpu_needs_out():
     kvc = make_cache(d, 2, 200, 400, "cuda")
     out = torch.empty(300, d, device="cuda")
     buf = (C.c_char * C.sizeof(PrefillParams))()
-    assert _calls.fill_prefill(C.addressof(buf), state, kv, out, ape, idx, plan, None, 0, None, False, kvc, slots)
+    assert _fill_c128.fill_prefill(C.addressof(buf), state, kv, out, ape, idx, plan, None, 0, None, False, kvc,
+                                   slots)[0] == 0
     PrefillParams.from_buffer(buf).out = None
-    status = _calls.launch(_calls.OP_PREFILL, C.addressof(buf), 0, None)
+    status = _read.launch_prepared(_read.OPS["prefill"], C.addressof(buf), 0, None)
     with pytest.raises(pydsa.DsaError, match="out is null; a storing prefill on the GPU"):
         pydsa._abi.check(status)
     assert (kvc.cache == POISON).all()
@@ -582,8 +583,8 @@ def test_fused_decode_graph_replay():
 def test_storing_calls_through_every_reader_write_the_same_bytes():
     """A storing decode, verify, prefill and standalone store write the same bytes whether the filler
     reads the tensors through the exchange API, through their attributes (an older torch), or the
-    checks first convert numpy arrays; and the filler itself declines a store it cannot take."""
-    from pydsa import _calls
+    reader views numpy arrays through DLPack; and the filler itself refuses a store it cannot take, by name."""
+    from pydsa import _fill_c128, _fill_store, _read
     d, b = 512, 6
     gen = torch.Generator().manual_seed(4)
     state = torch.randn(4 * b, 1, 3 * d, generator=gen)
@@ -609,18 +610,23 @@ def test_storing_calls_through_every_reader_write_the_same_bytes():
         return cache.cache, st
 
     fast = run(lambda t: t)
-    _calls.read_attributes_only(True)
+    _read.read_attributes_only(True)
     try:
         attributes = run(lambda t: t)
     finally:
-        _calls.read_attributes_only(False)
+        _read.read_attributes_only(False)
     converted = run(lambda t: t.numpy())
     assert not (fast[0] == POISON).all()
     for other in (attributes, converted):
         assert torch.equal(fast[0], other[0]) and torch.equal(fast[1], other[1])
     errors = torch.zeros(1, dtype=torch.int32)
     cache = make_cache(d, 2, 4, 600, "cpu")
-    # cache_slots without a store, or of the wrong dtype: declined (the checks raise the error)
-    assert _calls.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, None, slots) == _calls.DECLINED
-    assert _calls.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, cache, slots.int()) == _calls.DECLINED
-    assert _calls.store(vectors, positions, slots.int(), cache, None, 0, errors) == _calls.DECLINED
+    # cache_slots without a store, or of the wrong dtype: refused by name, nothing written
+    before = cache.cache.clone()
+    with pytest.raises(ValueError, match="cache_slots is given without store="):
+        _fill_c128.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, None, slots)
+    with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
+        _fill_c128.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, cache, slots.int())
+    with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
+        _fill_store.store(vectors, positions, slots.int(), cache, None, 0, errors, None, False)
+    assert torch.equal(cache.cache, before)

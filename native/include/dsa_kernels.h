@@ -41,7 +41,7 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 9
+#define DSA_ABI_VERSION 10
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
@@ -73,7 +73,7 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_COMMIT_PARAMS = 9,      /* ABI 4 */
   DSA_STRUCT_KV_CACHE = 10,          /* ABI 5 */
   DSA_STRUCT_KV_STORE_PARAMS = 11,   /* ABI 5 */
-  DSA_STRUCT_SGLANG_PLAN_PARAMS = 12 /* ABI 6 */
+  DSA_STRUCT_RECORDS_PARAMS = 12 /* ABI 6 */
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -103,13 +103,13 @@ typedef enum dsa_struct_id {
 #define DSA_FLAG_STORE_EXTEND_RECORDS 32u /* kv_store (ABI 7): positions and slots from extend records */
 #define DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS 64u /* verify (ABI 7): with a bf16 state, the running state
                                       stays fp32 from draft to draft (each bank entry rounded once, as it
-                                      is stored), as sglang 0.5.23's write_prefix_states keeps it. Without
+                                      is stored). Without
                                       it the state is rounded between drafts as a decode's store rounds
                                       it, so a verified token leaves exactly the state a decoded one
                                       would. No effect on an fp32 state. */
 #define DSA_FLAG_DECODE_RECORDS 8u /* decode (ABI 7): `indices` points at batch_size 16-byte records, one per
                                       request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
-                                      (sglang 0.5.23's decode plan records read in place), 16-byte aligned
+                                      (the request record, docs/spec.md, records), 16-byte aligned
                                       on the GPU; seq_lens and load_indices must be null. The load slot
                                       plays load_indices' part. */
 
@@ -258,7 +258,7 @@ typedef struct dsa_kv_store_params {
   const dsa_kv_cache* cache;   /* host memory, read during the call */
   uint32_t* error_count;       /* [1] incremented per skipped vector; may be null */
   /* ABI 7: with DSA_FLAG_STORE_DECODE_RECORDS or DSA_FLAG_STORE_EXTEND_RECORDS, vector i's position
-   * and slot come from records[i] (sglang 0.5.23's 16-byte plan records, word 0 = seq_len) and
+   * and slot come from records[i] (request or segment records, docs/spec.md, records; word 0 = seq_len) and
    * positions must be null: decode, stored only when seq_len is a positive multiple of 128, at
    * cache_slots[i]; extend, 0xFFFFFFFF skipped, else at cache_slots[word 1 & 0xFFFF]. Position
    * seq_len - 128. A record whose slot index is not below num_cache_slots, or an extend record with
@@ -355,7 +355,7 @@ DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void*
  *                     tokens. The next verify takes it as `indices`, the next decode or prefill as
  *                     `load_indices`: no state is copied. Or, with `states`, the accepted entry of
  *                     every listed layer is copied onto indices[b] in one launch (main slots stay
- *                     current, as sglang keeps them).
+ *                     current).
  * Within a request, reads precede writes channel by channel, so indices[b] may be an entry of
  * the request's own bank (the previous step's accepted one). Requests must not share slots.
  * A negative slot means "not held on this GPU": the request is skipped silently; a slot at or
@@ -475,9 +475,9 @@ typedef struct dsa_metadata_copy_params {
 DSA_API dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* sglang 0.5.23's online c128 plan records (docs/spec.md, sglang conventions), ABI 6: one launch
- * writes the 16-byte records sglang's CompressorDecodePlan / CompressorPrefillPlan hold, with the
- * slots resolved from req_pool_indices, and the per-request slots pydsa's kernels read.
+/* The request and segment records (docs/spec.md, records), ABI 10 (earlier under another name): one
+ * launch writes a step's 16-byte records, with the slots resolved from req_pool_indices, and the
+ * per-request slots the kernels read.
  *   decode record b:  {u32 seq_lens[b], i32 rid + offset, i32 rid + offset, i32 -1}
  *   prefill record:   {u32 position + 1, u32 ragged_id | window_len << 16, i32 rid + offset, i32 rid}
  *                     (rid = req_pool_indices[batch_id]); rows past the records up to compress_rows /
@@ -488,13 +488,13 @@ DSA_API dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, voi
  * A prefill's records are host memory read during the call (they travel inside the launch, as in
  * dsa_c128_upload_plan); a record whose batch_id is not below batch_size, whose ragged row does not
  * fit 16 bits or whose window is not 1..128 fails the call before anything is written. */
-typedef enum dsa_sglang_plan_kind { DSA_SGLANG_DECODE_PLAN = 0, DSA_SGLANG_PREFILL_PLAN = 1 } dsa_sglang_plan_kind;
+typedef enum dsa_records_kind { DSA_RECORDS_DECODE = 0, DSA_RECORDS_PREFILL = 1 } dsa_records_kind;
 
-typedef struct dsa_sglang_plan_params {
+typedef struct dsa_request_records_params {
   uint32_t struct_size;
   uint32_t flags;                   /* DSA_FLAG_PDL */
   int32_t device;                   /* CUDA ordinal owning every pointer but the records, or DSA_DEVICE_HOST */
-  int32_t kind;                     /* dsa_sglang_plan_kind */
+  int32_t kind;                     /* dsa_records_kind */
   int64_t batch_size;               /* B >= 0 */
   int64_t state_slot_offset;        /* >= 0 */
   const int64_t* req_pool_indices;  /* [B] */
@@ -514,9 +514,9 @@ typedef struct dsa_sglang_plan_params {
   /* ABI 9: [1] incremented per decode seq_len outside 0..INT32_MAX (a value the 32-bit record would
    * wrap); that request's record is written as padding (seq_len 0). May be null. */
   uint32_t* error_count;
-} dsa_sglang_plan_params;
+} dsa_request_records_params;
 
-DSA_API dsa_status dsa_sglang_plan(const dsa_sglang_plan_params* params, void* stream);
+DSA_API dsa_status dsa_request_records(const dsa_request_records_params* params, void* stream);
 
 #ifdef __cplusplus
 }

@@ -56,7 +56,7 @@ struct StoreOpLaunch {
   const float* vectors;
   const int32_t* positions;
   uint32_t* error_count;
-  const int32_t* records;    // non-null: positions and slots from sglang's plan records
+  const int32_t* records;    // non-null: positions and slots from request or segment records
   int64_t num_cache_slots;   // records only
   uint32_t extend;           // records only: extend (not decode) records
   StoreLaunch store;

@@ -150,7 +150,7 @@ DSA_HD EntryOffsets entry_offsets(int64_t loc, int page_log2, int64_t page_strid
 // this GPU) or skip and count it (past the cache, or a rotary row outside the table).
 enum StoreCheck : int { kStoreWrite = 0, kStoreSkip = 1, kStoreCount = 2 };
 
-// The position and cache slot of vector i of a store that reads sglang's plan records
+// The position and cache slot of vector i of a store that reads request or segment records
 // (DSA_FLAG_STORE_*_RECORDS): kStoreWrite with *loc and *pos set, kStoreSkip (a decode row that closes
 // no chunk, an extend padding record) or kStoreCount (a slot index past num_slots, or an extend
 // record too short to close a chunk). Records and slot indices are data.

@@ -1,5 +1,6 @@
-// sglang 0.5.23's online c128 plan records (dsa_sglang_plan): the decode and prefill plans sglang's
-// compressor holds, with their slots resolved from req_pool_indices, in one launch; GPU and host backend.
+// The 16-byte request and segment records (dsa_request_records, docs/spec.md, records): a decode's request
+// records and a prefill's segment records, with their slots resolved from req_pool_indices, in one launch;
+// GPU and host backend.
 #include <algorithm>
 #include <cstdint>
 
@@ -31,12 +32,12 @@ DSA_HD void put(uint8_t* rows, int64_t row, const Record& r) {
 
 // The per-request part (slots, and a decode's records) and a prefill's padding rows: item i of
 // max(B, padding rows).
-DSA_HD void request_item(const dsa_sglang_plan_params& p, int64_t i) {
+DSA_HD void request_item(const dsa_request_records_params& p, int64_t i) {
   if (i < p.batch_size) {
     const int64_t rid = p.req_pool_indices[i];
     if (p.slots != nullptr) p.slots[i] = (int32_t)(rid + p.state_slot_offset);
     if (p.load_slots != nullptr) p.load_slots[i] = (int32_t)rid;
-    if (p.kind == DSA_SGLANG_DECODE_PLAN) {
+    if (p.kind == DSA_RECORDS_DECODE) {
       int64_t seq = p.seq_lens[i];
       if (seq < 0 || seq > INT32_MAX) {  // the 32-bit record would wrap it: padding, counted
         seq = 0;
@@ -52,15 +53,15 @@ DSA_HD void request_item(const dsa_sglang_plan_params& p, int64_t i) {
       if (p.seq_lens_out != nullptr) p.seq_lens_out[i] = (int32_t)seq;
     }
   }
-  if (p.kind == DSA_SGLANG_PREFILL_PLAN) {
+  if (p.kind == DSA_RECORDS_PREFILL) {
     const int64_t pad_c = p.compress_rows - p.num_compress;
     if (i < pad_c) put(p.plan_c, p.num_compress + i, padding_record());
     if (i < p.write_rows - p.num_write) put(p.plan_w, p.num_write + i, padding_record());
   }
 }
 
-DSA_HD int64_t request_items(const dsa_sglang_plan_params& p) {
-  if (p.kind == DSA_SGLANG_DECODE_PLAN) return p.batch_size;
+DSA_HD int64_t request_items(const dsa_request_records_params& p) {
+  if (p.kind == DSA_RECORDS_DECODE) return p.batch_size;
   const int64_t pad_c = p.compress_rows - p.num_compress, pad_w = p.write_rows - p.num_write;
   const int64_t pad = pad_c > pad_w ? pad_c : pad_w;
   return p.batch_size > pad ? p.batch_size : pad;
@@ -70,7 +71,7 @@ DSA_HD int64_t request_items(const dsa_sglang_plan_params& p) {
 // record j of the launch is plan record first + j, compress records first, then write records.
 
 struct PlanLaunch {
-  dsa_sglang_plan_params p;  // pointers on the device; `compress` / `write` unused here
+  dsa_request_records_params p;  // pointers on the device; `compress` / `write` unused here
   int64_t first;             // plan index of the launch's first record
   int32_t count;             // records in this launch
   int32_t requests;          // 1: this launch also writes the per-request part
@@ -80,10 +81,10 @@ constexpr int kPlanThreads = 128;
 
 template <int kRecords>
 __global__ void __launch_bounds__(kPlanThreads)
-    sglang_plan_kernel(const __grid_constant__ PlanLaunch a, const __grid_constant__ SegmentBlock<kRecords> records) {
+    records_kernel(const __grid_constant__ PlanLaunch a, const __grid_constant__ SegmentBlock<kRecords> records) {
   wait_for_producers();
   allow_dependents();
-  const dsa_sglang_plan_params& p = a.p;
+  const dsa_request_records_params& p = a.p;
   const int64_t requests = a.requests ? request_items(p) : 0;
   const int64_t items = a.count > requests ? a.count : requests;
   for (int64_t i = (int64_t)blockIdx.x * kPlanThreads + threadIdx.x; i < items; i += (int64_t)gridDim.x * kPlanThreads) {
@@ -108,11 +109,11 @@ cudaError_t launch_plan(const PlanLaunch& a, cudaStream_t stream, bool pdl) {
       },
       [&](const auto& records) {
         constexpr int k = std::decay_t<decltype(records)>::kSize;
-        return launch(sglang_plan_kernel<k>, grid, kPlanThreads, stream, pdl ? kLaunchPdl : 0u, a, records);
+        return launch(records_kernel<k>, grid, kPlanThreads, stream, pdl ? kLaunchPdl : 0u, a, records);
       });
 }
 
-dsa_status check_records(const dsa_sglang_plan_params& p, const char* op) {
+dsa_status check_records(const dsa_request_records_params& p, const char* op) {
   for (const bool compress : {true, false}) {
     const dsa_segment* list = compress ? p.compress : p.write;
     const int64_t n = compress ? p.num_compress : p.num_write;
@@ -120,7 +121,7 @@ dsa_status check_records(const dsa_sglang_plan_params& p, const char* op) {
       const dsa_segment& s = list[i];
       if ((int64_t)s.batch_id >= p.batch_size || s.ragged_id > 0xFFFFu || s.window_len < 1 || s.window_len > DSA_CHUNK)
         return fail(DSA_STATUS_INVALID_ARGUMENT,
-                    "%s: %s record %lld {ragged_id %u, batch_id %u, position %u, window_len %u}: sglang's records need "
+                    "%s: %s record %lld {ragged_id %u, batch_id %u, position %u, window_len %u}: the records need "
                     "batch_id < batch_size (%lld), a ragged row below 65536 and window_len 1..128",
                     op, compress ? "compress" : "write", (long long)i, s.ragged_id, s.batch_id, s.position,
                     s.window_len, (long long)p.batch_size);
@@ -129,19 +130,19 @@ dsa_status check_records(const dsa_sglang_plan_params& p, const char* op) {
   return DSA_STATUS_OK;
 }
 
-dsa_status check_plan(const dsa_sglang_plan_params& p, const char* op) {
-  if (p.kind != DSA_SGLANG_DECODE_PLAN && p.kind != DSA_SGLANG_PREFILL_PLAN)
+dsa_status check_plan(const dsa_request_records_params& p, const char* op) {
+  if (p.kind != DSA_RECORDS_DECODE && p.kind != DSA_RECORDS_PREFILL)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kind is %d; expected %d (decode) or %d (prefill)", op, p.kind,
-                DSA_SGLANG_DECODE_PLAN, DSA_SGLANG_PREFILL_PLAN);
+                DSA_RECORDS_DECODE, DSA_RECORDS_PREFILL);
   if (p.batch_size < 0 || p.state_slot_offset < 0 || p.state_slot_offset > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size and state_slot_offset must be >= 0 (offset <= %d; got "
                 "%lld, %lld)", op, INT32_MAX, (long long)p.batch_size, (long long)p.state_slot_offset);
-  if (p.batch_size > 0 && (p.req_pool_indices == nullptr || (p.slots == nullptr && p.kind == DSA_SGLANG_PREFILL_PLAN)))
+  if (p.batch_size > 0 && (p.req_pool_indices == nullptr || (p.slots == nullptr && p.kind == DSA_RECORDS_PREFILL)))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: req_pool_indices (and a prefill plan's slots) must be non-null", op);
   const void* rows[] = {p.slots, p.load_slots, p.plan_d, p.seq_lens_out, p.plan_c, p.plan_w};
   for (const void* r : rows)
     if (!aligned(r, 4)) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: every output must be 4-byte aligned", op);
-  if (p.kind == DSA_SGLANG_DECODE_PLAN) {
+  if (p.kind == DSA_RECORDS_DECODE) {
     if (p.batch_size > 0 && (p.seq_lens == nullptr || p.plan_d == nullptr))
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a decode plan needs seq_lens and plan_d", op);
     return DSA_STATUS_OK;
@@ -159,13 +160,13 @@ dsa_status check_plan(const dsa_sglang_plan_params& p, const char* op) {
 }  // namespace
 }  // namespace dsa
 
-extern "C" dsa_status dsa_sglang_plan(const dsa_sglang_plan_params* params, void* stream) {
+extern "C" dsa_status dsa_request_records(const dsa_request_records_params* params, void* stream) {
   using namespace dsa;
-  const char* op = "dsa_sglang_plan";
+  const char* op = "dsa_request_records";
   DSA_TRY(check_struct(params, op));
-  const dsa_sglang_plan_params& p = *params;
+  const dsa_request_records_params& p = *params;
   DSA_TRY(check_plan(p, op));
-  const bool prefill = p.kind == DSA_SGLANG_PREFILL_PLAN;
+  const bool prefill = p.kind == DSA_RECORDS_PREFILL;
   const int64_t records = prefill ? p.num_compress + p.num_write : 0;
   if (p.device == DSA_DEVICE_HOST) {
     for (int64_t j = 0; j < records; ++j) {

@@ -1,0 +1,237 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The c128 decode's and prefill's params, filled from a call's arguments (each judged by the shared
+reader, pydsa/_read.pyx, which raises the error naming a wrong one), and launched: on the C stack for
+a one-shot call, into a prepared buffer for C128Decode / C128Prefill; and a DevicePlan's upload."""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
+
+from pydsa._read cimport *
+
+
+# ---- decode -----------------------------------------------------------------------------------
+
+cdef int _fill_decode(dsa_c128_decode_params* p, state_, kv_score, out, ape, indices, seq_lens, uint32_t flags,
+                      error_count, load_indices, kv_cache, cache_slots, list keep) except -1:
+    cdef Arg st, kv, o, ap, ix, sl, lx
+    cdef int32_t sdt
+    cdef uint32_t* errors
+    cdef const void* store_address
+    cdef const int64_t* slots
+    state_arg(state_, &st, &sdt, "state", keep)
+    cdef int32_t dev = st.dev
+    cdef int64_t d = st.shape[2] // 3
+    tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
+    cdef int64_t b = kv.shape[0]
+    store_arg(kv_cache, cache_slots, dev, d, b, &store_address, &slots, keep)
+    o.data = NULL
+    if not (out is None and kv_cache is not None):
+        tensor(out, &o, "out", F32, dev, 2, b, d, keep)
+    tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
+    lx.data = NULL
+    sl.data = NULL
+    if seq_lens is None:  # indices: one 16-byte record per request (int32 [B, 4] or uint8 [B, 16])
+        if load_indices is not None:
+            raise ValueError("load_indices must be None when seq_lens is None (the records in `indices` carry the "
+                             "load slots)")
+        read(indices, &ix, "indices", keep)
+        if ix.ndim != 2:
+            raise TypeError(f"seq_lens must be an int32 [{b}] tensor; it may be None only when indices holds one "
+                            f"record per request (int32 [B, 4] or uint8 [B, 16]), got indices of shape "
+                            f"{[ix.shape[i] for i in range(ix.ndim)]}")
+        if ix.dtype == U8:
+            tensor(indices, &ix, "indices", U8, dev, 2, b, 16, keep)
+        else:
+            tensor(indices, &ix, "indices (records: int32 [B, 4] or uint8 [B, 16])", I32, dev, 2, b, 4, keep)
+        flags |= DSA_FLAG_DECODE_RECORDS
+    else:
+        vector(indices, &ix, "indices", I32, dev, b, keep)
+        vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
+        optional_vector(load_indices, &lx, "load_indices", dev, b, keep)
+    error_counter(error_count, dev, &errors, keep)
+    p.struct_size = sizeof(dsa_c128_decode_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = <int32_t>d
+    p.num_slots = st.shape[0]
+    p.batch_size = b
+    p.state = st.data
+    p.kv_score = <const float*>kv.data
+    p.out = <float*>o.data
+    p.ape = <const float*>ap.data
+    p.indices = <const int32_t*>ix.data
+    p.seq_lens = <const int32_t*>sl.data
+    p.error_count = errors
+    p.state_dtype = sdt
+    p.reserved = 0
+    p.load_indices = <const int32_t*>lx.data
+    p.store = store_address
+    p.cache_slots = slots
+    return 0
+
+
+def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags, error_count, load_indices,
+           kv_cache, cache_slots):
+    """One-shot c128 decode: the library's status (a wrong argument raises, naming it)."""
+    cdef dsa_c128_decode_params p
+    _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices, kv_cache,
+                 cache_slots, None)
+    return launch(OP_DECODE, &p, p.device, stream)
+
+
+def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, uint32_t flags, error_count,
+                load_indices, kv_cache, cache_slots):
+    """Fills the decode params at `address`: (device, the views the params point into); nothing is
+    written when an argument is wrong."""
+    cdef dsa_c128_decode_params p
+    cdef list keep = []
+    _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices, kv_cache,
+                 cache_slots, keep)
+    (<dsa_c128_decode_params*>address)[0] = p
+    return p.device, keep
+
+
+# ---- prefill ----------------------------------------------------------------------------------
+
+cdef int _plan(object plan, int32_t dev, uint32_t* flags, uintptr_t* cp, int64_t* nc, uintptr_t* wp, int64_t* nw,
+               uintptr_t* counts, list keep) except -1:
+    """The plan: pyplan's record arrays (read from host memory during the call), uint8 [M, 16] record
+    tensors (on the op's device or in host memory), or a DevicePlan."""
+    cdef Arg pc, pw
+    counts[0] = 0
+    if type(plan) is list and len(<list>plan) == 2:
+        plan = tuple(plan)
+    if type(plan) is tuple and len(<tuple>plan) == 2:
+        compress, write = <tuple>plan
+        if is_ndarray(compress):
+            cp[0], nc[0], wp[0], nw[0] = record_lists(compress, write)  # raises for arrays that are not
+            flags[0] |= DSA_FLAG_HOST_PLAN
+            return 0
+        read(compress, &pc, "plan[0] (compress)", keep)
+        where = pc.dev if pc.dev == -1 else dev
+        if pc.dev != dev and pc.dev != -1:
+            raise ValueError(f"plan tensors are on {compress.device} but the other tensors are on "
+                             f"{_device(dev)}")
+        tensor(compress, &pc, "plan[0] (compress)", U8, where, 2, ANY, ANY, keep)
+        tensor(write, &pw, "plan[1] (write)", U8, where, 2, ANY, ANY, keep)
+        if pc.shape[1] != 16 or pw.shape[1] != 16:
+            raise ValueError(f"plan tensors must have shape [M, 16] (got {[pc.shape[0], pc.shape[1]]} and "
+                             f"{[pw.shape[0], pw.shape[1]]})")
+        cp[0], nc[0], wp[0], nw[0] = <uintptr_t>pc.data, pc.shape[0], <uintptr_t>pw.data, pw.shape[0]
+        if where == -1:
+            flags[0] |= DSA_FLAG_HOST_PLAN
+        return 0
+    if is_device_plan(plan):
+        plan_dev, cp[0], nc[0], wp[0], nw[0], counts[0] = plan._records
+        if plan_dev != dev:
+            raise ValueError(f"plan is a DevicePlan on {plan.device} but the tensors are on {_device(dev)}")
+        return 0
+    raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
+                    "record tensors) or a DevicePlan")
+
+
+cdef object _device(int32_t dev):
+    return "cpu" if dev < 0 else f"cuda:{dev}"
+
+
+cdef int _fill_prefill(dsa_c128_prefill_params* p, state_, kv_score, out, ape, indices, plan, load_indices,
+                       uint32_t flags, error_count, bint compact, kv_cache, cache_slots, list keep) except -1:
+    """`keep` is a list: a storing prefill on the GPU with out None makes rows of its own there."""
+    cdef Arg st, kv, o, ap, ix, lx
+    cdef const void* store_address
+    cdef const int64_t* slots
+    cdef int32_t sdt
+    cdef uint32_t* errors
+    cdef uintptr_t cp, wp, counts
+    cdef int64_t nc, nw
+    state_arg(state_, &st, &sdt, "state", keep)
+    cdef int32_t dev = st.dev
+    cdef int64_t d = st.shape[2] // 3
+    tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
+    cdef int64_t n = kv.shape[0]
+    tensor(indices, &ix, "indices", I32, dev, 1, ANY, ANY, keep)
+    cdef int64_t b = ix.shape[0]
+    _plan(plan, dev, &flags, &cp, &nc, &wp, &nw, &counts, keep)
+    o.data = NULL
+    if out is None and kv_cache is not None and dev >= 0 and nc > 0:
+        # a storing prefill on the GPU passes its vectors through out: compact rows the call owns
+        out = new_rows(kv_score, nc, d)
+        compact = True
+        keep.append(out)
+    if not (out is None and kv_cache is not None):
+        tensor(out, &o, "out", F32, dev, 2, nc if compact else n, d, keep)
+    tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
+    optional_vector(load_indices, &lx, "load_indices", dev, b, keep)
+    error_counter(error_count, dev, &errors, keep)
+    store_arg(kv_cache, cache_slots, dev, d, n, &store_address, &slots, keep)
+    p.struct_size = sizeof(dsa_c128_prefill_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = <int32_t>d
+    p.num_slots = st.shape[0]
+    p.batch_size = b
+    p.num_tokens = n
+    p.state = st.data
+    p.kv_score = <const float*>kv.data
+    p.out = <float*>o.data
+    p.ape = <const float*>ap.data
+    p.indices = <const int32_t*>ix.data
+    p.load_indices = <const int32_t*>lx.data
+    p.compress = <const dsa_segment*>cp
+    p.write = <const dsa_segment*>wp
+    p.compress_capacity = nc
+    p.write_capacity = nw
+    p.counts = <const int64_t*>counts
+    p.error_count = errors
+    p.state_dtype = sdt
+    p.out_layout = DSA_OUT_COMPACT if compact else DSA_OUT_RAGGED
+    p.store = store_address
+    p.cache_slots = slots
+    return 0
+
+
+def prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, uint32_t flags, error_count,
+            bint compact, kv_cache, cache_slots):
+    """One-shot c128 prefill: the library's status (a wrong argument raises, naming it)."""
+    cdef dsa_c128_prefill_params p
+    cdef list keep = []
+    _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, kv_cache,
+                  cache_slots, keep)
+    return launch(OP_PREFILL, &p, p.device, stream)
+
+
+def fill_prefill(uintptr_t address, state, kv_score, out, ape, indices, plan, load_indices, uint32_t flags,
+                 error_count, bint compact, kv_cache, cache_slots):
+    """Fills the prefill params at `address`: (device, the buffers the params point into besides the
+    arguments: views, a storing prefill's own out rows); nothing is written when an argument is wrong."""
+    cdef dsa_c128_prefill_params p
+    cdef list keep = []
+    _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, kv_cache,
+                  cache_slots, keep)
+    (<dsa_c128_prefill_params*>address)[0] = p
+    return p.device, keep
+
+
+# ---- a DevicePlan's upload --------------------------------------------------------------------
+
+def init_upload(uintptr_t address, int32_t dev, uintptr_t compress, uintptr_t write, uintptr_t device_compress,
+                uintptr_t device_write, int64_t compress_capacity, int64_t write_capacity, uintptr_t device_counts):
+    """The plan-upload params at `address` of a DevicePlan: host arrays, device buffer, capacities."""
+    cdef dsa_plan_upload_params* p = <dsa_plan_upload_params*>address
+    p.struct_size = sizeof(dsa_plan_upload_params)
+    p.device = dev
+    p.compress = <const dsa_segment*>compress
+    p.write = <const dsa_segment*>write
+    p.num_compress = p.num_write = 0
+    p.device_compress = <dsa_segment*>device_compress
+    p.device_write = <dsa_segment*>device_write
+    p.compress_capacity = compress_capacity
+    p.write_capacity = write_capacity
+    p.device_counts = <int64_t*>device_counts
+
+
+def upload(uintptr_t address, int64_t num_compress, int64_t num_write, int32_t dev, stream):
+    """Sets the record counts of the plan-upload params at `address` (everything else prepared) and
+    launches them: the library's status."""
+    cdef dsa_plan_upload_params* p = <dsa_plan_upload_params*>address
+    p.num_compress = num_compress
+    p.num_write = num_write
+    return launch(OP_UPLOAD, p, dev, stream)

@@ -1,0 +1,48 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The standalone store's params, filled from a call's arguments (each judged by the shared reader,
+pydsa/_read.pyx, which raises the error naming a wrong one), and launched."""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
+
+from pydsa._read cimport *
+
+
+def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count, records, bint extend):
+    """One-shot store of vectors [N, D] into a KVCache: the library's status (a wrong argument
+    raises, naming it). With records (uint8 [M, 16], M <= N), positions and slots come from them."""
+    cdef dsa_kv_store_params p
+    cdef Arg v, ps, cs, rc
+    cdef uint32_t* errors
+    if not is_store(cache):
+        raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
+    cdef int32_t dev = cache.device
+    cdef int64_t d = cache.head_dim
+    tensor(vectors, &v, "vectors", F32, dev, 2, ANY, d, None)
+    cdef int64_t n = v.shape[0]
+    ps.data = NULL
+    rc.data = NULL
+    if records is None:
+        vector(positions, &ps, "positions", I32, dev, n, None)
+        vector(cache_slots, &cs, "cache_slots", I64, dev, n, None)
+    else:  # request or segment records, uint8 [M, 16]: the first M vectors; cache_slots of any length
+        if positions is not None:
+            raise ValueError("positions must be None with records (the records give each vector's position)")
+        tensor(records, &rc, "records", U8, dev, 2, ANY, 16, None)
+        if rc.shape[0] > n:
+            raise ValueError(f"records has {rc.shape[0]} rows but vectors only {n}")
+        tensor(cache_slots, &cs, "cache_slots", I64, dev, 1, ANY, ANY, None)
+        n = rc.shape[0]
+        flags |= DSA_FLAG_STORE_EXTEND_RECORDS if extend else DSA_FLAG_STORE_DECODE_RECORDS
+    error_counter(error_count, dev, &errors, None)
+    p.struct_size = sizeof(dsa_kv_store_params)
+    p.flags = flags
+    p.device = dev
+    p.head_dim = <int32_t>d
+    p.num_vectors = n
+    p.vectors = <const float*>v.data
+    p.positions = <const int32_t*>ps.data
+    p.cache_slots = <const int64_t*>cs.data
+    p.cache = <const void*><uintptr_t>cache.address
+    p.error_count = errors
+    p.records = <const int32_t*>rc.data
+    p.num_cache_slots = cs.shape[0] if records is not None else n
+    return launch(OP_STORE, &p, p.device, stream)

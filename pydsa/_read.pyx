@@ -1,0 +1,397 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The reader every filler shares: tensor arguments read through the DLPack C exchange API
+(`type(t).__dlpack_c_exchange_api__`, DLPack 1.3: one C call per tensor, a few tens of ns, instead of
+five attribute reads through torch's Python bindings), each judged against what the op takes; the
+default error counters; the launch table of the library's entry points.
+
+A reader that finds an argument wrong raises the error naming it, built on the cold path by the
+formatters in pydsa/_tensors.py (what was expected, what was given). An array that is not a framework
+tensor (numpy, CuPy, JAX ...) is read through a zero-copy DLPack view of it; a torch whose tensor type
+lacks the exchange API is read through the tensor's attributes (the slower reader)."""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject
+    PyTypeObject* Py_TYPE(object o)
+    void PyErr_Clear()
+
+# ---- DLPack 1.3: the tensor view and the C exchange API table (the standard's C layout) --------
+
+cdef struct DLDevice:
+    int32_t device_type
+    int32_t device_id
+
+cdef struct DLDataType:
+    uint8_t code
+    uint8_t bits
+    uint16_t lanes
+
+cdef struct DLTensor:
+    void* data
+    DLDevice device
+    int32_t ndim
+    DLDataType dtype
+    int64_t* shape
+    int64_t* strides
+    uint64_t byte_offset
+
+ctypedef int (*DLTensorFromPyObject)(void* py_object, DLTensor* out) noexcept
+ctypedef int (*CurrentWorkStream)(int32_t device_type, int32_t device_id, void** out) noexcept
+
+cdef struct ExchangeAPI:
+    uint32_t major
+    uint32_t minor
+    void* prev_api
+    void* managed_tensor_allocator
+    void* managed_tensor_from_py_object_no_sync
+    void* managed_tensor_to_py_object_no_sync
+    DLTensorFromPyObject dltensor_from_py_object_no_sync
+    CurrentWorkStream current_work_stream
+
+cdef enum:
+    DL_CPU = 1
+    DL_CUDA = 2
+    MAX_TYPES = 8
+    MAX_DEVICES = 64
+
+ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
+
+ENTRY_NAMES = ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan",
+               "dsa_c128_verify", "dsa_c128_commit", "dsa_kv_store", "dsa_request_records")
+"""The library's entry points, in the launch table's order (the Op enum of _read.pxd)."""
+
+OPS = dict(decode=OP_DECODE, prefill=OP_PREFILL, metadata=OP_METADATA, upload=OP_UPLOAD, verify=OP_VERIFY,
+           commit=OP_COMMIT, store=OP_STORE, records=OP_RECORDS)
+
+STRUCTS = dict(decode=DSA_STRUCT_DECODE_PARAMS, prefill=DSA_STRUCT_PREFILL_PARAMS,
+               metadata=DSA_STRUCT_METADATA_PARAMS, upload=DSA_STRUCT_PLAN_UPLOAD_PARAMS,
+               verify=DSA_STRUCT_VERIFY_PARAMS, commit=DSA_STRUCT_COMMIT_PARAMS, store=DSA_STRUCT_KV_STORE_PARAMS,
+               records=DSA_STRUCT_RECORDS_PARAMS)
+"""dsa_struct_id of each op's params, by op name (the header's names)."""
+
+cdef Entry _entries[<int>NUM_OPS]
+cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
+cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
+cdef const ExchangeAPI* _apis[MAX_TYPES]
+cdef int _num_types = 0
+cdef list _type_refs = []                      # keeps the cached type objects alive
+cdef uintptr_t _error_counters[MAX_DEVICES + 1]  # default counter per device, [0] = host
+cdef object _device_plan_type = None
+cdef object _store_type = None
+cdef object _ndarray_type = None
+cdef object _record_lists = None
+cdef object _tensor_type = None                # the framework's tensor type (the slower reader's)
+cdef dict _dtype_keys = {}                     # its dtype objects -> dtype keys (the slower reader)
+cdef dict _dtypes = {}                         # dtype keys -> its dtype objects (the messages)
+cdef object _raw_stream = None                 # current raw stream of a device, without the exchange API
+cdef bint _attributes_only = False             # tests: read every tensor through the slower reader
+cdef object _messages = None                   # pydsa._tensors, the formatters (bound by init)
+
+available = False
+"""True once init() found the exchange API on the framework's tensor type."""
+
+
+cdef const ExchangeAPI* _table(object tensor_type):
+    cap = getattr(tensor_type, "__dlpack_c_exchange_api__", None)
+    if cap is None or not PyCapsule_IsValid(cap, b"dlpack_exchange_api"):
+        return NULL
+    cdef const ExchangeAPI* api = <const ExchangeAPI*>PyCapsule_GetPointer(cap, b"dlpack_exchange_api")
+    if api == NULL or api.major != 1 or api.dltensor_from_py_object_no_sync == NULL or api.current_work_stream == NULL:
+        return NULL
+    return api
+
+
+def init(tensor_type, dict dtypes, raw_stream, dict entries, messages, ndarray_type, record_lists):
+    """Binds the framework's tensor type (its dtypes by name: float32, bfloat16, int32, int64, uint8;
+    its current-stream reader), the library's entry points ({name in ENTRY_NAMES: address}), the
+    message formatters (pydsa._tensors) and pyplan's reader of record arrays; returns `available`."""
+    global _streams, _ndarray_type, _record_lists, available, _tensor_type, _dtype_keys, _dtypes, _raw_stream
+    global _messages
+    keys = dict(float32=F32, bfloat16=BF16, int32=I32, int64=I64, uint8=U8)
+    _dtype_keys = {dtype: keys[name] for name, dtype in dtypes.items()}
+    _dtypes = {keys[name]: dtype for name, dtype in dtypes.items()}
+    _tensor_type, _raw_stream, _messages = tensor_type, raw_stream, messages
+    for op, name in enumerate(ENTRY_NAMES):
+        _entries[op] = <Entry><uintptr_t>entries[name]
+    _ndarray_type, _record_lists = ndarray_type, record_lists
+    _streams = _table(tensor_type)
+    available = _streams != NULL
+    return available
+
+
+def set_types(device_plan_type, store_type):
+    """The op modules' DevicePlan and KVCache (the fillers recognize them by exact type)."""
+    global _device_plan_type, _store_type
+    _device_plan_type, _store_type = device_plan_type, store_type
+
+
+def read_attributes_only(bint on):
+    """Tests: read every tensor through its attributes (the reader for a torch without the
+    exchange API), as an older torch would be read."""
+    global _attributes_only
+    _attributes_only = on
+
+
+def struct_sizes():
+    """The params layouts the fillers write, as compiled from the library's header: {dsa_struct_id:
+    size}, checked against the loaded library."""
+    return {DSA_STRUCT_DECODE_PARAMS: sizeof(dsa_c128_decode_params),
+            DSA_STRUCT_PREFILL_PARAMS: sizeof(dsa_c128_prefill_params),
+            DSA_STRUCT_METADATA_PARAMS: sizeof(dsa_metadata_copy_params),
+            DSA_STRUCT_PLAN_UPLOAD_PARAMS: sizeof(dsa_plan_upload_params),
+            DSA_STRUCT_VERIFY_PARAMS: sizeof(dsa_c128_verify_params),
+            DSA_STRUCT_COMMIT_PARAMS: sizeof(dsa_c128_commit_params),
+            DSA_STRUCT_KV_STORE_PARAMS: sizeof(dsa_kv_store_params),
+            DSA_STRUCT_RECORDS_PARAMS: sizeof(dsa_request_records_params)}
+
+
+def set_error_counter(int dev, uintptr_t address):
+    """Registers the default error counter of device `dev` (DSA_DEVICE_HOST = -1 for the host)."""
+    if -1 <= dev < MAX_DEVICES:
+        _error_counters[dev + 1] = address
+
+
+cdef bint is_store(object x):
+    return type(x) is _store_type
+
+
+cdef bint is_tensor(object x):
+    return isinstance(x, _tensor_type)
+
+
+cdef bint is_device_plan(object x):
+    return type(x) is _device_plan_type
+
+
+cdef bint is_ndarray(object x):
+    return type(x) is _ndarray_type
+
+
+cdef object record_lists(object compress, object write):
+    return _record_lists(compress, write)
+
+
+cdef object new_rows(object like, int64_t rows, int64_t cols):
+    """Rows of the call's own (float32, on `like`'s device), from the framework's allocator."""
+    if type(like) is not _tensor_type:
+        like = _messages.as_tensor(like, "kv_score")
+    return like.new_empty((rows, cols))
+
+
+# ---- reading one tensor -----------------------------------------------------------------------
+
+cdef const ExchangeAPI* _api_of(object obj):
+    cdef PyTypeObject* tp = Py_TYPE(obj)
+    cdef int i
+    global _num_types
+    for i in range(_num_types):
+        if _types[i] == tp:
+            return _apis[i]
+    cdef const ExchangeAPI* api = _table(type(obj))
+    if _num_types < MAX_TYPES:
+        _type_refs.append(type(obj))
+        _types[_num_types] = tp
+        _apis[_num_types] = api
+        _num_types += 1
+    return api
+
+
+cdef int _read_attributes(object obj, Arg* a) except -2:
+    """The slower reader: a framework tensor through its attributes (a torch without the exchange API)."""
+    cdef int i, n
+    if not isinstance(obj, _tensor_type):
+        return -1
+    try:
+        shape = obj.shape
+        n = len(shape)
+        if n > MAX_DIMS:
+            return -1
+        for i in range(n):
+            a.dims[i] = shape[i]
+        kind = obj.device.type
+        a.data = <char*><uintptr_t>obj.data_ptr()
+        a.dev = obj.get_device() if kind == "cuda" else (-1 if kind == "cpu" else OTHER_DEVICE)
+        a.dtype = _dtype_keys.get(obj.dtype, 0)
+        a.ndim = n
+        a.shape = a.dims
+        a.contiguous = obj.is_contiguous()
+    except Exception:  # a tensor without storage or of another layout: not readable here
+        return -1
+    return 0
+
+
+cdef int _read(object obj, Arg* a) except -2:
+    """0 and `a` filled for a tensor this path can read; -1 for anything else."""
+    cdef const ExchangeAPI* api = NULL if _attributes_only else _api_of(obj)
+    cdef DLTensor t
+    if api == NULL:
+        return _read_attributes(obj, a)
+    if api.dltensor_from_py_object_no_sync(<void*>obj, &t) != 0:
+        PyErr_Clear()
+        return _read_attributes(obj, a)
+    a.data = <char*>t.data + t.byte_offset
+    a.dev = (t.device.device_id if t.device.device_type == DL_CUDA
+             else (-1 if t.device.device_type == DL_CPU else OTHER_DEVICE))
+    a.dtype = t.dtype.code | (<uint32_t>t.dtype.bits << 8) | (<uint32_t>t.dtype.lanes << 16)
+    a.ndim = t.ndim
+    a.shape = t.shape
+    # torch's rule: no elements, or unit steps over every dimension longer than one
+    a.contiguous = True
+    cdef int64_t expect = 1
+    cdef int i
+    if t.strides != NULL:
+        for i in range(t.ndim):
+            if t.shape[i] == 0:
+                return 0
+        for i in range(t.ndim - 1, -1, -1):
+            if t.shape[i] != 1:
+                if t.strides[i] != expect:
+                    a.contiguous = False
+                    break
+                expect *= t.shape[i]
+    return 0
+
+
+cdef int read(object obj, Arg* a, str name, list keep) except -1:
+    if _read(obj, a) == 0:
+        return 0
+    view = _messages.as_tensor(obj, name)  # cold: raises naming `name`, or a zero-copy torch view
+    if keep is not None:
+        keep.append(view)
+    cdef int i
+    if _read(view, a) == 0:
+        if a.ndim > MAX_DIMS:
+            raise ValueError(f"{name} has {a.ndim} dimensions; pydsa reads at most {MAX_DIMS}")
+        for i in range(a.ndim):  # the view's shape lives with the view: copied, the view may go
+            a.dims[i] = a.shape[i]
+        a.shape = a.dims
+        return 0
+    raise TypeError(f"{name} cannot be read (a {view.layout} tensor of {view.dtype} on {view.device}); it must be "
+                    f"a dense tensor")
+
+
+cdef object _shape(int32_t ndim, int64_t d0, int64_t d1):
+    dims = [None if d0 == ANY else d0, None if d1 == ANY else d1, None][:ndim]
+    return tuple(dims + [None] * (ndim - len(dims)))
+
+
+cdef int _refuse(object obj, const Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0,
+                 int64_t d1) except -1:
+    """Cold: the formatter's error for an argument that is not what the op takes (a dimension of any
+    size is shown as the argument's own where its rank is right)."""
+    if a.ndim == ndim:
+        d0 = a.shape[0] if ndim > 0 and d0 == ANY else d0
+        d1 = a.shape[1] if ndim > 1 and d1 == ANY else d1
+    want = _shape(ndim, d0, d1)
+    if a.ndim == ndim and ndim > 2:
+        want = want[:2] + tuple(a.shape[i] for i in range(2, ndim))
+    _messages.check(obj, name, _dtypes[dtype], want, _messages.device_name(dev))
+    raise RuntimeError(f"pydsa: {name} was refused but passes its check (a bug in pydsa; please report it)")
+
+
+cdef int tensor(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0, int64_t d1,
+                list keep) except -1:
+    """A contiguous tensor of `dtype` on `dev` with `ndim` dimensions, the first two d0, d1 (ANY: any)."""
+    read(obj, a, name, keep)
+    if (a.dtype != dtype or a.dev != dev or a.ndim != ndim or not a.contiguous
+            or (ndim > 0 and d0 != ANY and a.shape[0] != d0) or (ndim > 1 and d1 != ANY and a.shape[1] != d1)):
+        return _refuse(obj, a, name, dtype, dev, ndim, d0, d1)
+    return 0
+
+
+cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64_t n, list keep) except -1:
+    return tensor(obj, a, name, dtype, dev, 1, n, ANY, keep)
+
+
+cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep) except -1:
+    """An optional int32 [n]: None leaves a.data null."""
+    a.data = NULL
+    if obj is None:
+        return 0
+    return tensor(obj, a, name, I32, dev, 1, n, ANY, keep)
+
+
+cdef int state_arg(object obj, Arg* a, int32_t* state_dtype, str name, list keep) except -1:
+    """A state [S, 1, 3D], D a positive multiple of 64, fp32 or bf16, on the host or a CUDA device."""
+    read(obj, a, name, keep)
+    if (a.dev == OTHER_DEVICE or a.ndim != 3 or not a.contiguous or a.shape[1] != 1 or a.shape[2] <= 0
+            or a.shape[2] % 192 != 0 or (a.dtype != F32 and a.dtype != BF16)):
+        _messages.check_state(obj, name)
+        raise RuntimeError(f"pydsa: {name} was refused but passes its check (a bug in pydsa; please report it)")
+    state_dtype[0] = DSA_STATE_FLOAT32 if a.dtype == F32 else DSA_STATE_BFLOAT16
+    return 0
+
+
+cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) except -1:
+    """`error_count` (int32 [1] on `dev`), or None: the device's default counter (made on first use)."""
+    cdef Arg a
+    if obj is not None:
+        tensor(obj, &a, "error_count", I32, dev, 1, 1, ANY, keep)
+        out[0] = <uint32_t*>a.data
+        return 0
+    if dev < -1 or dev >= MAX_DEVICES:
+        raise ValueError(f"device {dev} is beyond the {MAX_DEVICES} devices pydsa keeps default error counters "
+                         f"for; pass error_count=")
+    if _error_counters[dev + 1] == 0:
+        _messages.error_counter(dev)  # cold: made and registered once per device
+    out[0] = <uint32_t*>_error_counters[dev + 1]
+    return 0
+
+
+cdef int store_arg(object kv_cache, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
+               const int64_t** slots, list keep) except -1:
+    """A call's optional store: the KVCache's descriptor and its int64 cache_slots [rows]."""
+    cdef Arg cs
+    address[0] = NULL
+    slots[0] = NULL
+    if kv_cache is None:
+        if cache_slots is not None:
+            raise ValueError("cache_slots is given without store=")
+        return 0
+    if type(kv_cache) is not _store_type:
+        raise TypeError(f"store must be a pydsa.KVCache (got {type(kv_cache).__name__})")
+    if kv_cache.device != dev:
+        raise ValueError(f"store's cache is on {kv_cache.cache.device} but the other tensors are on "
+                         f"{_messages.device_name(dev)}")
+    if kv_cache.head_dim != d:
+        raise ValueError(f"store is for D = {kv_cache.head_dim} but the op's head dim is {d}")
+    if cache_slots is None:
+        raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
+    vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep)
+    address[0] = <const void*><uintptr_t>kv_cache.address
+    slots[0] = <const int64_t*>cs.data
+    return 0
+
+
+cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1:
+    """x an int in low..high (a bool or another type is not), else the error naming it."""
+    if type(x) is int and low <= x <= high:
+        return 0
+    bound = "2**31-1" if high == 2**31 - 1 else str(high)
+    raise ValueError(f"{name} must be an int in {low}..{bound}{extra} (got {x!r})")
+
+
+# ---- the launch table -------------------------------------------------------------------------
+
+cdef int launch(int op, const void* params, int32_t dev, object stream) except? -9:
+    """Runs entry point `op` on `stream` (a raw handle) or the device's current stream: its status."""
+    cdef void* s = NULL
+    cdef int status
+    cdef Entry entry = _entries[op]
+    if stream is not None:
+        s = <void*><uintptr_t>stream
+    elif dev >= 0:
+        if _streams == NULL or _attributes_only or _streams.current_work_stream(DL_CUDA, dev, &s) != 0:
+            PyErr_Clear()
+            s = <void*><uintptr_t>_messages.launch_stream(None, dev)  # cold: torch's own reader
+    if dev < 0:  # the host backend computes on this thread: let other Python threads run
+        with nogil:
+            status = entry(params, s)
+        return status
+    return entry(params, s)
+
+
+def launch_prepared(int op, uintptr_t address, int32_t dev, stream):
+    """Launches prepared params at `address` (op: a value of OPS): the library's status."""
+    return launch(op, <const void*>address, dev, stream)
