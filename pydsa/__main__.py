@@ -12,7 +12,7 @@ def main(argv=None) -> int:
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
-        from .demo import main as run
+        from .demo_cli import main as run
     elif cmd == "info":
         from .info import main as run
     elif cmd == "bench":

@@ -1,5 +1,5 @@
 """ctypes mirrors of the op params structs of dsa_kernels.h, for tests that call the C entry points
-directly as a C caller would (the library fills these through pydsa/_calls.pyx)."""
+directly as a C caller would (the library fills these through the fillers, pydsa/_fill_*.pyx)."""
 import ctypes as C
 
 from pydsa._abi import MetadataSources

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the GPU tests under compute-sanitizer (memcheck, racecheck, initcheck, synccheck), one test
+# Runs the GPU tests under compute-sanitizer (memcheck, racecheck, initcheck, synccheck; SANITIZE_MODULES and
+# SANITIZE_TOOLS pick fewer), one test
 # module per process and tool, all in parallel, with the caching allocator off so that overruns
 # cannot hide inside cached blocks. Writes one log per run and a summary to $1 (default
 # sanitizer-summary.txt); exits non-zero if any run reported an error or failed.
@@ -9,8 +10,8 @@ summary=${1:-sanitizer-summary.txt}
 logs=${SANITIZE_LOGS:-sanitizer-logs}
 mkdir -p "$logs"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYDSA_HYPOTHESIS_PROFILE=${PYDSA_HYPOTHESIS_PROFILE:-sanitize}
-modules="test_c128 test_speculative test_store test_dcp test_metadata test_reliability test_sglang test_calls"
-tools="memcheck racecheck initcheck synccheck"
+modules=${SANITIZE_MODULES:-"test_c128 test_speculative test_store test_dcp test_metadata test_reliability test_sglang test_calls"}
+tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
 if [ -z "${SANITIZE_SKIP_RUN:-}" ]; then
   for m in $modules; do
     for t in $tools; do

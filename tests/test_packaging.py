@@ -39,3 +39,15 @@ def test_readme_installs_the_distribution_by_its_own_name():
     readme = (ROOT / "README.md").read_text()
     assert "pip install pydsa" not in readme and "pip install -U pydsa" not in readme
     assert "dsa_kernels-*" in readme
+
+
+def test_the_c_library_speaks_only_of_itself_and_no_python_file_is_a_hub():
+    """native/ never names another framework (its record formats are pydsa's own, docs/spec.md); no file
+    of the Python packages exceeds 500 lines."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    named = [str(f.relative_to(root)) for f in (root / "native").rglob("*") if f.is_file()
+             and "sglang" in f.read_text(errors="replace").lower()]
+    assert named == []
+    long = {str(f.relative_to(root)): n for folder in ("pydsa", "pyplan") for f in (root / folder).rglob("*")
+            if f.suffix in (".py", ".pyx", ".pxd") and (n := len(f.read_text().splitlines())) > 500}
+    assert long == {}
