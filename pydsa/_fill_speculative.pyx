@@ -13,7 +13,8 @@ cdef enum:
 
 cdef int _fill_verify(dsa_c128_verify_params* p, state_, kv_score, out, ape, indices, seq_lens, bank_indices,
                       object stride, verify_lens, uint32_t flags, error_count, kv_cache, cache_slots,
-                      list keep) except -1:
+                      list keep, bint empty_ok) except -1:
+    """0 when filled; 1 for B = 0 where `empty_ok` (a one-shot call with nothing to do)."""
     cdef Arg st, kv, o, ap, ix, sl, bk, vl
     cdef const void* store_address
     cdef const int64_t* slots
@@ -24,6 +25,8 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state_, kv_score, out, ape, ind
     cdef int64_t d = st.shape[2] // 3
     tensor(seq_lens, &sl, "seq_lens", I32, dev, 1, ANY, ANY, keep)
     cdef int64_t b = sl.shape[0]
+    if b == 0 and empty_ok:
+        return 1
     tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
     cdef int64_t rows = kv.shape[0]
     if b == 0 or rows % b != 0 or not 1 <= rows // b <= MAX_DRAFTS:
@@ -67,11 +70,9 @@ def verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stri
            uint32_t flags, error_count, kv_cache, cache_slots):
     """One-shot c128 verify: the library's status (a wrong argument raises, naming it); B = 0 is a no-op."""
     cdef dsa_c128_verify_params p
-    cdef Arg sl
-    if getattr(seq_lens, "shape", None) is not None and tuple(seq_lens.shape) == (0,):
+    if _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
+                    error_count, kv_cache, cache_slots, None, True):
         return 0
-    _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
-                 error_count, kv_cache, cache_slots, None)
     return launch(OP_VERIFY, &p, p.device, stream)
 
 
@@ -81,7 +82,7 @@ def fill_verify(uintptr_t address, state, kv_score, out, ape, indices, seq_lens,
     cdef dsa_c128_verify_params p
     cdef list keep = []
     _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
-                 error_count, kv_cache, cache_slots, keep)
+                 error_count, kv_cache, cache_slots, keep, False)
     (<dsa_c128_verify_params*>address)[0] = p
     return p.device, keep
 

@@ -12,6 +12,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 
 cdef extern from "Python.h":
+    long long PyLong_AsLongLongAndOverflow(object obj, int* overflow) except? -1
     ctypedef struct PyTypeObject
     PyTypeObject* Py_TYPE(object o)
     void PyErr_Clear()
@@ -366,8 +367,12 @@ cdef int store_arg(object kv_cache, object cache_slots, int32_t dev, int64_t d, 
 
 cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1:
     """x an int in low..high (a bool or another type is not), else the error naming it."""
-    if type(x) is int and low <= x <= high:
-        return 0
+    cdef int overflow = 0
+    cdef long long v
+    if type(x) is int:
+        v = PyLong_AsLongLongAndOverflow(x, &overflow)
+        if overflow == 0 and low <= v <= high:
+            return 0
     bound = "2**31-1" if high == 2**31 - 1 else str(high)
     raise ValueError(f"{name} must be an int in {low}..{bound}{extra} (got {x!r})")
 
