@@ -6,6 +6,67 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
 
+cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    ctypedef struct dsa_c128_decode_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        void* state
+        const float* kv_score
+        float* out
+        const float* ape
+        const int32_t* indices
+        const int32_t* seq_lens
+        uint32_t* error_count
+        int32_t state_dtype
+        int32_t reserved
+        const int32_t* load_indices
+        const void* store
+        const int64_t* cache_slots
+    ctypedef struct dsa_c128_prefill_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        int64_t num_tokens
+        void* state
+        const float* kv_score
+        float* out
+        const float* ape
+        const int32_t* indices
+        const int32_t* load_indices
+        const dsa_segment* compress
+        const dsa_segment* write
+        int64_t compress_capacity
+        int64_t write_capacity
+        const int64_t* counts
+        uint32_t* error_count
+        int32_t state_dtype
+        int32_t out_layout
+        const void* store
+        const int64_t* cache_slots
+    ctypedef struct dsa_plan_upload_params:
+        uint32_t struct_size
+        int32_t device
+        const dsa_segment* compress
+        const dsa_segment* write
+        int64_t num_compress
+        int64_t num_write
+        dsa_segment* device_compress
+        dsa_segment* device_write
+        int64_t compress_capacity
+        int64_t write_capacity
+        int64_t* device_counts
+
+STRUCT_SIZES = {DSA_STRUCT_DECODE_PARAMS: sizeof(dsa_c128_decode_params), DSA_STRUCT_PREFILL_PARAMS: sizeof(dsa_c128_prefill_params), DSA_STRUCT_PLAN_UPLOAD_PARAMS: sizeof(dsa_plan_upload_params)}
+"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+
+
 
 # ---- decode -----------------------------------------------------------------------------------
 

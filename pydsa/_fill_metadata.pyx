@@ -8,6 +8,37 @@ from libc.string cimport memset
 
 from pydsa._read cimport *
 
+cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    ctypedef struct dsa_metadata_sources:
+        const int32_t* cache_seqlens
+        const int32_t* cu_seqlens_k
+        const int32_t* page_indices
+        const int32_t* seqlens_expanded
+        const int32_t* dsa_cache_seqlens
+        const int32_t* dsa_cu_seqlens_k
+        const int32_t* real_page_table
+        const int32_t* num_splits
+        const int32_t* flashmla_metadata
+    ctypedef struct dsa_metadata_copy_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t mode
+        int64_t bs
+        int64_t page_rows
+        int64_t page_width
+        int64_t expanded
+        int64_t real_cols
+        int64_t metadata_size
+        dsa_metadata_sources src
+        int32_t num_destinations
+        int32_t reserved
+        const dsa_metadata_destination* destinations
+
+STRUCT_SIZES = {DSA_STRUCT_METADATA_PARAMS: sizeof(dsa_metadata_copy_params)}
+"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+
+
 
 cdef void _sources(dsa_metadata_copy_params* p, int64_t bs, int64_t rows, int64_t width, int64_t expanded,
                    int64_t real_cols, int64_t meta, const Arg* cs, const Arg* cu, const Arg* pi, const Arg* se,

@@ -9,6 +9,34 @@ from libc.string cimport memset
 
 from pydsa._read cimport *
 
+cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    ctypedef struct dsa_request_records_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t kind
+        int64_t batch_size
+        int64_t state_slot_offset
+        const int64_t* req_pool_indices
+        int32_t* slots
+        int32_t* load_slots
+        const int64_t* seq_lens
+        uint8_t* plan_d
+        int32_t* seq_lens_out
+        const dsa_segment* compress
+        const dsa_segment* write
+        int64_t num_compress
+        int64_t num_write
+        uint8_t* plan_c
+        uint8_t* plan_w
+        int64_t compress_rows
+        int64_t write_rows
+        uint32_t* error_count
+
+STRUCT_SIZES = {DSA_STRUCT_RECORDS_PARAMS: sizeof(dsa_request_records_params)}
+"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+
+
 
 cdef str _passed(object x):
     """What the caller passed, in its own terms: a tensor's dtype, shape and device, else its type."""

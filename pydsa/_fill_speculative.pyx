@@ -6,6 +6,53 @@ from libc.stdlib cimport malloc, free
 
 from pydsa._read cimport *
 
+cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    ctypedef struct dsa_c128_verify_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        int32_t num_drafts
+        int32_t state_dtype
+        void* state
+        const float* kv_score
+        float* out
+        const float* ape
+        const int32_t* seq_lens
+        const int32_t* verify_lens
+        const int32_t* indices
+        const int32_t* bank_indices
+        int64_t bank_stride
+        uint32_t* error_count
+        const void* store
+        const int64_t* cache_slots
+    ctypedef struct dsa_c128_commit_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_slots
+        int64_t batch_size
+        int32_t num_drafts
+        int32_t state_dtype
+        const int32_t* seq_lens
+        const int32_t* accepted
+        const int32_t* verify_lens
+        const int32_t* indices
+        const int32_t* bank_indices
+        int64_t bank_stride
+        int32_t* load_indices
+        int32_t num_layers
+        int32_t reserved
+        void* const* states
+        uint32_t* error_count
+
+STRUCT_SIZES = {DSA_STRUCT_VERIFY_PARAMS: sizeof(dsa_c128_verify_params), DSA_STRUCT_COMMIT_PARAMS: sizeof(dsa_c128_commit_params)}
+"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+
+
 cdef enum:
     MAX_DRAFTS = 16
     STACK_LAYERS = 256  # a one-shot copying commit's layer pointers live on the C stack up to this many

@@ -5,6 +5,25 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
 
+cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    ctypedef struct dsa_kv_store_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t head_dim
+        int64_t num_vectors
+        const float* vectors
+        const int32_t* positions
+        const int64_t* cache_slots
+        const void* cache
+        uint32_t* error_count
+        const int32_t* records
+        int64_t num_cache_slots
+
+STRUCT_SIZES = {DSA_STRUCT_KV_STORE_PARAMS: sizeof(dsa_kv_store_params)}
+"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+
+
 
 def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count, records, bint extend):
     """One-shot store of vectors [N, D] into a KVCache: the library's status (a wrong argument

@@ -1,5 +1,5 @@
-# The shared reader of the call path: the C ABI's params layouts (from the library's header), the tensor
-# view every filler reads an argument into, and the readers, which judge each argument and raise the error
+# The shared reader of the call path: the header's constants, the tensor view every filler reads an
+# argument into (each op's params layout lives in its family's filler module), and the readers, which judge each argument and raise the error
 # naming it (pydsa/_read.pyx). Every filler module (pydsa/_fill_*.pyx) cimports this.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 
@@ -27,174 +27,8 @@ cdef extern from "dsa_kernels.h":
     ctypedef struct dsa_segment:
         pass
 
-    ctypedef struct dsa_c128_decode_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
-        void* state
-        const float* kv_score
-        float* out
-        const float* ape
-        const int32_t* indices
-        const int32_t* seq_lens
-        uint32_t* error_count
-        int32_t state_dtype
-        int32_t reserved
-        const int32_t* load_indices
-        const void* store
-        const int64_t* cache_slots
-
-    ctypedef struct dsa_c128_verify_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
-        int32_t num_drafts
-        int32_t state_dtype
-        void* state
-        const float* kv_score
-        float* out
-        const float* ape
-        const int32_t* seq_lens
-        const int32_t* verify_lens
-        const int32_t* indices
-        const int32_t* bank_indices
-        int64_t bank_stride
-        uint32_t* error_count
-        const void* store
-        const int64_t* cache_slots
-
-    ctypedef struct dsa_c128_commit_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
-        int32_t num_drafts
-        int32_t state_dtype
-        const int32_t* seq_lens
-        const int32_t* accepted
-        const int32_t* verify_lens
-        const int32_t* indices
-        const int32_t* bank_indices
-        int64_t bank_stride
-        int32_t* load_indices
-        int32_t num_layers
-        int32_t reserved
-        void* const* states
-        uint32_t* error_count
-
-    ctypedef struct dsa_c128_prefill_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
-        int64_t num_tokens
-        void* state
-        const float* kv_score
-        float* out
-        const float* ape
-        const int32_t* indices
-        const int32_t* load_indices
-        const dsa_segment* compress
-        const dsa_segment* write
-        int64_t compress_capacity
-        int64_t write_capacity
-        const int64_t* counts
-        uint32_t* error_count
-        int32_t state_dtype
-        int32_t out_layout
-        const void* store
-        const int64_t* cache_slots
-
-    ctypedef struct dsa_plan_upload_params:
-        uint32_t struct_size
-        int32_t device
-        const dsa_segment* compress
-        const dsa_segment* write
-        int64_t num_compress
-        int64_t num_write
-        dsa_segment* device_compress
-        dsa_segment* device_write
-        int64_t compress_capacity
-        int64_t write_capacity
-        int64_t* device_counts
-
-    ctypedef struct dsa_kv_store_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_vectors
-        const float* vectors
-        const int32_t* positions
-        const int64_t* cache_slots
-        const void* cache
-        uint32_t* error_count
-        const int32_t* records
-        int64_t num_cache_slots
-
     ctypedef struct dsa_metadata_destination:
         pass
-
-    ctypedef struct dsa_request_records_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t kind
-        int64_t batch_size
-        int64_t state_slot_offset
-        const int64_t* req_pool_indices
-        int32_t* slots
-        int32_t* load_slots
-        const int64_t* seq_lens
-        uint8_t* plan_d
-        int32_t* seq_lens_out
-        const dsa_segment* compress
-        const dsa_segment* write
-        int64_t num_compress
-        int64_t num_write
-        uint8_t* plan_c
-        uint8_t* plan_w
-        int64_t compress_rows
-        int64_t write_rows
-        uint32_t* error_count
-
-    ctypedef struct dsa_metadata_sources:
-        const int32_t* cache_seqlens
-        const int32_t* cu_seqlens_k
-        const int32_t* page_indices
-        const int32_t* seqlens_expanded
-        const int32_t* dsa_cache_seqlens
-        const int32_t* dsa_cu_seqlens_k
-        const int32_t* real_page_table
-        const int32_t* num_splits
-        const int32_t* flashmla_metadata
-
-    ctypedef struct dsa_metadata_copy_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t mode
-        int64_t bs
-        int64_t page_rows
-        int64_t page_width
-        int64_t expanded
-        int64_t real_cols
-        int64_t metadata_size
-        dsa_metadata_sources src
-        int32_t num_destinations
-        int32_t reserved
-        const dsa_metadata_destination* destinations
-
 
 cdef enum:
     # dtype keys: DLPack's code | bits << 8 | lanes << 16
@@ -211,7 +45,6 @@ cdef enum:
 cdef enum Op:
     OP_DECODE, OP_PREFILL, OP_METADATA, OP_UPLOAD, OP_VERIFY, OP_COMMIT, OP_STORE, OP_RECORDS, NUM_OPS
 
-
 cdef struct Arg:
     char* data
     int32_t dev      # CUDA ordinal, -1 host, OTHER_DEVICE anything else
@@ -220,7 +53,6 @@ cdef struct Arg:
     const int64_t* shape
     bint contiguous
     int64_t dims[MAX_DIMS]  # the shape, when read through attributes
-
 
 # Each reader fills `a` from `obj` or raises the error naming `name` (what was expected, what it got). An
 # array that is not a framework tensor is read through a zero-copy DLPack view, appended to `keep` when

@@ -137,14 +137,11 @@ def read_attributes_only(bint on):
 def struct_sizes():
     """The params layouts the fillers write, as compiled from the library's header: {dsa_struct_id:
     size}, checked against the loaded library."""
-    return {DSA_STRUCT_DECODE_PARAMS: sizeof(dsa_c128_decode_params),
-            DSA_STRUCT_PREFILL_PARAMS: sizeof(dsa_c128_prefill_params),
-            DSA_STRUCT_METADATA_PARAMS: sizeof(dsa_metadata_copy_params),
-            DSA_STRUCT_PLAN_UPLOAD_PARAMS: sizeof(dsa_plan_upload_params),
-            DSA_STRUCT_VERIFY_PARAMS: sizeof(dsa_c128_verify_params),
-            DSA_STRUCT_COMMIT_PARAMS: sizeof(dsa_c128_commit_params),
-            DSA_STRUCT_KV_STORE_PARAMS: sizeof(dsa_kv_store_params),
-            DSA_STRUCT_RECORDS_PARAMS: sizeof(dsa_request_records_params)}
+    from pydsa import _fill_c128, _fill_metadata, _fill_records, _fill_speculative, _fill_store
+    sizes = {}
+    for filler in (_fill_c128, _fill_speculative, _fill_store, _fill_metadata, _fill_records):
+        sizes.update(filler.STRUCT_SIZES)
+    return sizes
 
 
 def set_error_counter(int dev, uintptr_t address):
