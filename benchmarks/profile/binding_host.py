@@ -8,11 +8,15 @@ kv0 = torch.randn(0, 2 * d); out0 = torch.empty(0, d); i0 = torch.zeros(0, dtype
 ext = np.array([5], np.int64); plan = pyplan.plan_prefill(ext, ext)
 kvp = torch.randn(5, 2 * d); outp = torch.empty(5, d); ip = torch.zeros(1, dtype=torch.int32)
 ver_kv = torch.randn(0, 2 * d)
+b, v = 4, 3
+vst = torch.randn(b * 5, 1, 3 * d); vkv = torch.randn(b * v, 2 * d); vout = torch.empty(b * v, d)
+idx = torch.arange(b, dtype=torch.int32); vseq = torch.full((b,), -1, dtype=torch.int32); bank = idx + b
 cases = {
  "decode B=0": lambda: pydsa.c128_decode(st, kv0, out0, ape, i0, i0),
  "prefill 5 tokens": lambda: pydsa.c128_prefill(st, kvp, outp, ape, ip, plan),
  "commit B=0": lambda: pydsa.c128_commit(i0, i0, i0, i0, load_indices=i0, num_drafts=2),
  "prepared decode launch": pydsa.C128Decode(st, kv0, out0, ape, i0, i0).launch,
+ "verify B=4 padding": lambda: pydsa.c128_verify(vst, vkv, vout, ape, idx, vseq, bank),
 }
 for name, fn in cases.items():
     for _ in range(2000): fn()
@@ -22,14 +26,3 @@ for name, fn in cases.items():
         for _ in range(20000): fn()
         r.append((time.perf_counter() - t) / 20000 * 1e6)
     print(f"{name:28s} {statistics.median(r):.3f} us")
-b, v = 4, 3
-vst = torch.randn(b * 5, 1, 3 * d); vkv = torch.randn(b * v, 2 * d); vout = torch.empty(b * v, d)
-idx = torch.arange(b, dtype=torch.int32); vseq = torch.full((b,), -1, dtype=torch.int32); bank = idx + b
-fn = lambda: pydsa.c128_verify(vst, vkv, vout, ape, idx, vseq, bank)
-for _ in range(2000): fn()
-r = []
-for _ in range(7):
-    t = time.perf_counter()
-    for _ in range(20000): fn()
-    r.append((time.perf_counter() - t) / 20000 * 1e6)
-print(f"{'verify B=4 padding':28s} {statistics.median(r):.3f} us")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import statistics
 
+import numpy as np
 import torch
 
 import pydsa
-from .harness import graph_us
+import pyplan
+from .harness import graph_us, median_graph_us
 
 D = 512
 PAGE = 2
@@ -45,6 +47,38 @@ class Layer:
         self.r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
 
 
+class PrefillCase:
+    """One prefill case's buffers (state, inputs, cache, pyplan's plan) for pydsa and sglang: `case` is
+    (seq_lens, extend_lens), or None for 64 requests of 1-600 new tokens behind random prefixes."""
+
+    def __init__(self, case, rng, gen):
+        if case is None:
+            ext = rng.integers(1, 601, 64)
+            seq = ext + rng.integers(0, 100_000, 64)
+        else:
+            seq, ext = np.array(case[0]), np.array(case[1])
+        self.seq, self.ext = seq.astype(np.int64), ext.astype(np.int64)
+        self.n, self.b = n, b = int(self.ext.sum()), len(seq)
+        self.state = torch.randn(b, 1, 3 * D, device="cuda", generator=gen)
+        self.state[:, :, D:2 * D] = 3.0
+        self.kv = torch.randn(n, 2 * D, device="cuda", generator=gen)
+        self.ape = torch.randn(128, D, device="cuda", generator=gen)
+        self.idx = torch.arange(b, dtype=torch.int32, device="cuda")
+        self.rid = self.idx.to(torch.int64)
+        self.r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
+        self.loc = torch.randperm(n, device="cuda", generator=gen).to(torch.int64)
+        self.cache = torch.zeros(n // 2 + 1, 1728, dtype=torch.uint8, device="cuda")
+        self.w = torch.rand(D, device="cuda", generator=gen) + 0.5
+        self.freq = _rotary(int(self.seq.max()) + 128, gen)
+        self.store = pydsa.KVCache(self.cache, self.w, self.freq, page_size=PAGE, eps=1e-6)
+        self.plan = pyplan.plan_prefill(self.seq, self.ext)
+
+    @staticmethod
+    def fits_sglang(case) -> bool:
+        """sglang's records hold 16-bit ragged rows: at most 65535 tokens."""
+        return case is None or sum(case[1]) < 65536
+
+
 def p24_target(b, closing) -> float:
     """P24: the fused decode + store against sglang's decode + store kernels (docs/performance.md)."""
     return 1.65 if b == 1 else (1.75 if closing else 1.9) if b == 32 else 1.6 if b == 256 else 1.5
@@ -68,11 +102,7 @@ def decode_rows(ref, bs, dtypes, rounds=5):
                          "sglang decode": [sg_dec],
                          "pydsa decode+store fused": [fused.launch], "sglang decode + store": [sg_dec, sg_store],
                          "sglang store": [sg_store]}
-                t = {k: [] for k in cases}
-                for _ in range(rounds):
-                    for k, calls in cases.items():
-                        t[k].append(graph_us(calls) * len(calls))
-                m = {k: statistics.median(v) for k, v in t.items()}
+                m = median_graph_us(cases, rounds)
                 row = {"b": b, "state": str(dtype).replace("torch.", ""), "lengths": "closing" if closing else "random",
                        **{k + " us": round(v, 3) for k, v in m.items()},
                        "P18 decode speedup": round(m["sglang decode"] / m["pydsa decode"], 3),

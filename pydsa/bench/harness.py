@@ -216,3 +216,13 @@ def floors() -> dict:
 
 # ---------------------------------------------------------------------------------------------
 # Planner
+
+
+def median_graph_us(cases: dict, rounds: int) -> dict:
+    """{name: median over rounds of graph_us(calls) x len(calls)} for {name: [calls of one step]}, the
+    cases interleaved round by round."""
+    t = {k: [] for k in cases}
+    for _ in range(rounds):
+        for k, calls in cases.items():
+            t[k].append(graph_us(calls) * len(calls))
+    return {k: statistics.median(v) for k, v in t.items()}

@@ -4,14 +4,12 @@ online path, per layer in one process on the same inputs (fp32), decode + store 
 the state bytes per request each keeps."""
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
 import torch
 
 import pydsa
-from .decode_path import D, PAGE, Layer, _rotary
-from .harness import graph_us
+from .decode_path import D, PAGE, Layer, PrefillCase
+from .harness import median_graph_us
 
 RING_ROWS = 128  # the offline path's ring: 128 raw rows of 2D floats per request per c128 layer
 
@@ -39,7 +37,7 @@ def decode_rows(ref, bs, rounds=5):
             on_store = lambda: ref.store(L.out, on_plan, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
             cases = {"sglang offline (default) decode + store": [off_dec, off_store],
                      "sglang online decode + store": [on_dec, on_store], "pydsa decode+store fused": [fused.launch]}
-            m = _median_us(cases, rounds)
+            m = median_graph_us(cases, rounds)
             rows.append(_row({"b": b, "lengths": "closing" if closing else "random"}, m))
             print(rows[-1], flush=True)
             del ring
@@ -47,37 +45,19 @@ def decode_rows(ref, bs, rounds=5):
 
 
 def prefill_rows(ref, cases, rounds=5):
-    import pyplan
     rows = []
     rng = np.random.default_rng(12)
     gen = torch.Generator(device="cuda").manual_seed(12)
     for name, case in cases.items():
-        if case is None:
-            ext = rng.integers(1, 601, 64)
-            seq = ext + rng.integers(0, 100_000, 64)
-        else:
-            seq, ext = np.array(case[0]), np.array(case[1])
-        seq, ext = seq.astype(np.int64), ext.astype(np.int64)
-        n, b = int(ext.sum()), len(seq)
-        if n >= 65536:
-            continue  # sglang's records hold 16-bit ragged rows
-        state = torch.randn(b, 1, 3 * D, device="cuda", generator=gen)
-        state[:, :, D:2 * D] = 3.0
-        ring = torch.randn(b, RING_ROWS, 2 * D, device="cuda", generator=gen)
-        kv = torch.randn(n, 2 * D, device="cuda", generator=gen)
-        ape = torch.randn(128, D, device="cuda", generator=gen)
-        idx = torch.arange(b, dtype=torch.int32, device="cuda")
-        rid = idx.to(torch.int64)
-        r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
-        loc = torch.randperm(n, device="cuda", generator=gen).to(torch.int64)
-        cache = torch.zeros(n // 2 + 1, 1728, dtype=torch.uint8, device="cuda")
-        w = torch.rand(D, device="cuda", generator=gen) + 0.5
-        freq = _rotary(int(seq.max()) + 128, gen)
-        store = pydsa.KVCache(cache, w, freq, page_size=PAGE, eps=1e-6)
-        plan = pyplan.plan_prefill(seq, ext)
-        seq_t, ext_t = torch.from_numpy(seq), torch.from_numpy(ext)
-        on_plan = ref.plan_prefill(seq_t, ext_t, rid, r2t, n)
-        off_plan = ref.plan_prefill_offline(rid, seq_t, ext_t, n)
+        if not PrefillCase.fits_sglang(case):
+            continue
+        P = PrefillCase(case, rng, gen)
+        n, state, kv, ape, idx, loc, cache, w, freq, store, plan = (P.n, P.state, P.kv, P.ape, P.idx, P.loc, P.cache,
+                                                                    P.w, P.freq, P.store, P.plan)
+        ring = torch.randn(P.b, RING_ROWS, 2 * D, device="cuda", generator=gen)
+        seq_t, ext_t = torch.from_numpy(P.seq), torch.from_numpy(P.ext)
+        on_plan = ref.plan_prefill(seq_t, ext_t, P.rid, P.r2t, n)
+        off_plan = ref.plan_prefill_offline(P.rid, seq_t, ext_t, n)
         out_on = torch.empty(max(1, on_plan.plan_c.shape[0]), D, device="cuda")
         out_off = torch.empty(max(1, off_plan.plan_c.shape[0]), D, device="cuda")
         cases_ = {
@@ -90,19 +70,11 @@ def prefill_rows(ref, cases, rounds=5):
             "pydsa prefill+store fused": [
                 lambda: pydsa.c128_prefill(state, kv, None, ape, idx, plan, compact=True, store=store,
                                            cache_slots=loc)]}
-        m = _median_us(cases_, rounds)
+        m = median_graph_us(cases_, rounds)
         rows.append(_row({"case": name, "tokens": n}, m))
         print(rows[-1], flush=True)
         del ring
     return rows
-
-
-def _median_us(cases: dict, rounds: int) -> dict:
-    t = {k: [] for k in cases}
-    for _ in range(rounds):
-        for k, calls in cases.items():
-            t[k].append(graph_us(calls) * len(calls))
-    return {k: statistics.median(v) for k, v in t.items()}
 
 
 def _row(head: dict, m: dict) -> dict:

@@ -23,9 +23,9 @@ import torch
 
 import pydsa
 from . import harness, offline, reference
-from .harness import graph_us, host_us, host_vs_empty
+from .harness import graph_us, host_us, host_vs_empty, median_graph_us
 
-from .decode_path import D, PAGE, Layer, _rotary, decode_rows, floor_rows, model_step_rows  # noqa: F401
+from .decode_path import D, PAGE, Layer, PrefillCase, _rotary, decode_rows, floor_rows, model_step_rows  # noqa: F401
 
 
 def _load(folder):
@@ -194,34 +194,16 @@ PREFILL_CASES = {  # name: (seq_lens, extend_lens)
 
 
 def prefill_rows(ref, rounds=5):
-    import pyplan
     rows = []
     rng = np.random.default_rng(4)
     gen = torch.Generator(device="cuda").manual_seed(4)
     for name, case in PREFILL_CASES.items():
-        if case is None:
-            ext = rng.integers(1, 601, 64)
-            seq = ext + rng.integers(0, 100_000, 64)
-        else:
-            seq, ext = np.array(case[0]), np.array(case[1])
-        seq, ext = seq.astype(np.int64), ext.astype(np.int64)
-        n, b = int(ext.sum()), len(seq)
-        if n >= 65536:
-            continue  # sglang's records hold 16-bit ragged rows
-        state = torch.randn(b, 1, 3 * D, device="cuda", generator=gen)
-        state[:, :, D:2 * D] = 3.0
-        kv = torch.randn(n, 2 * D, device="cuda", generator=gen)
-        ape = torch.randn(128, D, device="cuda", generator=gen)
-        idx = torch.arange(b, dtype=torch.int32, device="cuda")
-        rid = idx.to(torch.int64)
-        r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
-        loc = torch.randperm(n, device="cuda", generator=gen).to(torch.int64)
-        cache = torch.zeros(n // 2 + 1, 1728, dtype=torch.uint8, device="cuda")
-        w = torch.rand(D, device="cuda", generator=gen) + 0.5
-        freq = _rotary(int(seq.max()) + 128, gen)
-        store = pydsa.KVCache(cache, w, freq, page_size=PAGE, eps=1e-6)
-        plan = pyplan.plan_prefill(seq, ext)
-        sg_plan = ref.plan_prefill(torch.from_numpy(seq), torch.from_numpy(ext), rid, r2t, n)
+        if not PrefillCase.fits_sglang(case):
+            continue
+        P = PrefillCase(case, rng, gen)
+        n, state, kv, ape, idx, loc, cache, w, freq, store, plan = (P.n, P.state, P.kv, P.ape, P.idx, P.loc, P.cache,
+                                                                    P.w, P.freq, P.store, P.plan)
+        sg_plan = ref.plan_prefill(torch.from_numpy(P.seq), torch.from_numpy(P.ext), P.rid, P.r2t, n)
         out_c = torch.empty(max(1, sg_plan.plan_c.shape[0]), D, device="cuda")
         ours = lambda: pydsa.c128_prefill(state, kv, None, ape, idx, plan, compact=True, store=store, cache_slots=loc)
         ours_plain = lambda: pydsa.c128_prefill(state, kv, out_c, ape, idx, plan, compact=True)
@@ -235,11 +217,7 @@ def prefill_rows(ref, rounds=5):
         two = [ours_plain, lambda: pydsa.kv_store(out_c[:len(recs)], pos_t, slots_t, store)]
         cases = {"pydsa prefill+store fused": [ours], "pydsa prefill": [ours_plain], "pydsa prefill, kv_store": two,
                  "sglang prefill": [sg_c], "sglang prefill + store": [sg_c, sg_s]}
-        t = {k: [] for k in cases}
-        for _ in range(rounds):
-            for k, calls in cases.items():
-                t[k].append(graph_us(calls) * len(calls))
-        m = {k: statistics.median(v) for k, v in t.items()}
+        m = median_graph_us(cases, rounds)
         row = {"case": name, "tokens": n, **{k + " us": round(v, 3) for k, v in m.items()},
                "P20 speedup": round(m["sglang prefill + store"] / m["pydsa prefill+store fused"], 3)}
         rows.append(row)
