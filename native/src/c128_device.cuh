@@ -14,6 +14,9 @@
 namespace dsa {
 
 constexpr int kDecodeThreads = 128;
+// The head size the storing decode is also compiled for with D a constant (DeepSeek-V4's compressed
+// KV): its address arithmetic and the store's group sums fold; other sizes read D from the launch.
+constexpr int kCompiledHeadDim = 512;
 constexpr int kSmallInline = 16;  // records carried by the launch of a small host plan (prefill, upload)
 
 // Plan records inside a launch's parameters: a host plan travels this way (no copy, no staging

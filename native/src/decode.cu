@@ -40,11 +40,12 @@ enum RowSource { kPacked, kLoad, kRecords };
 // kRows: a RowSource (a template parameter rather than a branch on a pointer: a parameter past the
 // first constant line read at run time cost every decode). kStore: a closed vector is also stored
 // into the cache (store.cuh); `out` may then be null.
-template <int VEC, typename S, int kRows, bool kStore>
+// kD: the head size as a constant (kCompiledHeadDim), or 0 to read it from the launch.
+template <int VEC, typename S, int kRows, bool kStore, int kD>
 __global__ void __launch_bounds__(kStore ? 2 * kDecodeThreads : kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ DecodeLaunch p) {
   constexpr bool kLoadSlots = kRows != kPacked;
-  const uint32_t D = p.head_dim;
+  const uint32_t D = kD != 0 ? (uint32_t)kD : p.head_dim;
   // 32-bit request index and channel (batch_size <= INT32_MAX, head_dim < 2^27: host checks);
   // offsets are unsigned 64-bit products, one wide multiply-add each.
   const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
@@ -83,6 +84,9 @@ __global__ void __launch_bounds__(kStore ? 2 * kDecodeThreads : kDecodeThreads)
   const S* prior = static_cast<const S*>(p.state) + ((uint64_t)(uint32_t)(c != 0 ? load_slot : slot) * (3 * D) + ch);
   const Lanes<VEC> bias = load_lanes<VEC>(p.ape + ((uint32_t)c * D + ch));
   Lanes<VEC> m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
+  if constexpr (kStore) {
+    if (c == DSA_CHUNK - 1) aim_store<VEC>(o, p.store, loc, seq_len - DSA_CHUNK, D);
+  }
 #pragma unroll
   for (int i = 0; i < VEC; ++i) {
     const Partial r = token_into_state(m.v[i], s.v[i], k.v[i], to_log2(score.v[i] + bias.v[i]), kv.v[i], c);
@@ -91,7 +95,7 @@ __global__ void __launch_bounds__(kStore ? 2 * kDecodeThreads : kDecodeThreads)
   if (c == DSA_CHUNK - 1) {
     if (!kStore || p.out != nullptr) store_lanes<VEC>(p.out + ((uint64_t)b * D + ch), k);
     if constexpr (kStore)
-      store_vector<VEC>(p.store, k.v, o, (int)D, (int)ch, (int)blockDim.x, loc, seq_len - DSA_CHUNK, p.error_count);
+      store_vector<VEC>(p.store, k.v, o, (int)D, (int)ch, (int)blockDim.x, p.error_count);
   } else {
     store_state<VEC>(state, m);
     store_state<VEC>(state + D, s);
@@ -102,23 +106,35 @@ __global__ void __launch_bounds__(kStore ? 2 * kDecodeThreads : kDecodeThreads)
 // ---------------------------------------------------------------------------------------------
 // Device launches.
 
-template <int kRows, bool kStore>
+template <int kRows, bool kStore, int kD>
 cudaError_t launch_decode(int vec, bool bf16, dim3 grid, dim3 block, cudaStream_t s, unsigned mode, const DecodeLaunch& a) {
   if constexpr (!kStore) {
-    if (vec == 8) return launch(c128_decode_kernel<8, Bf16, kRows, false>, grid, block, s, mode, a);
+    if (vec == 8) return launch(c128_decode_kernel<8, Bf16, kRows, false, kD>, grid, block, s, mode, a);
   }
-  return vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16, kRows, kStore>, grid, block, s, mode, a)
-                          : launch(c128_decode_kernel<4, float, kRows, kStore>, grid, block, s, mode, a))
-                  : (bf16 ? launch(c128_decode_kernel<2, Bf16, kRows, kStore>, grid, block, s, mode, a)
-                          : launch(c128_decode_kernel<2, float, kRows, kStore>, grid, block, s, mode, a));
+  return vec == 4 ? (bf16 ? launch(c128_decode_kernel<4, Bf16, kRows, kStore, kD>, grid, block, s, mode, a)
+                          : launch(c128_decode_kernel<4, float, kRows, kStore, kD>, grid, block, s, mode, a))
+                  : (bf16 ? launch(c128_decode_kernel<2, Bf16, kRows, kStore, kD>, grid, block, s, mode, a)
+                          : launch(c128_decode_kernel<2, float, kRows, kStore, kD>, grid, block, s, mode, a));
 }
 
-template <bool kStore>
+template <bool kStore, int kD>
 cudaError_t launch_decode(int rows, int vec, bool bf16, dim3 grid, dim3 block, cudaStream_t s, unsigned mode,
                           const DecodeLaunch& a) {
-  return rows == kRecords ? launch_decode<kRecords, kStore>(vec, bf16, grid, block, s, mode, a)
-         : rows == kLoad  ? launch_decode<kLoad, kStore>(vec, bf16, grid, block, s, mode, a)
-                          : launch_decode<kPacked, kStore>(vec, bf16, grid, block, s, mode, a);
+  return rows == kRecords ? launch_decode<kRecords, kStore, kD>(vec, bf16, grid, block, s, mode, a)
+         : rows == kLoad  ? launch_decode<kLoad, kStore, kD>(vec, bf16, grid, block, s, mode, a)
+                          : launch_decode<kPacked, kStore, kD>(vec, bf16, grid, block, s, mode, a);
+}
+
+// The storing decode at D = kCompiledHeadDim runs with D a constant (closing rows 0.02-0.15 us
+// faster); the plain decode keeps D from the launch, where the constant made it slower at B = 256
+// (docs/performance.md, "c128 decode").
+template <bool kStore>
+cudaError_t launch_decode(int head_dim, int rows, int vec, bool bf16, dim3 grid, dim3 block, cudaStream_t s,
+                          unsigned mode, const DecodeLaunch& a) {
+  if constexpr (kStore) {
+    if (head_dim == kCompiledHeadDim) return launch_decode<kStore, kCompiledHeadDim>(rows, vec, bf16, grid, block, s, mode, a);
+  }
+  return launch_decode<kStore, 0>(rows, vec, bf16, grid, block, s, mode, a);
 }
 
 }  // namespace
@@ -186,8 +202,8 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
   a.state = p.state, a.ape = p.ape, a.out = p.out, a.error_count = p.error_count;
   a.load_indices = p.load_indices, a.store = st;
   const int rows = records ? kRecords : p.load_indices != nullptr ? kLoad : kPacked;
-  const cudaError_t err = p.store != nullptr ? launch_decode<true>(rows, vec, bf16, grid, block, s, mode, a)
-                                             : launch_decode<false>(rows, vec, bf16, grid, block, s, mode, a);
+  const cudaError_t err = p.store != nullptr ? launch_decode<true>(p.head_dim, rows, vec, bf16, grid, block, s, mode, a)
+                                             : launch_decode<false>(p.head_dim, rows, vec, bf16, grid, block, s, mode, a);
   DSA_TRY(launch_status(err, op));
   return ok();
 }

@@ -100,7 +100,13 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
   if (c0 != 0) {
     const S* prior = state + (int64_t)load_slot * 3 * D + ch;
     m = load_state<VEC>(prior), s = load_state<VEC>(prior + D), k = load_state<VEC>(prior + 2 * D);
-    if (bank != load_slot) store_state<VEC>(entry, m), store_state<VEC>(entry + D, s), store_state<VEC>(entry + 2 * D, k);
+  }
+  // The closing draft's slot resolved while the state is in flight (its loc was read with the weights).
+  if constexpr (kStore) {
+    if (close < v) aim_store<VEC>(o, p.store, loc, (int64_t)seq + close - (DSA_CHUNK - 1), D);
+  }
+  if (c0 != 0 && bank != load_slot) {
+    store_state<VEC>(entry, m), store_state<VEC>(entry + D, s), store_state<VEC>(entry + 2 * D, k);
   }
   for (int j0 = 0; j0 < v; j0 += kDraftBatch) {
     const int count = min(v - j0, kDraftBatch);
@@ -122,7 +128,7 @@ __global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
       if (c == DSA_CHUNK - 1) {  // the draft closes its chunk; the next one starts fresh
         if (p.out != nullptr) store_lanes<VEC>(p.out + (((int64_t)b * V + j) * D + ch), k);
         if constexpr (kStore)
-          store_vector<VEC>(p.store, k.v, o, D, ch, (int)blockDim.x, loc, (int64_t)seq + j - (DSA_CHUNK - 1), p.error_count);
+          store_vector<VEC>(p.store, k.v, o, D, ch, (int)blockDim.x, p.error_count);
       } else {
         store_state<VEC>(entry, m), store_state<VEC>(entry + D, s), store_state<VEC>(entry + 2 * D, k);
         if (!p.fp32_between_drafts) {

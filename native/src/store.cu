@@ -132,7 +132,8 @@ __global__ void __launch_bounds__(1024)
     allow_dependents();
     load_rotary<VEC>(o, p.store, D, ch, pos);
   }
-  store_vector<VEC>(p.store, x, o, D, ch, (int)blockDim.x, loc, pos, p.error_count);
+  aim_store<VEC>(o, p.store, loc, pos, D);
+  store_vector<VEC>(p.store, x, o, D, ch, (int)blockDim.x, p.error_count);
 }
 
 template <bool kSegments, int kInline>

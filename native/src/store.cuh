@@ -62,6 +62,8 @@ __device__ __forceinline__ void request_barrier(int row, int lanes) {
   static_assert(kStoreMaxRows == 4, "one immediate barrier id per request row");
   if (lanes <= 32) {
     __syncwarp();
+  } else if (blockDim.y == 1) {
+    __syncthreads();
   } else if (row == 0) {
     asm volatile("bar.sync 0, %0;" ::"r"(lanes) : "memory");
   } else if (row == 1) {
@@ -107,7 +109,40 @@ template <int VEC>
 struct StoreOperands {
   float w[VEC];
   float rot[VEC] = {};  // read only in the rope lanes of a stored row
+  int check = kStoreSkip;    // aim_store: what the store does with the vector
+  uint8_t* data = nullptr;   // and where its entry's data and scale rows are (check == kStoreWrite)
+  uint8_t* scale = nullptr;
 };
+
+// Resolves the vector's cache slot `loc` (the op's slot) and rotary row `pos`: whether the vector is
+// written and where. Called as soon as both are known, ahead of the vector's arithmetic, so the
+// slot's checks and its 64-bit offsets are computed while the kernel waits on memory, not after the
+// vector (docs/performance.md, "c128 decode").
+template <int VEC>
+__device__ __forceinline__ void aim_store(StoreOperands<VEC>& o, const StoreLaunch& st, int64_t loc, int64_t pos, int D) {
+  o.check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
+  if (o.check == kStoreWrite) {
+    const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
+    o.data = st.cache + at.data, o.scale = st.cache + at.scale;
+  }
+}
+
+// The largest of the non-negative v over each group of kGroupLanes consecutive lanes, in every lane:
+// one integer warp reduction per group of the warp (for non-negative floats the order of the bits is
+// the order of the values), all with the full mask, so every lane of the warp must call it.
+template <int kGroupLanes>
+__device__ __forceinline__ float group_max(float v) {
+  static_assert(kGroupLanes == 8 || kGroupLanes == 16 || kGroupLanes == 32, "groups of 8, 16 or 32 lanes");
+  const uint32_t bits = float_bits(v);
+  const int mine = (int)(threadIdx.x % 32) / kGroupLanes;
+  uint32_t r = 0;
+#pragma unroll
+  for (int g = 0; g < 32 / kGroupLanes; ++g) {
+    const uint32_t m = __reduce_max_sync(0xFFFFFFFFu, mine == g ? bits : 0u);
+    if (mine == g) r = m;
+  }
+  return bits_float(r);
+}
 
 template <int VEC>
 __device__ __forceinline__ void load_weights(StoreOperands<VEC>& o, const StoreLaunch& st, int ch) {
@@ -142,24 +177,21 @@ __device__ __forceinline__ void load_rotary(StoreOperands<VEC>& o, const StoreLa
                       st.rotary + (pos * kStoreGroup + (ch - (D - kStoreGroup))));
 }
 
-// Writes the cache entry of vector x (this thread's VEC channels from `ch`; o: its loaded operands)
-// to slot `loc` with rotary row `pos`. Every thread of the request row calls it with the same loc
-// and pos; `lanes` = D / VEC threads, a multiple of 32, lane = threadIdx.x.
+// Writes the cache entry of vector x (this thread's VEC channels from `ch`; o: its loaded operands,
+// aimed by aim_store). Every thread of the request row calls it, after the same aim_store; `lanes` =
+// D / VEC threads, a multiple of 32, lane = threadIdx.x.
 template <int VEC>
 __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float (&x)[VEC], const StoreOperands<VEC>& o,
-                                             int D, int ch, int lanes, int64_t loc, int64_t pos,
-                                             uint32_t* error_count) {
+                                             int D, int ch, int lanes, uint32_t* error_count) {
   static_assert(VEC == 2 || VEC == 4 || VEC == 8, "pairs of channels per thread");
   __shared__ __align__(16) float group_sums[kStoreMaxRows][kStoreMaxGroups];
   constexpr int kGroupLanes = kStoreGroup / VEC;
-  const int check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
-  if (check != kStoreWrite) {
-    if (check == kStoreCount && ch == 0) count_error(error_count);
+  if (o.check != kStoreWrite) {
+    if (o.check == kStoreCount && ch == 0) count_error(error_count);
     return;
   }
   const int row = threadIdx.y, group = ch / kStoreGroup;
   const bool rope = ch >= D - kStoreGroup;
-  const float(&rot)[VEC] = o.rot;
   // Sum of squares in the defined order: pairs, the tree inside the thread, the tree across the
   // group's lanes, then the groups left to right.
   float p[VEC / 2];
@@ -176,34 +208,29 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
   request_barrier(row, lanes);
   const float total = groups_total(group_sums[row], D / kStoreGroup);
   const float r = rms_factor(total, D, st.eps);
-  float y[VEC];
+  float y[VEC], q[VEC];
+  float amax = 0.0f;
 #pragma unroll
-  for (int i = 0; i < VEC; ++i) y[i] = normed(x[i], r, o.w[i]);
-
-  const EntryOffsets at = entry_offsets(loc, st.page_log2, st.page_stride, D);
-  uint8_t* const data = st.cache + at.data;
+  for (int i = 0; i < VEC; ++i) y[i] = normed(x[i], r, o.w[i]), q[i] = bf16_rounded(y[i]), amax = fmaxf(amax, fabsf(q[i]));
+  // Every lane takes part (the rope lanes' group maximum is not used).
+  amax = group_max<kGroupLanes>(amax);
   if (rope) {  // a whole group: the rotated tail as bf16
     Pack<Bf16, VEC> out;
 #pragma unroll
     for (int i = 0; i < VEC; i += 2) {
       float a, b;
-      rotate(y[i], y[i + 1], rot[i], rot[i + 1], &a, &b);
+      rotate(y[i], y[i + 1], o.rot[i], o.rot[i + 1], &a, &b);
       narrow(a, &out.e[i]), narrow(b, &out.e[i + 1]);
     }
-    *reinterpret_cast<Pack<Bf16, VEC>*>(data + (D - kStoreGroup) + 2 * (ch - (D - kStoreGroup))) = out;
+    *reinterpret_cast<Pack<Bf16, VEC>*>(o.data + (D - kStoreGroup) + 2 * (ch - (D - kStoreGroup))) = out;
   } else {
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) y[i] = bf16_rounded(y[i]), amax = fmaxf(amax, fabsf(y[i]));
-#pragma unroll
-    for (int offset = 1; offset < kGroupLanes; offset <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, offset));
     const uint32_t e = scale_exponent(amax);
     const float inv = inverse_scale(e);
     Pack<uint16_t, VEC / 2> codes;
 #pragma unroll
-    for (int i = 0; i < VEC; i += 2) codes.e[i / 2] = (uint16_t)fp8_e4m3x2(y[i] * inv, y[i + 1] * inv);
-    *reinterpret_cast<Pack<uint16_t, VEC / 2>*>(data + ch) = codes;
-    if (threadIdx.x % kGroupLanes == 0) st.cache[at.scale + group] = (uint8_t)e;
+    for (int i = 0; i < VEC; i += 2) codes.e[i / 2] = (uint16_t)fp8_e4m3x2(q[i] * inv, q[i + 1] * inv);
+    *reinterpret_cast<Pack<uint16_t, VEC / 2>*>(o.data + ch) = codes;
+    if (threadIdx.x % kGroupLanes == 0) o.scale[group] = (uint8_t)e;
   }
 }
 #endif
