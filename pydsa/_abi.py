@@ -180,8 +180,8 @@ DEFAULT_PDL_FLAG = FLAG_PDL if PDL_DEFAULT else 0
 
 
 def pdl_flag(pdl) -> int:
-    """FLAG_PDL for pdl=True, 0 for False; None: PDL_DEFAULT. (The one-shot calls inline this
-    expression: a function call is a measurable part of their host time.)"""
+    """The launch flag of every op's `pdl` argument: FLAG_PDL for True, 0 for False, None: PDL_DEFAULT
+    (each op's default is None or False, as its docstring says)."""
     return DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0
 
 

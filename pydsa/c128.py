@@ -19,7 +19,7 @@ import torch
 import pyplan
 
 from . import _abi, _fill_c128, _read
-from ._abi import CHUNK, DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_NO_COOPERATIVE, check as _check_status, lib, new, pdl_flag
+from ._abi import CHUNK, FLAG_NO_COOPERATIVE, check as _check_status, lib, new, pdl_flag
 from ._op import SIZES, Prepared
 from ._tensors import resolve_device
 from .store import KVCache
@@ -42,7 +42,7 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
     vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
     launches with programmatic dependent launch where every compiled architecture supports it."""
-    flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
+    flags = pdl_flag(pdl)
     status = _decode(state, kv_score, out, ape, indices, seq_lens, stream, flags, error_count, load_indices, store,
                      cache_slots)
     if status:
@@ -142,8 +142,7 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     vector into a pydsa.KVCache as well, in the same call (on the GPU by a store launch behind the
     prefill's own, reading the vectors from out); `out` may then be None (the call then takes out rows
     of its own from torch's allocator)."""
-    flags = ((DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0)
-             | (0 if cooperative else FLAG_NO_COOPERATIVE))  # _prefill_flags, inline
+    flags = pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
     status = _prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count, compact,
                       store, cache_slots)
     if status:

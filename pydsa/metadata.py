@@ -15,8 +15,8 @@ import ctypes as C
 import torch
 
 from . import _fill_metadata
-from ._abi import (FLAG_PDL, MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY,
-                   MetadataDestination, check as _check_status)
+from ._abi import (MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY, MetadataDestination,
+                   check as _check_status, pdl_flag)
 from ._op import OPS, SIZES, _launch
 from ._tensors import _int32, as_tensor, device_index
 
@@ -110,7 +110,7 @@ class MetadataCopy:
                     setattr(d, field + "_cols", t.shape[1])
                     setattr(d, field + "_stride", t.stride(0))
         self._keep = destinations
-        self._flags = FLAG_PDL if pdl else 0
+        self._flags = pdl_flag(pdl)
         self._dests_address = C.addressof(self._dests)
         self._params = C.create_string_buffer(SIZES["metadata"])
         self._address = C.addressof(self._params)

@@ -21,8 +21,6 @@ conventions (docs/spec.md, metadata copy where they agree):
 """
 from __future__ import annotations
 
-from operator import is_
-
 import torch
 
 import pyplan
@@ -33,7 +31,7 @@ from .c128 import c128_decode, c128_prefill
 from .metadata import MetadataCopy
 from .speculative import c128_commit, c128_verify
 from .sglang_v2 import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward, compress_forward_and_store,
-                        compress_norm_rope_store)
+                        compress_norm_rope_store, memo)
 
 __all__ = ["fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda", "c128_online_decode",
            "c128_online_prefill", "plan_compress_online_prefill", "online_c128_mtp_write_prefix_states",
@@ -68,19 +66,13 @@ def _destination(group) -> dict:
 
 def _bind(mode: int, groups) -> MetadataCopy:
     """The bound copy for these destination tensors (checked and bound on first use)."""
+    def make():
+        for k, group in enumerate(groups):
+            suffix = f"_dst{k}" if len(groups) > 1 else "_dst"
+            _require_int32(group, (name.replace("_src", suffix) for name in _SOURCE_NAMES))
+        return MetadataCopy([_destination(group) for group in groups], mode=mode)
     dests = tuple(t for group in groups for t in group)
-    key = (mode, id(dests[0]), len(dests))
-    hit = _bound.get(key)
-    if hit is not None and all(map(is_, hit[1], dests)):
-        return hit[0]
-    for k, group in enumerate(groups):
-        suffix = f"_dst{k}" if len(groups) > 1 else "_dst"
-        _require_int32(group, (name.replace("_src", suffix) for name in _SOURCE_NAMES))
-    if len(_bound) >= 64:
-        _bound.clear()
-    copy = MetadataCopy([_destination(group) for group in groups], mode=mode)
-    _bound[key] = (copy, dests)
-    return copy
+    return memo(_bound, (mode, id(dests[0]), len(dests)), make, 64, dests)
 
 
 _FLAT_NAMES = _SOURCE_NAMES + ("bs", "max_len", "max_seqlen_k", "seqlens_expanded_size")

@@ -21,6 +21,7 @@ accepted; the rows past the real tokens belong to no segment.
 from __future__ import annotations
 
 import re
+from operator import is_
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -178,13 +179,33 @@ def _plan_of(plan):
                     f"(got {type(plan).__name__})")
 
 
-def _check_config(head_dim, compress_ratio, is_online):
+def not_ours(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, indexer=False, bf16_store=False,
+             two_pool=False, layout="V4"):
+    """What in a call's configuration is not pydsa's, or None when all of it is: the one rule this layer's
+    calls (which raise NotImplementedError naming it) and the plugin (which passes such calls to sglang's
+    own kernels) apply."""
     if not is_online:
-        raise _not_ours("is_online=False (the offline compressors)")
+        return "is_online=False (the offline compressors)"
     if compress_ratio != RATIO:
-        raise _not_ours(f"compress_ratio {compress_ratio}")
+        return f"compress_ratio {compress_ratio}"
     if head_dim != HEAD_DIM:
-        raise _not_ours(f"head_dim {head_dim}")
+        return f"head_dim {head_dim}"
+    if indexer:
+        return "the fp4 indexer store"
+    if bf16_store:
+        return "bf16_store"
+    if two_pool:
+        return "the fp8 two-pool store"
+    name = str(getattr(layout, "name", layout))
+    if name.upper() not in ("V4", "KVLAYOUT.V4"):
+        return f"the {name} cache layout"
+    return None
+
+
+def _check_config(head_dim, compress_ratio, is_online):
+    reason = not_ours(head_dim, compress_ratio, is_online)
+    if reason:
+        raise _not_ours(reason)
 
 
 # pydsa's argument names as sglang's caller knows them (errors are re-raised in the caller's words)
@@ -262,33 +283,40 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: in
     return out
 
 
+def memo(store: dict, key, make, limit: int, same=()):
+    """The sglang layer's one cache of objects made from a step's buffers (sglang passes the same buffers
+    every step): store[key]'s object if it was made from the tensors `same` (compared by identity; none:
+    the key alone decides), else make()'s, kept. Past `limit` entries the store starts over."""
+    hit = store.get(key)
+    if hit is not None and all(map(is_, hit[1], same)):
+        return hit[0]
+    if len(store) >= limit:
+        store.clear()
+    value = make()
+    store[key] = (value, tuple(same))
+    return value
+
+
 _caches: dict = {}
 
 
 def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size) -> KVCache:
-    """The KVCache of one layer's buffers, made once (sglang passes the same tensors every step)."""
+    """The KVCache of one layer's buffers, made once (keyed by their memory: views made per call hit too)."""
+    def make():
+        w = norm_weight if norm_weight.dtype == torch.float32 else norm_weight.float()
+        return KVCache(kvcache, w, freq_cis, page_size=int(page_size), eps=float(norm_eps))
     key = (kvcache.data_ptr(), kvcache.numel(), norm_weight.data_ptr(), freq_cis.data_ptr(), int(page_size),
            float(norm_eps))
-    kv = _caches.get(key)
-    if kv is None:
-        if len(_caches) > 4096:
-            _caches.clear()
-        w = norm_weight if norm_weight.dtype == torch.float32 else norm_weight.float()
-        kv = _caches[key] = KVCache(kvcache, w, freq_cis, page_size=int(page_size), eps=float(norm_eps))
-    return kv
+    return memo(_caches, key, make, 4096)
 
 
 def _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
                         kvcache_rope):
-    if use_fp4 or fp4_k_write_metadata is not None or kvcache_scale is not None or rope_cache is not None:
-        raise _not_ours("the fp4 indexer store")
-    if bf16_store:
-        raise _not_ours("bf16_store")
-    if fp8_2buff or kvcache_rope is not None:
-        raise _not_ours("the fp8 two-pool store")
-    name = getattr(layout, "name", layout)
-    if str(name).upper() not in ("V4", "KVLAYOUT.V4"):
-        raise _not_ours(f"the {name} cache layout")
+    reason = not_ours(indexer=bool(use_fp4) or fp4_k_write_metadata is not None or kvcache_scale is not None
+                      or rope_cache is not None, bf16_store=bool(bf16_store),
+                      two_pool=bool(fp8_2buff) or kvcache_rope is not None, layout=layout)
+    if reason:
+        raise _not_ours(reason)
     if kv.dtype != torch.float32 or kv.shape[-1] != HEAD_DIM:
         raise _not_ours(f"a {kv.dtype} [.., {kv.shape[-1]}] store")
 

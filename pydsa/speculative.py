@@ -20,7 +20,7 @@ from __future__ import annotations
 import ctypes as C
 
 from . import _fill_speculative
-from ._abi import DEFAULT_PDL_FLAG, FLAG_PDL, FLAG_VERIFY_FP32_BETWEEN_DRAFTS, check as _check_status, pdl_flag
+from ._abi import FLAG_VERIFY_FP32_BETWEEN_DRAFTS, check as _check_status, pdl_flag
 from ._op import Prepared
 
 __all__ = ["c128_verify", "c128_commit", "C128Verify", "C128Commit", "bank_bytes"]
@@ -51,7 +51,7 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     round_between_drafts False (bf16 state only): the running state stays fp32 from draft to draft,
     each bank entry rounded once, as sglang 0.5.23 keeps it; by default it is rounded as a decode's
     store rounds it, so a verified token leaves exactly the state a decoded one would."""
-    flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
+    flags = pdl_flag(pdl)
     if not round_between_drafts:
         flags |= FLAG_VERIFY_FP32_BETWEEN_DRAFTS
     status = _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, stream,
@@ -84,7 +84,7 @@ def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_s
     layer at once (num_slots: rows of the state buffers, for the range check); or states, a list of
     state buffers alike: the accepted bank entry is copied onto indices[b] in every one, in one
     launch per 64 layers."""
-    flags = FLAG_PDL if pdl else 0
+    flags = pdl_flag(pdl)
     status = _commit(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots, num_drafts,
                      bank_stride, verify_lens, stream, flags, error_count)
     if status:
@@ -104,4 +104,4 @@ class C128Commit(Prepared):
 
         self._bind(_fill_speculative.fill_commit, C.addressof(self._layers), n, seq_lens, accepted, indices,
                    bank_indices, load_indices, states, num_slots, num_drafts, bank_stride, verify_lens,
-                   FLAG_PDL if pdl else 0, error_count)
+                   pdl_flag(pdl), error_count)

@@ -13,7 +13,7 @@ import ctypes as C
 import torch
 
 from . import _abi, _fill_store
-from ._abi import CACHE_V4, DEFAULT_PDL_FLAG, FLAG_PDL, KvCache, check as _check_status, lib, new
+from ._abi import CACHE_V4, KvCache, check as _check_status, lib, new, pdl_flag
 from ._tensors import _float32, device_index, ptr
 
 __all__ = ["KVCache", "kv_store", "kv_page_bytes"]
@@ -111,7 +111,7 @@ def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, e
     position and slot come from records[i] (docs/spec.md, the store): decode records (extend False) store
     row i when its seq_len is a positive multiple of 128, at cache_slots[i]; extend records store every
     record but padding, at cache_slots[its ragged row]; the position is seq_len - 128."""
-    flags = DEFAULT_PDL_FLAG if pdl is None else FLAG_PDL if pdl else 0  # pdl_flag, inline
+    flags = pdl_flag(pdl)
     status = _store(vectors, positions, cache_slots, cache, stream, flags, error_count, records, bool(extend))
     if status:
         _check_status(status)  # raises

@@ -79,26 +79,15 @@ typedef enum dsa_struct_id {
 /* Flags for the `flags` field of the kernel params. */
 #define DSA_FLAG_PDL 1u       /* launch with programmatic dependent launch (sm_90+) */
 #define DSA_FLAG_HOST_PLAN 2u /* prefill: `compress`, `write` and `counts` are host memory, read during the
-                                 call; the records travel inside the kernel launches (up to
-                                 DSA_INLINE_RECORDS per launch, more launches for longer lists), so
-                                 no staging copy, allocation or synchronization is needed. A CUDA
-                                 graph that captures such a call keeps the records of capture time.
-                                 An uncaptured call of a plan with both lists whose records fit one
-                                 launch and whose work items fit the blocks the GPU holds at once
-                                 (in the tiles the plan's size calls for, or else in 128-channel
-                                 tiles) takes one cooperative launch. Otherwise a plan whose
-                                 compress records that start a chunk outnumber those that continue
-                                 one (up to 512 compress records, each launch's records fitting
-                                 one launch) is split by state reads: the continuing compress
-                                 records, then every other record (one launch when none continues);
-                                 any other plan: the compress list, then the write list, each in
-                                 its own launches. */
-#define DSA_FLAG_NO_COOPERATIVE 4u /* prefill: never the one cooperative launch of DSA_FLAG_HOST_PLAN;
-                                      ordinary launches instead. A cooperative grid starts
-                                      only once all its blocks fit at once, so next to kernels of
-                                      other streams (communication kernels, say) it waits for them
-                                      to leave room; ordinary launches start in whatever room there
-                                      is. */
+                                 call; the records travel inside the kernel launches, so no staging
+                                 copy, allocation or synchronization is needed. A CUDA graph that
+                                 captures such a call keeps the records of capture time. An
+                                 uncaptured call whose plan fits the GPU at once may take one
+                                 cooperative launch (see DSA_FLAG_NO_COOPERATIVE). */
+#define DSA_FLAG_NO_COOPERATIVE 4u /* prefill: never a cooperative launch, ordinary launches instead. A
+                                      cooperative grid starts only once all its blocks fit at once,
+                                      so next to kernels of other streams it waits for them to leave
+                                      room; ordinary launches start in whatever room there is. */
 #define DSA_FLAG_STORE_DECODE_RECORDS 16u /* kv_store (ABI 7): positions and slots from decode records */
 #define DSA_FLAG_STORE_EXTEND_RECORDS 32u /* kv_store (ABI 7): positions and slots from extend records */
 #define DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS 64u /* verify (ABI 7): with a bf16 state, the running state

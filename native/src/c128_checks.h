@@ -24,17 +24,22 @@ int vector_width(const P& p) {
   return 0;
 }
 
+// The state's layout fields every c128 op shares (the copying commit too).
+inline dsa_status check_state_layout(int head_dim, int32_t state_dtype, const char* op) {
+  if (head_dim <= 0 || head_dim % 64 != 0)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected a positive multiple of 64", op, head_dim);
+  if (state_dtype != DSA_STATE_FLOAT32 && state_dtype != DSA_STATE_BFLOAT16)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
+                state_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
+  return DSA_STATUS_OK;
+}
+
 template <typename P>
 dsa_status check_common(const P& p, const char* op) {
-  if (p.head_dim <= 0 || p.head_dim % 64 != 0)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected a positive multiple of 64",
-                op, p.head_dim);
+  DSA_TRY(check_state_layout(p.head_dim, p.state_dtype, op));
   if (p.num_slots <= 0 || p.num_slots > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_slots is %lld; expected 1..%d", op,
                 (long long)p.num_slots, INT32_MAX);
-  if (p.state_dtype != DSA_STATE_FLOAT32 && p.state_dtype != DSA_STATE_BFLOAT16)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
-                p.state_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
   if (p.state == nullptr || p.ape == nullptr || p.indices == nullptr || p.kv_score == nullptr)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state, kv_score, ape and indices must be non-null", op);
   if (vector_width(p) == 0)

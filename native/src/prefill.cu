@@ -1,5 +1,5 @@
-// c128 prefill (docs/spec.md, "Prefill"): the segment kernel, its tile layouts and launch
-// strategies, the plan upload, and the entry points.
+// c128 prefill (docs/spec.md, "Prefill"): the segment kernel, its tile layouts, the launch policy
+// (below, the one place it is written) and the entry point.
 #include <cooperative_groups.h>
 
 #include <vector>

@@ -301,12 +301,7 @@ extern "C" dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void
                 "num_layers %d)", op, p.load_indices != nullptr ? "set" : "null", p.num_layers);
   const int sb = p.state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4;
   if (copying) {
-    if (p.head_dim <= 0 || p.head_dim % 64 != 0)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected a positive multiple of 64", op,
-                  p.head_dim);
-    if (p.state_dtype != DSA_STATE_FLOAT32 && p.state_dtype != DSA_STATE_BFLOAT16)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: state_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
-                  p.state_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
+    DSA_TRY(check_state_layout(p.head_dim, p.state_dtype, op));
     if (p.states == nullptr) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: states is null with num_layers %d", op, p.num_layers);
     for (int32_t i = 0; i < p.num_layers; ++i)
       if (p.states[i] == nullptr || !aligned(p.states[i], 2 * sb))
