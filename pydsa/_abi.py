@@ -10,7 +10,14 @@ import os
 import sys
 from importlib import resources
 
-ABI_VERSION = 10
+_BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
+               "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
+try:
+    from . import _read
+except ImportError as exc:
+    raise ImportError(f"pydsa: the compiled modules are missing ({exc}); {_BUILD_HINT}") from exc
+
+ABI_VERSION = _read.ABI_VERSION  # the header's, compiled into the binding
 DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
@@ -95,10 +102,6 @@ class MetadataDestination(C.Structure):
 # compiled fillers (pydsa/_fill_*.pyx), compiled against the header, and checked by their compiled sizes.
 STRUCTS = {0: Segment, 1: PlanParams, 4: MetadataSources, 5: MetadataDestination, 10: KvCache}
 
-_BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
-               "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
-
-
 def _library_path() -> str:
     override = os.environ.get("PYDSA_LIBRARY")
     if override:
@@ -132,7 +135,6 @@ def _load() -> C.CDLL:
     if found != ABI_VERSION:
         raise ImportError(f"pydsa: {path} has ABI version {found} but this pydsa expects {ABI_VERSION} "
                           f"(a stale build); {_BUILD_HINT}")
-    from . import _read
     sizes = {sid: (mirror.__name__, C.sizeof(mirror)) for sid, mirror in STRUCTS.items()}
     names = {sid: name for name, sid in _read.STRUCTS.items()}
     sizes.update({sid: (f"the {names[sid]} params", size) for sid, size in _read.struct_sizes().items()})

@@ -4,6 +4,7 @@
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 
 cdef extern from "dsa_kernels.h":
+    int DSA_ABI_VERSION
     int DSA_FLAG_HOST_PLAN
     int DSA_FLAG_DECODE_RECORDS
     int DSA_FLAG_STORE_DECODE_RECORDS

@@ -58,6 +58,9 @@ cdef enum:
 
 ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
 
+ABI_VERSION = DSA_ABI_VERSION
+"""The header's DSA_ABI_VERSION, as these modules were compiled against it."""
+
 ENTRY_NAMES = ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan",
                "dsa_c128_verify", "dsa_c128_commit", "dsa_kv_store", "dsa_request_records")
 """The library's entry points, in the launch table's order (the Op enum of _read.pxd)."""
