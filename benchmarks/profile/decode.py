@@ -6,7 +6,9 @@ cache control, as in a model step where every layer has its own buffers):
         python benchmarks/profile/decode.py --reference-build DIR [--b 256 1024]
 
 Each case is warmed up, then launched once between cudaProfilerStart/Stop; the case names print in launch
-order (sglang's decode + store case launches two kernels).
+order (sglang's decode + store case launches two kernels). `--cache-control none` profiles them L2-warm, as
+the graph rows run; `--section SourceCounters` then `ncu --import REP --page source --csv --print-source sass`
+gives each instruction's execution count and stall samples.
 """
 import argparse
 import sys
