@@ -34,8 +34,8 @@ def _prefill_plan(original, *args, **kwargs):
 
 def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kwargs):
     from . import sglang_v2
-    if _ours(plan) and sglang_v2.not_ours(kwargs.get("head_dim"), kwargs.get("compress_ratio"),
-                                          kwargs.get("is_online")) is None:
+    if _ours(plan) and sglang_v2.outside_pydsa(kwargs.get("head_dim"), kwargs.get("compress_ratio"),
+                                               kwargs.get("is_online")) is None:
         return sglang_v2.compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
     return original(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
 
@@ -54,10 +54,10 @@ def _compress_all_in_one(original, self, **kw):
     """One fused launch for an online c128 layer whose plan is pydsa's; sglang's path otherwise."""
     from . import sglang_v2
     plan = self._get_paged_compress_metadata(kw["compress_ratio"])
-    reason = sglang_v2.not_ours(kw["head_dim"], kw["compress_ratio"], True,
-                                indexer=bool(kw.get("is_indexer") or kw.get("use_fp4_indexer")),
-                                bf16_store=bool(kw.get("bf16_store")), two_pool=bool(kw.get("fp8_2buff")),
-                                layout=kw.get("kv_layout", "V4"))
+    reason = sglang_v2.outside_pydsa(kw["head_dim"], kw["compress_ratio"], True,
+                                     indexer=bool(kw.get("is_indexer") or kw.get("use_fp4_indexer")),
+                                     bf16_store=bool(kw.get("bf16_store")), two_pool=bool(kw.get("fp8_2buff")),
+                                     layout=kw.get("kv_layout", "V4"))
     if reason is None and _ours(plan):
         norm = kw["norm"]
         sglang_v2.compress_forward_and_store(

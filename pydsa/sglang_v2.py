@@ -179,8 +179,8 @@ def _plan_of(plan):
                     f"(got {type(plan).__name__})")
 
 
-def not_ours(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, indexer=False, bf16_store=False,
-             two_pool=False, layout="V4"):
+def outside_pydsa(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, indexer=False, bf16_store=False,
+                  two_pool=False, layout="V4"):
     """What in a call's configuration is not pydsa's, or None when all of it is: the one rule this layer's
     calls (which raise NotImplementedError naming it) and the plugin (which passes such calls to sglang's
     own kernels) apply."""
@@ -203,7 +203,7 @@ def not_ours(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, indexer
 
 
 def _check_config(head_dim, compress_ratio, is_online):
-    reason = not_ours(head_dim, compress_ratio, is_online)
+    reason = outside_pydsa(head_dim, compress_ratio, is_online)
     if reason:
         raise _not_ours(reason)
 
@@ -312,9 +312,9 @@ def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size) -> KVCache:
 
 def _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
                         kvcache_rope):
-    reason = not_ours(indexer=bool(use_fp4) or fp4_k_write_metadata is not None or kvcache_scale is not None
-                      or rope_cache is not None, bf16_store=bool(bf16_store),
-                      two_pool=bool(fp8_2buff) or kvcache_rope is not None, layout=layout)
+    reason = outside_pydsa(indexer=bool(use_fp4) or fp4_k_write_metadata is not None or kvcache_scale is not None
+                           or rope_cache is not None, bf16_store=bool(bf16_store),
+                           two_pool=bool(fp8_2buff) or kvcache_rope is not None, layout=layout)
     if reason:
         raise _not_ours(reason)
     if kv.dtype != torch.float32 or kv.shape[-1] != HEAD_DIM:

@@ -303,17 +303,18 @@ def test_the_plugin_registers_its_hooks_and_passes_other_calls_through(monkeypat
 
 def test_one_rule_says_what_is_not_pydsas_and_the_plugin_passes_it_on():
     from pydsa import sglang_v2
-    assert sglang_v2.not_ours() is None and sglang_v2.not_ours(layout="KVLayout.V4") is None
+    assert sglang_v2.outside_pydsa() is None and sglang_v2.outside_pydsa(layout="KVLayout.V4") is None
     reasons = {"is_online=False": dict(is_online=False), "compress_ratio 4": dict(compress_ratio=4),
                "head_dim 128": dict(head_dim=128), "fp4 indexer": dict(indexer=True), "bf16_store": dict(bf16_store=True),
                "two-pool": dict(two_pool=True), "V41 cache layout": dict(layout="V41")}
     for words, config in reasons.items():
-        assert words in sglang_v2.not_ours(**config), config
+        assert words in sglang_v2.outside_pydsa(**config), config
     calls = []
+    plan = sglang_v2.CompressorDecodePlan(128, torch.zeros(1, 16, dtype=torch.uint8))  # pydsa's: only the rule decides
 
     class Layer:
         def _get_paged_compress_metadata(self, ratio):
-            return object()
+            return plan
 
     for extra in (dict(bf16_store=True), dict(kv_layout="V41"), dict(fp8_2buff=True), dict(is_indexer=True)):
         kw = dict(compress_ratio=128, head_dim=512, **extra)
