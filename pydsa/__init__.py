@@ -5,20 +5,24 @@
 - speculative decoding (MTP): c128_verify over V drafts per request, c128_commit of the accepted ones;
 - the KV-cache store (RMSNorm, fp8 with power-of-two scales, rotated rope tail, paged): KVCache, kv_store,
   and store= on the ops that close chunks;
+- the ratio-4 compressor (DeepSeek-V4's c4 layers: main and indexer, stores fused): C4Compressor,
+  c4_decode, c4_extend, c4_verify; pyplan.plan_c4 plans a request-scoped ring's extends;
 - fused DSA metadata copy for CUDA-graph replay: MetadataCopy, metadata_copy.
 
 Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
 """
 from ._abi import ABI_VERSION, DsaError, lib as _lib
 from ._tensors import error_count, reset_error_count
+from .c4 import C4Compressor, C4Decode, c4_decode, c4_extend, c4_max_drafts, c4_ring_bytes, c4_verify
 from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill, plan_prefill_c
 from .metadata import MetadataCopy, metadata_copy
 from .speculative import C128Commit, C128Verify, bank_bytes, c128_commit, c128_verify
-from .store import KVCache, kv_page_bytes, kv_store
+from .store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
 
 __version__ = _lib.dsa_version_string().decode()
 
-__all__ = ["ABI_VERSION", "DsaError", "C128Commit", "C128Decode", "C128Prefill", "C128Verify", "DevicePlan",
+__all__ = ["ABI_VERSION", "DsaError", "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts",
+           "c4_ring_bytes", "c4_verify", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Verify", "DevicePlan",
            "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify",
            "error_count", "kv_page_bytes", "kv_store", "library_path", "metadata_copy", "plan_prefill_c",
            "reset_error_count", "__version__"]

@@ -34,6 +34,7 @@ MAX_DRAFTS = 16
 COMMIT_LAYERS = 64
 STATE_FLOAT32, STATE_BFLOAT16 = 0, 1
 CACHE_V4 = 0
+CACHE_INDEXER = 1
 OUT_RAGGED, OUT_COMPACT = 0, 1
 
 STATUS_OK = 0
@@ -147,17 +148,21 @@ def _load() -> C.CDLL:
                           ("dsa_last_error", C.c_char_p), ("dsa_cuda_architectures", C.c_char_p),
                           ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64),
                           ("dsa_cuda_runtime_version", C.c_int32), ("dsa_driver_version", C.c_int32),
-                          ("dsa_kv_page_bytes", C.c_int64)):
+                          ("dsa_kv_page_bytes", C.c_int64), ("dsa_indexer_page_bytes", C.c_int64),
+                          ("dsa_c4_max_drafts", C.c_int32)):
         getattr(lib, name).restype = restype
     lib.dsa_status_string.argtypes = [C.c_int]
     lib.dsa_empty_launch.restype = C.c_int
     lib.dsa_empty_launch.argtypes = [C.c_int32, C.c_void_p]
     lib.dsa_c128_compress_capacity.argtypes = [C.c_int64, C.c_int64]
     lib.dsa_kv_page_bytes.argtypes = [C.c_int32, C.c_int32]
+    lib.dsa_indexer_page_bytes.argtypes = [C.c_int32, C.c_int32]
+    lib.dsa_c4_max_drafts.argtypes = [C.c_int32, C.c_int32]
     lib.dsa_c128_plan_prefill.restype = C.c_int
     lib.dsa_c128_plan_prefill.argtypes = [C.POINTER(PlanParams)]
     for name in ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan", "dsa_c128_verify",
-                 "dsa_c128_commit", "dsa_kv_store", "dsa_request_records"):
+                 "dsa_c128_commit", "dsa_kv_store", "dsa_request_records", "dsa_c4_decode", "dsa_c4_extend",
+                 "dsa_c4_verify"):
         fn = getattr(lib, name)
         fn.restype = C.c_int
         fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream

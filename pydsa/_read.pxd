@@ -24,6 +24,7 @@ cdef extern from "dsa_kernels.h":
     int DSA_STRUCT_COMMIT_PARAMS
     int DSA_STRUCT_KV_STORE_PARAMS
     int DSA_STRUCT_RECORDS_PARAMS
+    int DSA_STRUCT_C4_PARAMS
 
     ctypedef struct dsa_segment:
         pass
@@ -44,7 +45,8 @@ cdef enum:
 
 # The entry points, by op (the launch table's rows; ENTRY_NAMES in _read.pyx names them in this order).
 cdef enum Op:
-    OP_DECODE, OP_PREFILL, OP_METADATA, OP_UPLOAD, OP_VERIFY, OP_COMMIT, OP_STORE, OP_RECORDS, NUM_OPS
+    OP_DECODE, OP_PREFILL, OP_METADATA, OP_UPLOAD, OP_VERIFY, OP_COMMIT, OP_STORE, OP_RECORDS,
+    OP_C4_DECODE, OP_C4_EXTEND, OP_C4_VERIFY, NUM_OPS
 
 cdef struct Arg:
     char* data

@@ -62,16 +62,19 @@ ABI_VERSION = DSA_ABI_VERSION
 """The header's DSA_ABI_VERSION, as these modules were compiled against it."""
 
 ENTRY_NAMES = ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan",
-               "dsa_c128_verify", "dsa_c128_commit", "dsa_kv_store", "dsa_request_records")
+               "dsa_c128_verify", "dsa_c128_commit", "dsa_kv_store", "dsa_request_records", "dsa_c4_decode",
+               "dsa_c4_extend", "dsa_c4_verify")
 """The library's entry points, in the launch table's order (the Op enum of _read.pxd)."""
 
 OPS = dict(decode=OP_DECODE, prefill=OP_PREFILL, metadata=OP_METADATA, upload=OP_UPLOAD, verify=OP_VERIFY,
-           commit=OP_COMMIT, store=OP_STORE, records=OP_RECORDS)
+           commit=OP_COMMIT, store=OP_STORE, records=OP_RECORDS, c4_decode=OP_C4_DECODE, c4_extend=OP_C4_EXTEND,
+           c4_verify=OP_C4_VERIFY)
 
 STRUCTS = dict(decode=DSA_STRUCT_DECODE_PARAMS, prefill=DSA_STRUCT_PREFILL_PARAMS,
                metadata=DSA_STRUCT_METADATA_PARAMS, upload=DSA_STRUCT_PLAN_UPLOAD_PARAMS,
                verify=DSA_STRUCT_VERIFY_PARAMS, commit=DSA_STRUCT_COMMIT_PARAMS, store=DSA_STRUCT_KV_STORE_PARAMS,
-               records=DSA_STRUCT_RECORDS_PARAMS)
+               records=DSA_STRUCT_RECORDS_PARAMS, c4_decode=DSA_STRUCT_C4_PARAMS, c4_extend=DSA_STRUCT_C4_PARAMS,
+               c4_verify=DSA_STRUCT_C4_PARAMS)
 """dsa_struct_id of each op's params, by op name (the header's names)."""
 
 cdef Entry _entries[<int>NUM_OPS]
@@ -140,9 +143,9 @@ def read_attributes_only(bint on):
 def struct_sizes():
     """The params layouts the fillers write, as compiled from the library's header: {dsa_struct_id:
     size}, checked against the loaded library."""
-    from pydsa import _fill_c128, _fill_metadata, _fill_records, _fill_speculative, _fill_store
+    from pydsa import _fill_c128, _fill_c4, _fill_metadata, _fill_records, _fill_speculative, _fill_store
     sizes = {}
-    for filler in (_fill_c128, _fill_speculative, _fill_store, _fill_metadata, _fill_records):
+    for filler in (_fill_c128, _fill_speculative, _fill_store, _fill_metadata, _fill_records, _fill_c4):
         sizes.update(filler.STRUCT_SIZES)
     return sizes
 

@@ -13,10 +13,10 @@ import ctypes as C
 import torch
 
 from . import _abi, _fill_store
-from ._abi import CACHE_V4, KvCache, check as _check_status, lib, new, pdl_flag
+from ._abi import CACHE_INDEXER, CACHE_V4, KvCache, check as _check_status, lib, new, pdl_flag
 from ._tensors import _float32, device_index, ptr
 
-__all__ = ["KVCache", "kv_store", "kv_page_bytes"]
+__all__ = ["KVCache", "kv_store", "kv_page_bytes", "indexer_page_bytes"]
 
 _int64 = torch.int64
 _store = _fill_store.store
@@ -31,6 +31,18 @@ def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
     return n
 
 
+def indexer_page_bytes(head_dim: int = 128, page_size: int = 64) -> int:
+    """Bytes of one page of the c4 indexer's cache: page_size entries of 128 fp8 codes and a 4-byte fp32
+    scale (page 64: 8448)."""
+    n = lib.dsa_indexer_page_bytes(head_dim, page_size)
+    if n <= 0:
+        raise ValueError(f"an indexer cache has head_dim 128 and page_size >= 1 (got {head_dim}, {page_size})")
+    return n
+
+
+LAYOUTS = {"v4": CACHE_V4, "indexer": CACHE_INDEXER}
+
+
 class KVCache:
     """One layer's paged cache and what storing into it needs, checked once.
 
@@ -43,9 +55,17 @@ class KVCache:
     dcp=(world, rank): this cache is rank `rank`'s share of a cache sharded over `world` GPUs
     (decode-context parallelism): the entry of slot `loc` is written here only when loc % world == rank,
     at local slot loc // world; slots other ranks own are skipped silently, as negative ones are. Every
-    storing op honors it on the GPU and the host backend."""
+    storing op honors it on the GPU and the host backend.
 
-    def __init__(self, cache, norm_weight, rotary, *, page_size: int, eps: float = 1e-6, dcp=(1, 0)):
+    layout="indexer": the c4 indexer's cache (D = 128; docs/spec.md, "c4 stores"): an entry is the
+    normed vector with its last 64 channels rotated (fp32), Hadamard-transformed, as 128 fp8 e4m3 codes
+    with one fp32 scale; a page holds page_size entries' codes, then their scales (indexer_page_bytes).
+    Only the c4 ops store into it."""
+
+    def __init__(self, cache, norm_weight, rotary, *, page_size: int, eps: float = 1e-6, dcp=(1, 0),
+                 layout: str = "v4"):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be 'v4' or 'indexer' (got {layout!r})")
         if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1024 \
                 or page_size & (page_size - 1):
             raise ValueError(f"page_size must be a power of two in 1..1024 (got {page_size!r})")
@@ -60,7 +80,12 @@ class KVCache:
         if not isinstance(norm_weight, torch.Tensor) or norm_weight.dim() != 1:
             raise ValueError("norm_weight must be a 1-D float32 tensor [D]")
         d = norm_weight.shape[0]
-        page = kv_page_bytes(d, page_size) if d >= 128 and d % 64 == 0 else None
+        if layout == "indexer":
+            if d != 128:
+                raise ValueError(f"norm_weight has {d} channels; an indexer cache needs D = 128")
+            page = indexer_page_bytes(d, page_size)
+        else:
+            page = kv_page_bytes(d, page_size) if d >= 128 and d % 64 == 0 else None
         if page is None:
             raise ValueError(f"norm_weight has {d} channels; a store needs D a multiple of 64, >= 128")
         if isinstance(rotary, torch.Tensor) and rotary.is_complex():
@@ -76,7 +101,7 @@ class KVCache:
         ptr(norm_weight, "norm_weight", _float32, dev, (d,))
         ptr(rotary, "rotary", _float32, dev, (rotary.shape[0], 64))
         s = new(KvCache)
-        s.layout = CACHE_V4
+        s.layout = LAYOUTS[layout]
         s.cache = cache.data_ptr()
         s.num_pages = cache.numel() // page
         s.page_size = page_size
@@ -92,6 +117,7 @@ class KVCache:
         self.head_dim, self.page_size, self.page_bytes = d, page_size, page
         self.num_pages, self.eps, self.device = s.num_pages, float(eps), dev
         self.dcp = (world, rank)
+        self.layout = layout
 
     def __repr__(self) -> str:
         dcp = f", dcp={self.dcp}" if self.dcp[0] > 1 else ""

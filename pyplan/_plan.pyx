@@ -205,3 +205,91 @@ def record_lists(compress, write):
         raise TypeError("plan[1] (write) must be a 1-D C-contiguous numpy array of pyplan.SEGMENT_DTYPE records")
     return (<Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>compress), cnp.PyArray_DIM(<cnp.ndarray>compress, 0),
             <Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>write), cnp.PyArray_DIM(<cnp.ndarray>write, 0))
+
+
+# ---- the c4 planner: a request-scoped ring (docs/spec.md, "c4 records") -------------------------
+
+C4_COMPRESS_DTYPE = np.dtype([("seq_len", "<u4"), ("ragged_id", "<u2"), ("ring_rows", "<u2"),
+                              ("previous_group", "<i4"), ("current_group", "<i4")])
+C4_WRITE_DTYPE = np.dtype([("ragged_id", "<u4"), ("ring_row", "<i4")])
+
+cdef struct C4Compress:
+    unsigned int seq_len
+    unsigned short ragged_id
+    unsigned short ring_rows
+    int previous_group
+    int current_group
+
+cdef struct C4Write:
+    unsigned int ragged_id
+    int ring_row
+
+
+cdef inline int64_t _ring_row(int64_t slot, int64_t ring_size, int64_t p) nogil:
+    return slot * ring_size + p % ring_size
+
+
+def plan_c4(seq_lens, extend_lens, slots, int64_t ring_size, *, num_tokens=None):
+    """Plan one c4 extend over pydsa's request-scoped ring (request slot s owns ring rows s*R .. s*R+R-1;
+    position p lives at row s*R + p % R).
+
+    seq_lens, extend_lens: int64 [B]; request b's new tokens are positions seq_lens[b] - extend_lens[b] ..
+    seq_lens[b] - 1 at consecutive ragged rows (request after request). slots: int [B] (a negative slot:
+    the request is not held here and gets no records). ring_size: R, a multiple of 4, >= 8.
+    num_tokens: rows of the ragged input, >= sum(extend_lens) (default: the sum); <= 65536.
+
+    Returns (compress, write) as uint8 arrays [C, 16] and [W, 8] in sglang's record formats
+    (C4_COMPRESS_DTYPE, C4_WRITE_DTYPE viewed as bytes): one compress record per position p with
+    (p + 1) % 4 == 0, its window rows before the extend read from the ring; one write record for each of
+    the last min(extend, R) positions of each request."""
+    cdef cnp.ndarray seq_arr = _as_int64(seq_lens, "seq_lens")
+    cdef cnp.ndarray ext_arr = _as_int64(extend_lens, "extend_lens")
+    cdef cnp.ndarray slot_arr = _as_int64(slots, "slots")
+    cdef const int64_t* seq = <const int64_t*>cnp.PyArray_DATA(seq_arr)
+    cdef const int64_t* ext = <const int64_t*>cnp.PyArray_DATA(ext_arr)
+    cdef const int64_t* slot = <const int64_t*>cnp.PyArray_DATA(slot_arr)
+    cdef Py_ssize_t B = cnp.PyArray_DIM(seq_arr, 0)
+    if cnp.PyArray_DIM(ext_arr, 0) != B or cnp.PyArray_DIM(slot_arr, 0) != B:
+        raise ValueError(f"seq_lens, extend_lens and slots must have one entry per request (got "
+                         f"{B}, {cnp.PyArray_DIM(ext_arr, 0)}, {cnp.PyArray_DIM(slot_arr, 0)})")
+    if ring_size < 8 or ring_size % 4 != 0:
+        raise ValueError(f"ring_size is {ring_size}; expected a multiple of 4, >= 8")
+    cdef int64_t total = 0, n_c = 0, n_w = 0, b, p, l0, j, off, q
+    for b in range(B):
+        if ext[b] < 1 or ext[b] > seq[b] or seq[b] > 0x7FFFFFFE:
+            raise ValueError(f"request {b}: extend_lens is {ext[b]} and seq_lens {seq[b]}; expected "
+                             f"1 <= extend_lens <= seq_lens <= 2^31-2")
+        if slot[b] >= 0 and (slot[b] + 1) * ring_size > 0x7FFFFFFF:
+            raise ValueError(f"slots[{b}] is {slot[b]}; its ring rows pass 2^31-1")
+        total += ext[b]
+        if slot[b] >= 0:
+            n_c += seq[b] // 4 - (seq[b] - ext[b]) // 4
+            n_w += min(ext[b], ring_size)
+    cdef int64_t tokens = total if num_tokens is None else num_tokens
+    if tokens < total or tokens > 65536:
+        raise ValueError(f"num_tokens is {tokens}; expected sum(extend_lens) = {total} .. 65536 (16-bit ragged rows)")
+    cdef cnp.ndarray compress_arr = np.empty(n_c, C4_COMPRESS_DTYPE)
+    cdef cnp.ndarray write_arr = np.empty(n_w, C4_WRITE_DTYPE)
+    cdef C4Compress* c = <C4Compress*>cnp.PyArray_DATA(compress_arr)
+    cdef C4Write* w = <C4Write*>cnp.PyArray_DATA(write_arr)
+    cdef int64_t ci = 0, wi = 0
+    with nogil:
+        off = 0
+        for b in range(B):
+            l0 = seq[b] - ext[b]
+            if slot[b] >= 0:
+                for p in range(l0 + (3 - l0 % 4), seq[b], 4):
+                    j = p - l0
+                    q = p - 4 if p >= 4 else 0
+                    c[ci].seq_len = <unsigned int>(p + 1)
+                    c[ci].ragged_id = <unsigned short>(off + j)
+                    c[ci].ring_rows = <unsigned short>(8 - min(j + 1, 8))
+                    c[ci].previous_group = <int>(_ring_row(slot[b], ring_size, q) // 4)
+                    c[ci].current_group = <int>(_ring_row(slot[b], ring_size, p) // 4)
+                    ci += 1
+                for p in range(max(l0, seq[b] - ring_size), seq[b]):
+                    w[wi].ragged_id = <unsigned int>(off + p - l0)
+                    w[wi].ring_row = <int>_ring_row(slot[b], ring_size, p)
+                    wi += 1
+            off += ext[b]
+    return compress_arr.view(np.uint8).reshape(n_c, 16), write_arr.view(np.uint8).reshape(n_w, 8)

@@ -41,7 +41,7 @@ extern "C" {
 #define DSA_API __attribute__((visibility("default")))
 #endif
 
-#define DSA_ABI_VERSION 10
+#define DSA_ABI_VERSION 11
 #define DSA_DEVICE_HOST (-1)
 #define DSA_CHUNK 128            /* tokens per compressed chunk */
 #define DSA_MAX_DESTINATIONS 8   /* destination sets per metadata copy */
@@ -73,7 +73,8 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_COMMIT_PARAMS = 9,      /* ABI 4 */
   DSA_STRUCT_KV_CACHE = 10,          /* ABI 5 */
   DSA_STRUCT_KV_STORE_PARAMS = 11,   /* ABI 5 */
-  DSA_STRUCT_RECORDS_PARAMS = 12 /* ABI 6 */
+  DSA_STRUCT_RECORDS_PARAMS = 12, /* ABI 6 */
+  DSA_STRUCT_C4_PARAMS = 13      /* ABI 11 */
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -96,6 +97,8 @@ typedef enum dsa_struct_id {
                                       it the state is rounded between drafts as a decode's store rounds
                                       it, so a verified token leaves exactly the state a decoded one
                                       would. No effect on an fp32 state. */
+#define DSA_FLAG_C4_REJECT_ALL 128u /* c4 verify (ABI 11): the step may accept none of the drafts (the first
+                                      draft is not a token already sampled), so V <= R - 7 instead of R - 6 */
 #define DSA_FLAG_DECODE_RECORDS 8u /* decode (ABI 7): `indices` points at batch_size 16-byte records, one per
                                       request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
                                       (the request record, docs/spec.md, records), 16-byte aligned
@@ -211,11 +214,15 @@ DSA_API dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, vo
  * `out`, and a store launch behind the prefill's own ones reads them there); dsa_kv_store stores
  * given vectors. */
 
-#define DSA_CACHE_V4 0   /* the only layout: fp8 nope + bf16 rope + ue8m0 scales */
+#define DSA_CACHE_V4 0      /* fp8 nope + bf16 rope + ue8m0 scales (the c128 and c4 main caches) */
+#define DSA_CACHE_INDEXER 1 /* the c4 indexer's (ABI 11): D = 128; an entry is 128 fp8 e4m3 codes of the
+                               normed, rotated, Hadamard-transformed vector and one fp32 scale; a page holds
+                               page_size entries' codes (128 B each), then their scales (4 B each). Only the
+                               c4 ops store into it. */
 
 typedef struct dsa_kv_cache {
   uint32_t struct_size;
-  int32_t layout;              /* DSA_CACHE_V4 */
+  int32_t layout;              /* DSA_CACHE_V4 or DSA_CACHE_INDEXER */
   uint8_t* cache;              /* [num_pages, dsa_kv_page_bytes(D, page_size)] on the op's device, written */
   int64_t num_pages;           /* pages in `cache` (slots: num_pages * page_size) */
   int32_t page_size;           /* entries per page, a power of two, 1..1024 */
@@ -234,6 +241,8 @@ typedef struct dsa_kv_cache {
 
 /* Bytes of one page of the cache for head dim D (a multiple of 64, >= 128). */
 DSA_API int64_t dsa_kv_page_bytes(int32_t head_dim, int32_t page_size);
+/* Bytes of one page of the c4 indexer's cache (DSA_CACHE_INDEXER) for D = 128 (0 otherwise). ABI 11. */
+DSA_API int64_t dsa_indexer_page_bytes(int32_t head_dim, int32_t page_size);
 
 typedef struct dsa_kv_store_params {
   uint32_t struct_size;
@@ -325,6 +334,108 @@ typedef struct dsa_c128_prefill_params {
 
 DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream);
 DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* The ratio-4 compressor (docs/spec.md, "The c4 layers"), ABI 11.
+ *
+ * Each c4 layer runs two compressors over the same positions and cache slots: the main one (D = 512,
+ * store DSA_CACHE_V4) and the indexer's (D = 128, store DSA_CACHE_INDEXER). A token's input row is fp32
+ * [kv_A | kv_B | score_A | score_B] (4 D); entry n closes at position 4n + 3 and is, per channel, the
+ * softmax over the A halves of positions 4n-4 .. 4n-1 (absent for n = 0) and the B halves of 4n .. 4n+3
+ * of kv, with logits score + ape[j] (ape fp32 [8, D]: rows 0..3 for the A terms, 4..7 for the B terms).
+ * A store uses rotary row 4n (= seq_len - 4 at the closing token).
+ *
+ * State: a ring of raw input rows, [ring_rows, 4D] fp32 or bf16 (rounded to nearest even), viewed as
+ * groups of 4 rows (one quartet, rows ordered by position % 4). Where each position lives is the
+ * caller's choice, passed in records (sglang's formats, below), or pydsa's request-scoped ring: request
+ * slot s owns rows s*R .. s*R+R-1, position p at row s*R + p % R (R = ring_size, a multiple of 4, >= 8).
+ *
+ *   dsa_c4_decode  one new token per request: writes its row to the ring and, when seq_len % 4 == 0,
+ *                  closes entry seq_len/4 - 1 from the ring's 8 rows (the new token's included), writes
+ *                  `out` and stores; both compressors (and both stores) in one launch.
+ *   dsa_c4_extend  new tokens at ragged rows (prefill, chunked prefill, a verify planned by the engine):
+ *                  every compress record closes an entry (window rows from the ring, then from the
+ *                  input), `out` row i for record i (compact); then every write record copies an input
+ *                  row into the ring. Two launches: every ring read of the call precedes every ring write.
+ *   dsa_c4_verify  V drafts per request over pydsa's request-scoped ring: draft j of request b at input
+ *                  row b*V + j; entries the drafts close are written to `out` row b*V + j and stored; every
+ *                  draft's row is written to the ring. No commit: the next call starts at the first
+ *                  rejected position. V must be at most dsa_c4_max_drafts(R, ...).
+ *
+ * Records and slots are data: a record whose rows lie outside the ring or the input is skipped and
+ * counted in error_count (a decode row still writes its ring row when only its read groups are bad); a
+ * padding record (seq_len or ragged_id 0xFFFFFFFF) and, in the request-scoped modes, a negative slot or
+ * seq_len (<= 0 in decode, < 0 in verify) are skipped silently. */
+
+/* sglang's 16-byte decode record: {u32 seq_len (with the new token), i32 write row, i32 group of the
+ * previous quartet, i32 group of the current quartet}. seq_len 0 is padding. */
+typedef struct dsa_c4_decode_record {
+  uint32_t seq_len;
+  int32_t write_row;
+  int32_t previous_group;
+  int32_t current_group;
+} dsa_c4_decode_record;
+
+/* sglang's 16-byte compress record: {u32 seq_len = closing position + 1, u16 ragged row of the closing
+ * token, u16 window rows read from the ring (the first ones), i32 previous group, i32 current group}. */
+typedef struct dsa_c4_compress_record {
+  uint32_t seq_len;
+  uint16_t ragged_id;
+  uint16_t ring_rows;
+  int32_t previous_group;
+  int32_t current_group;
+} dsa_c4_compress_record;
+
+/* sglang's 8-byte write record: {u32 ragged row, i32 ring row}. */
+typedef struct dsa_c4_write_record {
+  uint32_t ragged_id;
+  int32_t ring_row;
+} dsa_c4_write_record;
+
+/* One compressor of a c4 layer. */
+typedef struct dsa_c4_compressor {
+  int32_t head_dim;           /* D: 128, 256 or 512 (an indexer store: 128) */
+  int32_t reserved;           /* 0 */
+  void* ring;                 /* [ring_rows, 4D] of the call's ring_dtype, read and written */
+  int64_t ring_rows;          /* rows of `ring`, a multiple of 4, >= 4 */
+  const float* kv_score;      /* [rows, 4D]: decode B rows, extend num_tokens, verify B * V */
+  const float* ape;           /* [8, D] */
+  float* out;                 /* decode [B, D] (closing rows written), extend [num_compress, D] (row i for
+                                 record i), verify [B * V, D] (closing drafts' rows); may be null */
+  const dsa_kv_cache* store;  /* host memory, read during the call; null: no store */
+} dsa_c4_compressor;
+
+typedef struct dsa_c4_params {
+  uint32_t struct_size;
+  uint32_t flags;                 /* DSA_FLAG_PDL */
+  int32_t device;                 /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t num_compressors;        /* 1 or 2 (main and indexer), each with its own ring, input and store */
+  int32_t ring_dtype;             /* dsa_state_dtype of every ring */
+  int32_t ring_size;              /* R of the request-scoped ring (decode without records, verify) */
+  int64_t batch_size;             /* decode, verify: requests */
+  int64_t num_tokens;             /* extend: rows of kv_score (<= 65536: 16-bit ragged rows) */
+  const dsa_c4_decode_record* decode_records; /* decode: [B], or null: seq_lens and slots */
+  const dsa_c4_compress_record* compress;     /* extend: [num_compress] */
+  const dsa_c4_write_record* write;           /* extend: [num_write] */
+  int64_t num_compress;
+  int64_t num_write;
+  const int32_t* seq_lens;        /* decode without records: [B] length with the new token (<= 0 padding);
+                                     verify: [B] committed length before the drafts (< 0 padding) */
+  const int32_t* slots;           /* [B] request-scoped ring slot (negative: not held here, skipped) */
+  int32_t num_drafts;             /* verify: V, 1..dsa_c4_max_drafts(ring_size, flags & DSA_FLAG_C4_REJECT_ALL) */
+  int32_t reserved;               /* 0 */
+  const int64_t* cache_slots;     /* with a store: decode [B], extend [num_tokens] (ragged rows), verify
+                                     [B * V]; read at closing rows; -1: not stored here */
+  uint32_t* error_count;          /* [1] incremented per skipped record; may be null */
+  dsa_c4_compressor compressors[2];
+} dsa_c4_params;
+
+/* The largest V dsa_c4_verify takes for a ring of R rows: R - 6 when the first draft is always
+ * accepted (a target verify: it is the token already sampled), R - 7 when zero_acceptance != 0. */
+DSA_API int32_t dsa_c4_max_drafts(int32_t ring_size, int32_t zero_acceptance);
+DSA_API dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream);
+DSA_API dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream);
+DSA_API dsa_status dsa_c4_verify(const dsa_c4_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Speculative decoding (docs/spec.md, speculative decoding), ABI 4.

@@ -131,6 +131,7 @@ size_t dsa_struct_size(dsa_struct_id id) {
     case DSA_STRUCT_KV_CACHE: return sizeof(dsa_kv_cache);
     case DSA_STRUCT_KV_STORE_PARAMS: return sizeof(dsa_kv_store_params);
     case DSA_STRUCT_RECORDS_PARAMS: return sizeof(dsa_request_records_params);
+    case DSA_STRUCT_C4_PARAMS: return sizeof(dsa_c4_params);
   }
   return 0;
 }

@@ -4,45 +4,49 @@
 
 #include "c128_checks.h"
 #include "c128_host.h"
+#include "c4_math.h"
 #include "store.cuh"
 
 namespace dsa {
 
 dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int head_dim, int device,
-                        const char* op, StoreLaunch* out) {
+                        const char* op, StoreLaunch* out, int32_t layout, const char* name) {
   DSA_TRY(check_struct(c, op));
-  if (c->layout != DSA_CACHE_V4)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.layout is %d; expected %d (DSA_CACHE_V4)", op, c->layout,
-                DSA_CACHE_V4);
-  if (head_dim < 2 * kStoreGroup || head_dim % kStoreGroup != 0 || head_dim / kStoreGroup > kStoreMaxGroups)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; a store needs a multiple of 64 in 128..%d", op,
-                head_dim, kStoreMaxGroups * kStoreGroup);
+  if (c->layout != layout)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s.layout is %d; expected %d (%s)", op, name, c->layout, layout,
+                layout == DSA_CACHE_V4 ? "DSA_CACHE_V4" : "DSA_CACHE_INDEXER");
+  if (layout == DSA_CACHE_INDEXER ? head_dim != kIndexerDim
+                                  : (head_dim < 2 * kStoreGroup || head_dim % kStoreGroup != 0 ||
+                                     head_dim / kStoreGroup > kStoreMaxGroups))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; %s needs %s", op, head_dim, name,
+                layout == DSA_CACHE_INDEXER ? "128 (an indexer cache)" : "a multiple of 64 in 128..4096");
   const int32_t ps = c->page_size;
   if (ps < 1 || ps > 1024 || (ps & (ps - 1)) != 0)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.page_size is %d; expected a power of two in 1..1024", op, ps);
-  if (c->num_pages < 1 || c->num_pages > INT64_MAX / page_bytes(head_dim, ps))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.num_pages is %lld; expected >= 1 (and a cache below 2^63 bytes)",
-                op, (long long)c->num_pages);
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s.page_size is %d; expected a power of two in 1..1024", op, name, ps);
+  const int64_t page = cache_page_bytes(layout, head_dim, ps);
+  if (c->num_pages < 1 || c->num_pages > INT64_MAX / page)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s.num_pages is %lld; expected >= 1 (and a cache below 2^63 bytes)",
+                op, name, (long long)c->num_pages);
   if (c->num_positions < 1)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.num_positions is %lld; expected >= 1", op,
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s.num_positions is %lld; expected >= 1", op, name,
                 (long long)c->num_positions);
   if (c->dcp_world < 0 || c->dcp_rank < 0 || c->dcp_rank >= std::max(c->dcp_world, 1))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.dcp_world is %d and store.dcp_rank %d; expected dcp_world >= 0 "
-                "and 0 <= dcp_rank < max(dcp_world, 1)", op, c->dcp_world, c->dcp_rank);
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s.dcp_world is %d and %s.dcp_rank %d; expected dcp_world >= 0 "
+                "and 0 <= dcp_rank < max(dcp_world, 1)", op, name, c->dcp_world, name, c->dcp_rank);
   if (!(c->eps >= 0.0f) || c->eps == INFINITY)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.eps is %g; expected a finite value >= 0", op, (double)c->eps);
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s.eps is %g; expected a finite value >= 0", op, name, (double)c->eps);
   if (c->cache == nullptr || c->norm_weight == nullptr || c->rotary == nullptr || cache_slots == nullptr)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: store.cache, store.norm_weight, store.rotary and cache_slots must be "
-                "non-null", op);
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: %s.cache, %s.norm_weight, %s.rotary and cache_slots must be "
+                "non-null", op, name, name, name);
   const int align = device == DSA_DEVICE_HOST ? 1 : 16;
   if (!aligned(c->cache, align) || !aligned(c->norm_weight, align) || !aligned(c->rotary, align) ||
       !aligned(cache_slots, device == DSA_DEVICE_HOST ? 1 : 8))
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, store.cache, store.norm_weight and store.rotary must be "
-                "16-byte aligned and cache_slots 8-byte aligned", op);
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, %s.cache, %s.norm_weight and %s.rotary must be "
+                "16-byte aligned and cache_slots 8-byte aligned", op, name, name, name);
   out->cache = c->cache, out->cache_slots = cache_slots;
   out->norm_weight = c->norm_weight, out->rotary = c->rotary;
   out->num_positions = c->num_positions, out->capacity = c->num_pages * ps;
-  out->page_stride = page_bytes(head_dim, ps), out->eps = c->eps;
+  out->page_stride = page, out->eps = c->eps;
   out->page_log2 = page_log2_of(ps);
   out->dcp_world = c->dcp_world, out->dcp_rank = c->dcp_rank;
   return DSA_STATUS_OK;
@@ -188,6 +192,11 @@ dsa_status store_prefill_vectors(const dsa_c128_prefill_params& p, const StoreLa
 extern "C" int64_t dsa_kv_page_bytes(int32_t head_dim, int32_t page_size) {
   if (head_dim < 128 || head_dim % 64 != 0 || page_size < 1) return 0;
   return dsa::page_bytes(head_dim, page_size);
+}
+
+extern "C" int64_t dsa_indexer_page_bytes(int32_t head_dim, int32_t page_size) {
+  if (head_dim != dsa::kIndexerDim || page_size < 1) return 0;
+  return dsa::indexer_page_bytes(head_dim, page_size);
 }
 
 extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream) {

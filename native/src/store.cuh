@@ -28,8 +28,10 @@ struct StoreLaunch {
 };
 
 // Host side: checks a dsa_kv_cache for head dim D and fills `out` (cache_slots left to the caller).
+// `layout` is the layout the op stores (DSA_CACHE_V4 for every c128 op; the c4 indexer's DSA_CACHE_INDEXER);
+// `name` is the cache's argument name in the op's messages.
 dsa_status store_launch(const dsa_kv_cache* cache, const int64_t* cache_slots, int head_dim, int device,
-                        const char* op, StoreLaunch* out);
+                        const char* op, StoreLaunch* out, int32_t layout = DSA_CACHE_V4, const char* name = "store");
 
 // A storing prefill's store on the GPU, launched with PDL behind the prefill's own launches: the
 // vector of each of its first num_compress compress records, from `out` (compact row, or the record's
@@ -62,7 +64,7 @@ __device__ __forceinline__ void request_barrier(int row, int lanes) {
   static_assert(kStoreMaxRows == 4, "one immediate barrier id per request row");
   if (lanes <= 32) {
     __syncwarp();
-  } else if (blockDim.y == 1) {
+  } else if (lanes == (int)(blockDim.x * blockDim.y)) {  // the block is one request row
     __syncthreads();
   } else if (row == 0) {
     asm volatile("bar.sync 0, %0;" ::"r"(lanes) : "memory");
@@ -179,10 +181,12 @@ __device__ __forceinline__ void load_rotary(StoreOperands<VEC>& o, const StoreLa
 
 // Writes the cache entry of vector x (this thread's VEC channels from `ch`; o: its loaded operands,
 // aimed by aim_store). Every thread of the request row calls it, after the same aim_store; `lanes` =
-// D / VEC threads, a multiple of 32, lane = threadIdx.x.
+// D / VEC threads, a multiple of 32, consecutive in the block; `row` (< kStoreMaxRows) names the request
+// row among the block's.
 template <int VEC>
 __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float (&x)[VEC], const StoreOperands<VEC>& o,
-                                             int D, int ch, int lanes, uint32_t* error_count) {
+                                             int D, int ch, int lanes, uint32_t* error_count,
+                                             int row = (int)threadIdx.y) {
   static_assert(VEC == 2 || VEC == 4 || VEC == 8, "pairs of channels per thread");
   __shared__ __align__(16) float group_sums[kStoreMaxRows][kStoreMaxGroups];
   constexpr int kGroupLanes = kStoreGroup / VEC;
@@ -190,7 +194,7 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
     if (o.check == kStoreCount && ch == 0) count_error(error_count);
     return;
   }
-  const int row = threadIdx.y, group = ch / kStoreGroup;
+  const int group = ch / kStoreGroup;
   const bool rope = ch >= D - kStoreGroup;
   // Sum of squares in the defined order: pairs, the tree inside the thread, the tree across the
   // group's lanes, then the groups left to right.

@@ -1,0 +1,527 @@
+// The ratio-4 compressor (docs/spec.md, "The c4 layers"): decode, extend and verify kernels, both
+// compressors of a layer in each launch, the stores fused; the entry points (check, then host or device).
+#include <algorithm>
+
+#include "c128_device.cuh"
+#include "c4_host.h"
+#include "c4_math.h"
+#include "store.cuh"
+
+namespace dsa {
+namespace {
+
+constexpr int kC4Threads = 128;  // threads per block; a request row is D / 4 of them (4 channels each)
+
+// One compressor inside a launch.
+struct C4Side {
+  int32_t head_dim;
+  int32_t store_kind;  // 0: none, 1 + DSA_CACHE_V4 or 1 + DSA_CACHE_INDEXER
+  void* ring;
+  int64_t ring_rows;
+  const float* kv_score;
+  const float* ape;
+  float* out;
+  StoreLaunch store;
+};
+
+struct C4Launch {
+  C4Side side[2];
+  uint32_t blocks0;     // blocks of compressor 0; the rest are compressor 1's
+  int32_t ring_size;    // request-scoped modes
+  int32_t num_drafts;   // verify
+  int32_t reserved;
+  int64_t count;        // decode: requests; extend: records of the pass; verify: B * V
+  int64_t num_tokens;   // input rows
+  const void* records;  // decode / compress / write records (null in the request-scoped modes)
+  const int32_t* seq_lens;
+  const int32_t* slots;
+  uint32_t* error_count;
+};
+
+enum C4Mode { kC4Records, kC4Requests };
+
+// This thread's compressor, request row and channel: compressor 0 owns the first blocks0 blocks.
+struct C4Thread {
+  const C4Side* c;
+  int D, lanes, row, ch;
+  int64_t i;  // record / request index
+};
+
+__device__ __forceinline__ C4Thread c4_thread(const C4Launch& p) {
+  C4Thread t;
+  const bool second = blockIdx.x >= p.blocks0;
+  t.c = &p.side[second ? 1 : 0];
+  t.D = t.c->head_dim;
+  t.lanes = t.D / 4;
+  const int rows = kC4Threads / t.lanes;
+  t.row = (int)threadIdx.x / t.lanes;
+  t.ch = ((int)threadIdx.x % t.lanes) * 4;
+  t.i = (int64_t)(blockIdx.x - (second ? p.blocks0 : 0)) * rows + t.row;
+  return t;
+}
+
+template <typename S>
+__device__ __forceinline__ void ring_store(S* ring, int64_t row, int D, int ch, const Lanes<4> (&half)[4]) {
+  S* at = ring + row * 4 * D + ch;
+#pragma unroll
+  for (int h = 0; h < 4; ++h) store_state<4, S>(at + h * D, half[h]);
+}
+
+// The indexer's store of x (this lane's 4 of 128 channels; one warp per vector): docs/spec.md, "c4
+// stores" (c4_math.h states the order of every operation).
+__device__ __forceinline__ void indexer_store(const StoreLaunch& st, const float (&x)[4], int64_t loc, int64_t pos,
+                                              int ch, uint32_t* error_count) {
+  const int check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
+  if (check != kStoreWrite) {
+    if (check == kStoreCount && ch == 0) count_error(error_count);
+    return;
+  }
+  const int lane = ch / 4;
+  float w[4], y[4];
+  load_floats<4>(w, st.norm_weight + ch);
+  float rot[4] = {};
+  if (ch >= kIndexerDim - kStoreGroup) load_floats<4>(rot, st.rotary + pos * kStoreGroup + (ch - kStoreGroup));
+  float sum = lane_squares(x[0], x[1], x[2], x[3]);
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) sum = add_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, m));
+  const float r = rms_factor(sum, kIndexerDim, st.eps);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = normed(x[k], r, w[k]);
+  if (ch >= kIndexerDim - kStoreGroup) {
+    rotate(y[0], y[1], rot[0], rot[1], &y[0], &y[1]);
+    rotate(y[2], y[3], rot[2], rot[3], &y[2], &y[3]);
+  }
+  // Hadamard stages over element bits 0 and 1 (inside the lane), then 2..6 (lane bits 0..4).
+  float z[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) z[k] = hadamard_pair(y[k], y[k ^ 1], k & 1);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = hadamard_pair(z[k], z[k ^ 2], k & 2);
+#pragma unroll
+  for (int m = 1; m <= 16; m <<= 1)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[k] = hadamard_pair(y[k], __shfl_xor_sync(0xFFFFFFFFu, y[k], m), lane & m);
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = mul_rn(y[k], kHadamardScale), amax = fmaxf(amax, fabsf(y[k]));
+  amax = group_max<32>(amax);
+  const float scale = indexer_scale(amax), inv = reciprocal_rn(scale);
+  const uint32_t codes = fp8_e4m3x2(mul_rn(y[0], inv), mul_rn(y[1], inv)) |
+                         (fp8_e4m3x2(mul_rn(y[2], inv), mul_rn(y[3], inv)) << 16);
+  const EntryOffsets at = indexer_offsets(loc, st.page_log2, kIndexerDim);
+  *reinterpret_cast<uint32_t*>(st.cache + at.data + ch) = codes;
+  if (ch == 0) *reinterpret_cast<float*>(st.cache + at.scale) = scale;
+}
+
+// The entry closed with window values kv, logits z (this thread's 4 channels): written to `out` row
+// `out_row` and stored at cache slot `loc` with rotary row `pos`.
+__device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)[kC4Window][4],
+                                            const float (&z)[kC4Window][4], int first, int64_t out_row, int64_t loc,
+                                            int64_t pos, uint32_t* error_count) {
+  const C4Side& c = *t.c;
+  Lanes<4> v;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    float a[kC4Window], b[kC4Window];
+#pragma unroll
+    for (int j = 0; j < kC4Window; ++j) a[j] = kv[j][k], b[j] = z[j][k];
+    v.v[k] = c4_channel(a, b, first);
+  }
+  if (c.out != nullptr) store_lanes<4>(c.out + out_row * t.D + t.ch, v);
+  if (c.store_kind == 1 + DSA_CACHE_V4) {
+    StoreOperands<4> o;
+    load_weights<4>(o, c.store, t.ch);
+    load_rotary<4>(o, c.store, t.D, t.ch, pos);
+    aim_store<4>(o, c.store, loc, pos, t.D);
+    store_vector<4>(c.store, v.v, o, t.D, t.ch, t.lanes, error_count, t.row);
+  } else if (c.store_kind == 1 + DSA_CACHE_INDEXER) {
+    indexer_store(c.store, v.v, loc, pos, t.ch, error_count);
+  }
+}
+
+__device__ __forceinline__ bool group_ok(int32_t g, int64_t ring_rows) { return g >= 0 && (int64_t)g * 4 < ring_rows; }
+
+// Decode: one request per row of lanes; its token's row is written, and a closing token's entry is
+// computed from the ring's 8 rows (the token's own from registers when it is the current group's last row,
+// as written: a bf16 ring rounds it).
+template <typename S, int kMode>
+__global__ void __launch_bounds__(kC4Threads) c4_decode_kernel(const __grid_constant__ C4Launch p) {
+  const C4Thread t = c4_thread(p);
+  wait_for_producers();
+  allow_dependents();
+  if (t.i >= p.count) return;
+  C4DecodeRecord r;
+  if constexpr (kMode == kC4Records) {
+    const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + t.i);
+    r = C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
+  } else {
+    const int32_t seq = __ldg(p.seq_lens + t.i), slot = __ldg(p.slots + t.i);
+    if (seq <= 0 || slot < 0) return;
+    r = c4_decode_record(seq, slot, p.ring_size);
+  }
+  if (r.seq_len == 0u || r.seq_len > 0x7FFFFFFFu) return;  // padding
+  const C4Side& c = *t.c;
+  const int D = t.D, ch = t.ch;
+  if (r.write_row < 0 || r.write_row >= c.ring_rows) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  const float* in = c.kv_score + t.i * 4 * D + ch;
+  Lanes<4> half[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) half[h] = load_lanes<4>(in + h * D);
+  S* ring = static_cast<S*>(c.ring);
+  ring_store<S>(ring, r.write_row, D, ch, half);
+  if (r.seq_len % kC4Quartet != 0) return;
+  const bool overlap = r.seq_len > kC4Quartet;
+  if (!group_ok(r.current_group, c.ring_rows) || (overlap && !group_ok(r.previous_group, c.ring_rows))) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0;
+  float kv[kC4Window][4], z[kC4Window][4];
+#pragma unroll
+  for (int j = 0; j < kC4Window; ++j) {
+    if (j < 4 && !overlap) continue;
+    const Lanes<4> bias = load_lanes<4>(c.ape + j * D + ch);
+    Lanes<4> value, score;
+    if (j == kC4Window - 1 && r.write_row == 4 * r.current_group + 3) {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) value.v[k] = as_stored<S>(half[1].v[k]), score.v[k] = as_stored<S>(half[3].v[k]);
+    } else {
+      const int64_t row = 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3);
+      const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
+      value = load_state<4, S>(at), score = load_state<4, S>(at + 2 * D);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
+  }
+  close_entry(t, kv, z, overlap ? 0 : 4, t.i, loc, (int64_t)r.seq_len - kC4Quartet, p.error_count);
+}
+
+// What a compress pass reads of record i: the closing position + 1, the closing token's input row, the
+// window rows taken from the ring, the two groups. False: nothing to do (padding; a verify draft that
+// closes nothing; a request not held here).
+template <int kMode>
+__device__ __forceinline__ bool compress_record(const C4Launch& p, int64_t i, uint32_t* seq_len, int64_t* ragged,
+                                                int* ring_rows, int32_t* previous, int32_t* current) {
+  C4CompressRecord r;
+  if constexpr (kMode == kC4Records) {
+    const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + i);
+    r.seq_len = (uint32_t)q.x, r.ragged_id = (uint16_t)((uint32_t)q.y & 0xFFFFu);
+    r.ring_rows = (uint16_t)((uint32_t)q.y >> 16), r.previous_group = q.z, r.current_group = q.w;
+    *ragged = r.ragged_id;
+  } else {
+    const int64_t b = i / p.num_drafts;
+    const int32_t j = (int32_t)(i - b * p.num_drafts);
+    const int32_t seq = __ldg(p.seq_lens + b), slot = __ldg(p.slots + b);
+    if (seq < 0 || slot < 0) return false;
+    r = c4_draft_record(seq, j, slot, p.ring_size, p.num_drafts, b);
+    *ragged = i;
+  }
+  if (r.seq_len == kC4Padding) return false;
+  *seq_len = r.seq_len, *ring_rows = r.ring_rows, *previous = r.previous_group, *current = r.current_group;
+  return true;
+}
+
+// Whether a compress record fits the call: a closing position, its input rows inside the input, its
+// ring groups inside the ring where read.
+__device__ __forceinline__ bool compress_fits(uint32_t seq_len, int64_t ragged, int ring_rows, int32_t previous,
+                                              int32_t current, int64_t num_tokens, int64_t ring_size_rows) {
+  if (seq_len < (uint32_t)kC4Quartet || seq_len % kC4Quartet != 0 || seq_len > 0x7FFFFFFFu || ring_rows > kC4Window)
+    return false;
+  const int first = seq_len > (uint32_t)kC4Quartet ? 0 : 4;
+  const int from_input = ring_rows > first ? ring_rows : first;
+  if (ragged >= num_tokens || (from_input < kC4Window && ragged - (kC4Window - 1) + from_input < 0)) return false;
+  if (first == 0 && ring_rows > 0 && !group_ok(previous, ring_size_rows)) return false;
+  return ring_rows <= 4 || group_ok(current, ring_size_rows);
+}
+
+// Extend / verify compress pass: one record per row of lanes.
+template <typename S, int kMode>
+__global__ void __launch_bounds__(kC4Threads) c4_compress_kernel(const __grid_constant__ C4Launch p) {
+  const C4Thread t = c4_thread(p);
+  wait_for_producers();
+  allow_dependents();
+  if (t.i >= p.count) return;
+  uint32_t seq_len;
+  int64_t ragged;
+  int ring_rows;
+  int32_t previous, current;
+  if (!compress_record<kMode>(p, t.i, &seq_len, &ragged, &ring_rows, &previous, &current)) return;
+  const C4Side& c = *t.c;
+  const int D = t.D, ch = t.ch;
+  if (!compress_fits(seq_len, ragged, ring_rows, previous, current, p.num_tokens, c.ring_rows)) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + ragged) : 0;
+  const bool overlap = seq_len > (uint32_t)kC4Quartet;
+  const S* ring = static_cast<const S*>(c.ring);
+  float kv[kC4Window][4], z[kC4Window][4];
+#pragma unroll
+  for (int j = 0; j < kC4Window; ++j) {
+    if (j < 4 && !overlap) continue;
+    const Lanes<4> bias = load_lanes<4>(c.ape + j * D + ch);
+    const int offset = j < 4 ? 0 : D;
+    Lanes<4> value, score;
+    if (j < ring_rows) {
+      const S* at = ring + (4 * (int64_t)(j < 4 ? previous : current) + (j & 3)) * 4 * D + ch + offset;
+      value = load_state<4, S>(at), score = load_state<4, S>(at + 2 * D);
+    } else {
+      const float* at = c.kv_score + (ragged - (kC4Window - 1) + j) * 4 * D + ch + offset;
+      value = load_lanes<4>(at), score = load_lanes<4>(at + 2 * D);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
+  }
+  close_entry(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, loc, (int64_t)seq_len - kC4Quartet,
+              p.error_count);
+}
+
+// Extend / verify write pass: one input row per row of lanes into the ring.
+template <typename S, int kMode>
+__global__ void __launch_bounds__(kC4Threads) c4_write_kernel(const __grid_constant__ C4Launch p) {
+  const C4Thread t = c4_thread(p);
+  wait_for_producers();
+  allow_dependents();
+  if (t.i >= p.count) return;
+  int64_t ragged, row;
+  if constexpr (kMode == kC4Records) {
+    const int2 q = __ldg(reinterpret_cast<const int2*>(p.records) + t.i);
+    if ((uint32_t)q.x == kC4Padding) return;
+    ragged = (uint32_t)q.x, row = q.y;
+  } else {
+    const int64_t b = t.i / p.num_drafts;
+    const int32_t seq = __ldg(p.seq_lens + b), slot = __ldg(p.slots + b);
+    if (seq < 0 || slot < 0) return;
+    ragged = t.i, row = request_ring_row(slot, p.ring_size, seq + (t.i - b * p.num_drafts));
+  }
+  const C4Side& c = *t.c;
+  if (ragged >= p.num_tokens || row < 0 || row >= c.ring_rows) {
+    if (t.ch == 0) count_error(p.error_count);
+    return;
+  }
+  Lanes<4> half[4];
+  const float* in = c.kv_score + ragged * 4 * t.D + t.ch;
+#pragma unroll
+  for (int h = 0; h < 4; ++h) half[h] = load_lanes<4>(in + h * t.D);
+  ring_store<S>(static_cast<S*>(c.ring), row, t.D, t.ch, half);
+}
+
+// ---- checks and launches ----------------------------------------------------------------------------
+
+enum C4Op { kOpDecode, kOpExtend, kOpVerify };
+
+dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, StoreLaunch (&stores)[2], int (&kinds)[2]) {
+  if (p.num_compressors < 1 || p.num_compressors > 2)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_compressors is %d; expected 1 or 2", op, p.num_compressors);
+  if (p.ring_dtype != DSA_STATE_FLOAT32 && p.ring_dtype != DSA_STATE_BFLOAT16)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ring_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
+                p.ring_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
+  const bool gpu = p.device != DSA_DEVICE_HOST;
+  bool any_store = false;
+  for (int k = 0; k < p.num_compressors; ++k) {
+    const dsa_c4_compressor& c = p.compressors[k];
+    const int D = c.head_dim;
+    if (D != 128 && D != 256 && D != 512)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].head_dim is %d; expected 128, 256 or 512", op, k, D);
+    if (c.ring == nullptr || c.kv_score == nullptr || c.ape == nullptr)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].ring, .kv_score and .ape must be non-null", op, k);
+    if (c.ring_rows < 4 || c.ring_rows % 4 != 0 || c.ring_rows > INT32_MAX)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].ring_rows is %lld; expected a multiple of 4 in "
+                  "4..2^31-1", op, k, (long long)c.ring_rows);
+    if (gpu && (!aligned(c.ring, 16) || !aligned(c.kv_score, 16) || !aligned(c.ape, 16) || !aligned(c.out, 16)))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, compressors[%d].ring, .kv_score, .ape and .out must be "
+                  "16-byte aligned", op, k);
+    kinds[k] = 0;
+    if (c.store != nullptr) {
+      DSA_TRY(check_struct(c.store, op));
+      const int32_t layout = c.store->layout;
+      if (layout != DSA_CACHE_V4 && layout != DSA_CACHE_INDEXER)
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].store.layout is %d; expected %d (DSA_CACHE_V4) or "
+                    "%d (DSA_CACHE_INDEXER)", op, k, layout, DSA_CACHE_V4, DSA_CACHE_INDEXER);
+      const char* names[2] = {"compressors[0].store", "compressors[1].store"};
+      DSA_TRY(store_launch(c.store, p.cache_slots, D, p.device, op, &stores[k], layout, names[k]));
+      kinds[k] = 1 + layout;
+      any_store = true;
+    }
+  }
+  if (any_store && p.cache_slots == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a store needs cache_slots", op);
+  const bool requests = kind == kOpVerify || (kind == kOpDecode && p.decode_records == nullptr);
+  if (p.batch_size < 0 || p.batch_size > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected 0..%d", op, (long long)p.batch_size,
+                INT32_MAX);
+  if (requests) {
+    if (p.ring_size < 8 || p.ring_size % 4 != 0)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ring_size is %d; expected a multiple of 4, >= 8", op, p.ring_size);
+    if (p.batch_size > 0 && (p.seq_lens == nullptr || p.slots == nullptr))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens and slots must be non-null (or decode_records given)", op);
+  }
+  if (kind == kOpVerify) {
+    const int32_t most = c4_max_drafts(p.ring_size, (p.flags & DSA_FLAG_C4_REJECT_ALL) != 0);
+    if (p.num_drafts < 1 || p.num_drafts > most)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_drafts is %d; a ring of %d rows serves 1..%d drafts (R - %d: "
+                  "more would overwrite rows the next step reads)", op, p.num_drafts, p.ring_size, most,
+                  (p.flags & DSA_FLAG_C4_REJECT_ALL) ? 7 : 6);
+    if (p.batch_size * p.num_drafts > INT32_MAX)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size * num_drafts exceeds 2^31-1", op);
+  }
+  if (kind == kOpExtend) {
+    if (p.num_tokens < 0 || p.num_tokens > 65536)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_tokens is %lld; expected 0..65536 (16-bit ragged rows)", op,
+                  (long long)p.num_tokens);
+    if (p.num_compress < 0 || p.num_compress > INT32_MAX || p.num_write < 0 || p.num_write > INT32_MAX)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_compress is %lld and num_write %lld; expected 0..2^31-1", op,
+                  (long long)p.num_compress, (long long)p.num_write);
+    if ((p.num_compress > 0 && p.compress == nullptr) || (p.num_write > 0 && p.write == nullptr))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compress and write must be non-null when their counts are", op);
+    if (gpu && (!aligned(p.compress, 16) || !aligned(p.write, 8)))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, compress must be 16-byte and write 8-byte aligned", op);
+  }
+  if (kind == kOpDecode && gpu && !aligned(p.decode_records, 16))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, decode_records must be 16-byte aligned", op);
+  return DSA_STATUS_OK;
+}
+
+C4Launch c4_launch(const dsa_c4_params& p, const StoreLaunch (&stores)[2], const int (&kinds)[2]) {
+  C4Launch a = {};
+  for (int k = 0; k < p.num_compressors; ++k) {
+    const dsa_c4_compressor& c = p.compressors[k];
+    a.side[k] = C4Side{c.head_dim, kinds[k], c.ring, c.ring_rows, c.kv_score, c.ape, c.out, stores[k]};
+  }
+  a.ring_size = p.ring_size, a.num_drafts = p.num_drafts, a.num_tokens = p.num_tokens;
+  a.seq_lens = p.seq_lens, a.slots = p.slots, a.error_count = p.error_count;
+  return a;
+}
+
+// Blocks for `count` rows of each compressor; a.count and a.blocks0 set.
+dim3 c4_grid(const dsa_c4_params& p, C4Launch& a, int64_t count) {
+  a.count = count;
+  int64_t blocks = 0;
+  for (int k = 0; k < p.num_compressors; ++k) {
+    const int rows = kC4Threads / (p.compressors[k].head_dim / 4);
+    const int64_t n = (count + rows - 1) / rows;
+    if (k == 0) a.blocks0 = (uint32_t)n;
+    blocks += n;
+  }
+  if (p.num_compressors == 1) a.blocks0 = (uint32_t)blocks;
+  return dim3((unsigned)blocks);
+}
+
+template <typename Kernel>
+cudaError_t run(Kernel kernel, dim3 grid, cudaStream_t s, unsigned mode, const C4Launch& a) {
+  return launch(kernel, grid, dim3(kC4Threads), s, mode, a);
+}
+
+dsa_status device_preamble(const dsa_c4_params& p, const char* op) {
+  int sms = 0;
+  return check_device(p.device, op, &sms);
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" int32_t dsa_c4_max_drafts(int32_t ring_size, int32_t zero_acceptance) {
+  if (ring_size < 8 || ring_size % 4 != 0) return 0;
+  const int32_t v = dsa::c4_max_drafts(ring_size, zero_acceptance != 0);
+  return v < DSA_MAX_DRAFTS ? v : DSA_MAX_DRAFTS;
+}
+
+extern "C" dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c4_decode";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c4_params& p = *params;
+  StoreLaunch stores[2] = {};
+  int kinds[2] = {0, 0};
+  DSA_TRY(check_c4(p, kOpDecode, op, stores, kinds));
+  if (p.batch_size == 0) return ok();
+  if (p.device == DSA_DEVICE_HOST) {
+    host_c4_decode(p);
+    return ok();
+  }
+  DSA_TRY(device_preamble(p, op));
+  DeviceGuard guard(p.device);
+  C4Launch a = c4_launch(p, stores, kinds);
+  a.records = p.decode_records;
+  const dim3 grid = c4_grid(p, a, p.batch_size);
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
+  cudaStream_t s = (cudaStream_t)stream;
+  const cudaError_t err =
+      records ? (bf16 ? run(c4_decode_kernel<Bf16, kC4Records>, grid, s, mode, a)
+                      : run(c4_decode_kernel<float, kC4Records>, grid, s, mode, a))
+              : (bf16 ? run(c4_decode_kernel<Bf16, kC4Requests>, grid, s, mode, a)
+                      : run(c4_decode_kernel<float, kC4Requests>, grid, s, mode, a));
+  DSA_TRY(launch_status(err, op));
+  return ok();
+}
+
+namespace dsa {
+namespace {
+
+// The compress pass, then the write pass (both compressors in each), in stream order.
+template <int kMode>
+dsa_status launch_passes(const dsa_c4_params& p, C4Launch a, int64_t num_compress, int64_t num_write,
+                         const void* compress, const void* write, cudaStream_t s, const char* op) {
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16;
+  if (num_compress > 0) {
+    a.records = compress;
+    const dim3 grid = c4_grid(p, a, num_compress);
+    DSA_TRY(launch_status(bf16 ? run(c4_compress_kernel<Bf16, kMode>, grid, s, mode, a)
+                               : run(c4_compress_kernel<float, kMode>, grid, s, mode, a), op));
+  }
+  if (num_write > 0) {
+    a.records = write;
+    const dim3 grid = c4_grid(p, a, num_write);
+    DSA_TRY(launch_status(bf16 ? run(c4_write_kernel<Bf16, kMode>, grid, s, mode, a)
+                               : run(c4_write_kernel<float, kMode>, grid, s, mode, a), op));
+  }
+  return ok();
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c4_extend";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c4_params& p = *params;
+  StoreLaunch stores[2] = {};
+  int kinds[2] = {0, 0};
+  DSA_TRY(check_c4(p, kOpExtend, op, stores, kinds));
+  if (p.num_compress == 0 && p.num_write == 0) return ok();
+  if (p.device == DSA_DEVICE_HOST) {
+    host_c4_extend(p);
+    return ok();
+  }
+  DSA_TRY(device_preamble(p, op));
+  DeviceGuard guard(p.device);
+  return launch_passes<kC4Records>(p, c4_launch(p, stores, kinds), p.num_compress, p.num_write, p.compress, p.write,
+                                   (cudaStream_t)stream, op);
+}
+
+extern "C" dsa_status dsa_c4_verify(const dsa_c4_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c4_verify";
+  DSA_TRY(check_struct(params, op));
+  const dsa_c4_params& p = *params;
+  StoreLaunch stores[2] = {};
+  int kinds[2] = {0, 0};
+  DSA_TRY(check_c4(p, kOpVerify, op, stores, kinds));
+  if (p.batch_size == 0) return ok();
+  if (p.device == DSA_DEVICE_HOST) {
+    host_c4_verify(p);
+    return ok();
+  }
+  DSA_TRY(device_preamble(p, op));
+  DeviceGuard guard(p.device);
+  C4Launch a = c4_launch(p, stores, kinds);
+  a.num_tokens = p.batch_size * p.num_drafts;
+  const int64_t rows = p.batch_size * p.num_drafts;
+  return launch_passes<kC4Requests>(p, a, rows, rows, nullptr, nullptr, (cudaStream_t)stream, op);
+}

@@ -1,0 +1,269 @@
+// Host backend of the c4 ops: the kernels' arithmetic (c4_math.h), one record at a time, every
+// compress record of a call before any write record; what runs when device == DSA_DEVICE_HOST.
+#include "c4_host.h"
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "c128_host.h"
+#include "c4_math.h"
+
+namespace dsa {
+namespace {
+
+// The indexer's cache entry of x [128] at slot `loc`, rotary row `pos` (c4_math.h, in its order).
+void host_indexer_store(const float* x, const dsa_kv_cache& c, int64_t loc, int64_t pos, uint32_t* error_count) {
+  const int check = store_check(&loc, c.num_pages * c.page_size, pos, c.num_positions, c.dcp_world, c.dcp_rank);
+  if (check != kStoreWrite) {
+    if (check == kStoreCount && error_count != nullptr) ++*error_count;
+    return;
+  }
+  constexpr int D = kIndexerDim, kLanes = D / 4;
+  float s[kLanes], t[kLanes];
+  for (int l = 0; l < kLanes; ++l) s[l] = lane_squares(x[4 * l], x[4 * l + 1], x[4 * l + 2], x[4 * l + 3]);
+  for (int m = 16; m >= 1; m >>= 1) {
+    for (int l = 0; l < kLanes; ++l) t[l] = add_rn(s[l], s[l ^ m]);
+    std::memcpy(s, t, sizeof(s));
+  }
+  const float r = rms_factor(s[0], D, c.eps);
+  float y[D], z[D];
+  for (int e = 0; e < D; ++e) y[e] = normed(x[e], r, c.norm_weight[e]);
+  const float* rot = c.rotary + pos * kStoreGroup;
+  for (int i = 0; i < kStoreGroup; i += 2) {
+    const int e = D - kStoreGroup + i;
+    rotate(y[e], y[e + 1], rot[i], rot[i + 1], &z[0], &z[1]);
+    y[e] = z[0], y[e + 1] = z[1];
+  }
+  for (int k = 0; k < 7; ++k) {
+    const int bit = 1 << k;
+    for (int e = 0; e < D; ++e) z[e] = hadamard_pair(y[e], y[e ^ bit], (e & bit) != 0);
+    std::memcpy(y, z, sizeof(y));
+  }
+  float amax = 0.0f;
+  for (int e = 0; e < D; ++e) y[e] = mul_rn(y[e], kHadamardScale), amax = fmaxf(amax, fabsf(y[e]));
+  const float scale = indexer_scale(amax), inv = reciprocal_rn(scale);
+  const EntryOffsets at = indexer_offsets(loc, page_log2_of(c.page_size), D);
+  for (int e = 0; e < D; ++e) c.cache[at.data + e] = (uint8_t)fp8_e4m3(mul_rn(y[e], inv));
+  std::memcpy(c.cache + at.scale, &scale, sizeof(scale));
+}
+
+// One compressor of a call, with its ring's element type.
+template <typename S>
+struct Side {
+  const dsa_c4_compressor& c;
+  const dsa_c4_params& p;
+  int D;
+
+  S* row(int64_t r) const { return static_cast<S*>(c.ring) + r * 4 * D; }
+
+  void write_row(int64_t ring_row, int64_t input_row) const {
+    const float* in = c.kv_score + input_row * 4 * D;
+    S* to = row(ring_row);
+    for (int e = 0; e < 4 * D; ++e) narrow(in[e], &to[e]);
+  }
+
+  // Entry closed at seq_len (a multiple of 4): window row j's kv and score halves at kv[j], score[j]
+  // (from the ring or the input, as the caller resolved them), to out row `out_row`, stored at the cache
+  // slot of row `slot_row`.
+  void close(uint32_t seq_len, const float* const (&kv)[kC4Window], const float* const (&score)[kC4Window],
+             int64_t out_row, int64_t slot_row, std::vector<float>& x) const {
+    const int first = seq_len > (uint32_t)kC4Quartet ? 0 : 4;
+    for (int d = 0; d < D; ++d) {
+      float a[kC4Window] = {}, z[kC4Window] = {};
+      for (int j = first; j < kC4Window; ++j) a[j] = kv[j][d], z[j] = score[j][d] + c.ape[j * D + d];
+      x[d] = c4_channel(a, z, first);
+    }
+    if (c.out != nullptr) std::memcpy(c.out + out_row * D, x.data(), sizeof(float) * D);
+    if (c.store == nullptr) return;
+    const int64_t loc = p.cache_slots[slot_row], pos = (int64_t)seq_len - kC4Quartet;
+    if (c.store->layout == DSA_CACHE_INDEXER)
+      host_indexer_store(x.data(), *c.store, loc, pos, p.error_count);
+    else
+      host_store_vector(x.data(), D, *c.store, loc, pos, p.error_count);
+  }
+};
+
+bool group_fits(int32_t g, int64_t ring_rows) { return g >= 0 && (int64_t)g * 4 < ring_rows; }
+
+void count(const dsa_c4_params& p) {
+  if (p.error_count != nullptr) ++*p.error_count;
+}
+
+// Window row j (0..7) of an entry: its kv half and score half, widened to floats in `buf` when it comes
+// from the ring, or pointing into the input.
+template <typename S>
+struct Window {
+  std::vector<float> buf[kC4Window];
+  const float* kv[kC4Window] = {};
+  const float* score[kC4Window] = {};
+
+  void from_ring(const Side<S>& s, int j, int64_t ring_row) {
+    const S* r = s.row(ring_row);
+    const int D = s.D, half = j < 4 ? 0 : D;
+    buf[j].resize(2 * D);
+    for (int d = 0; d < D; ++d) buf[j][d] = widen(r[half + d]), buf[j][D + d] = widen(r[2 * D + half + d]);
+    kv[j] = buf[j].data(), score[j] = buf[j].data() + D;
+  }
+  void from_input(const Side<S>& s, int j, int64_t input_row) {
+    const float* r = s.c.kv_score + input_row * 4 * s.D;
+    const int half = j < 4 ? 0 : s.D;
+    kv[j] = r + half, score[j] = r + 2 * s.D + half;
+  }
+};
+
+template <typename S>
+void decode_side(const dsa_c4_params& p, const dsa_c4_compressor& c) {
+  const Side<S> side{c, p, c.head_dim};
+  std::vector<float> x(c.head_dim);
+  Window<S> w;
+  for (int64_t b = 0; b < p.batch_size; ++b) {
+    C4DecodeRecord r;
+    if (p.decode_records != nullptr) {
+      std::memcpy(&r, p.decode_records + b, sizeof(r));
+    } else {
+      if (p.seq_lens[b] <= 0 || p.slots[b] < 0) continue;
+      r = c4_decode_record(p.seq_lens[b], p.slots[b], p.ring_size);
+    }
+    if (r.seq_len == 0u || r.seq_len > 0x7FFFFFFFu) continue;
+    if (r.write_row < 0 || r.write_row >= c.ring_rows) {
+      count(p);
+      continue;
+    }
+    side.write_row(r.write_row, b);
+    if (r.seq_len % kC4Quartet != 0) continue;
+    const bool overlap = r.seq_len > (uint32_t)kC4Quartet;
+    if (!group_fits(r.current_group, c.ring_rows) || (overlap && !group_fits(r.previous_group, c.ring_rows))) {
+      count(p);
+      continue;
+    }
+    for (int j = overlap ? 0 : 4; j < kC4Window; ++j)
+      w.from_ring(side, j, 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3));
+    side.close(r.seq_len, w.kv, w.score, b, b, x);
+  }
+}
+
+// A compress pass over `n` records given by record(i, &seq_len, &ragged, &ring_rows, &previous, &current)
+// (false: nothing to do), outputs at out_row(i, ragged).
+template <typename S, typename Record, typename OutRow>
+void compress_side(const dsa_c4_params& p, const dsa_c4_compressor& c, int64_t n, int64_t num_tokens, Record&& record,
+                   OutRow&& out_row) {
+  const Side<S> side{c, p, c.head_dim};
+  std::vector<float> x(c.head_dim);
+  Window<S> w;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t seq_len;
+    int64_t ragged;
+    int ring_rows;
+    int32_t previous, current;
+    if (!record(i, &seq_len, &ragged, &ring_rows, &previous, &current)) continue;
+    if (seq_len < (uint32_t)kC4Quartet || seq_len % kC4Quartet != 0 || seq_len > 0x7FFFFFFFu || ring_rows > kC4Window) {
+      count(p);
+      continue;
+    }
+    const int first = seq_len > (uint32_t)kC4Quartet ? 0 : 4;
+    const int from_input = ring_rows > first ? ring_rows : first;
+    if (ragged >= num_tokens || (from_input < kC4Window && ragged - (kC4Window - 1) + from_input < 0) ||
+        (first == 0 && ring_rows > 0 && !group_fits(previous, c.ring_rows)) ||
+        (ring_rows > 4 && !group_fits(current, c.ring_rows))) {
+      count(p);
+      continue;
+    }
+    for (int j = first; j < kC4Window; ++j) {
+      if (j < ring_rows)
+        w.from_ring(side, j, 4 * (int64_t)(j < 4 ? previous : current) + (j & 3));
+      else
+        w.from_input(side, j, ragged - (kC4Window - 1) + j);
+    }
+    side.close(seq_len, w.kv, w.score, out_row(i, ragged), ragged, x);
+  }
+}
+
+template <typename S, typename Row>
+void write_side(const dsa_c4_params& p, const dsa_c4_compressor& c, int64_t n, int64_t num_tokens, Row&& row) {
+  const Side<S> side{c, p, c.head_dim};
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t ragged, ring_row;
+    if (!row(i, &ragged, &ring_row)) continue;
+    if (ragged >= num_tokens || ring_row < 0 || ring_row >= c.ring_rows) {
+      count(p);
+      continue;
+    }
+    side.write_row(ring_row, ragged);
+  }
+}
+
+template <typename S>
+void extend_all(const dsa_c4_params& p) {
+  auto record = [&](int64_t i, uint32_t* seq_len, int64_t* ragged, int* ring_rows, int32_t* previous,
+                    int32_t* current) {
+    const dsa_c4_compress_record& r = p.compress[i];
+    if (r.seq_len == kC4Padding) return false;
+    *seq_len = r.seq_len, *ragged = r.ragged_id, *ring_rows = r.ring_rows;
+    *previous = r.previous_group, *current = r.current_group;
+    return true;
+  };
+  auto row = [&](int64_t i, int64_t* ragged, int64_t* ring_row) {
+    if (p.write[i].ragged_id == kC4Padding) return false;
+    *ragged = p.write[i].ragged_id, *ring_row = p.write[i].ring_row;
+    return true;
+  };
+  for (int k = 0; k < p.num_compressors; ++k)
+    compress_side<S>(p, p.compressors[k], p.num_compress, p.num_tokens, record,
+                     [](int64_t i, int64_t) { return i; });
+  for (int k = 0; k < p.num_compressors; ++k) write_side<S>(p, p.compressors[k], p.num_write, p.num_tokens, row);
+}
+
+template <typename S>
+void verify_all(const dsa_c4_params& p) {
+  const int32_t V = p.num_drafts;
+  const int64_t n = p.batch_size * V;
+  auto record = [&](int64_t i, uint32_t* seq_len, int64_t* ragged, int* ring_rows, int32_t* previous,
+                    int32_t* current) {
+    const int64_t b = i / V;
+    const int32_t j = (int32_t)(i % V), seq = p.seq_lens[b], slot = p.slots[b];
+    if (seq < 0 || slot < 0) return false;
+    const C4CompressRecord r = c4_draft_record(seq, j, slot, p.ring_size, V, b);
+    if (r.seq_len == kC4Padding) return false;
+    *seq_len = r.seq_len, *ragged = i, *ring_rows = r.ring_rows;
+    *previous = r.previous_group, *current = r.current_group;
+    return true;
+  };
+  auto row = [&](int64_t i, int64_t* ragged, int64_t* ring_row) {
+    const int64_t b = i / V;
+    const int32_t seq = p.seq_lens[b], slot = p.slots[b];
+    if (seq < 0 || slot < 0) return false;
+    *ragged = i, *ring_row = request_ring_row(slot, p.ring_size, seq + i % V);
+    return true;
+  };
+  for (int k = 0; k < p.num_compressors; ++k)
+    compress_side<S>(p, p.compressors[k], n, n, record, [](int64_t, int64_t ragged) { return ragged; });
+  for (int k = 0; k < p.num_compressors; ++k) write_side<S>(p, p.compressors[k], n, n, row);
+}
+
+}  // namespace
+
+void host_c4_decode(const dsa_c4_params& p) {
+  for (int k = 0; k < p.num_compressors; ++k) {
+    if (p.ring_dtype == DSA_STATE_BFLOAT16)
+      decode_side<Bf16>(p, p.compressors[k]);
+    else
+      decode_side<float>(p, p.compressors[k]);
+  }
+}
+
+void host_c4_extend(const dsa_c4_params& p) {
+  if (p.ring_dtype == DSA_STATE_BFLOAT16)
+    extend_all<Bf16>(p);
+  else
+    extend_all<float>(p);
+}
+
+void host_c4_verify(const dsa_c4_params& p) {
+  if (p.ring_dtype == DSA_STATE_BFLOAT16)
+    verify_all<Bf16>(p);
+  else
+    verify_all<float>(p);
+}
+
+}  // namespace dsa

@@ -1,0 +1,189 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The c4 ops' params (decode, extend, verify: one layout), filled from a call's arguments (each judged by
+the shared reader, pydsa/_read.pyx, which raises the error naming a wrong one), and launched: on the C
+stack for a one-shot call, into a prepared buffer for C4Decode."""
+from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
+from libc.string cimport memset
+
+from pydsa._read cimport *
+
+cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    int DSA_STRUCT_C4_PARAMS
+    int DSA_FLAG_C4_REJECT_ALL
+    ctypedef struct dsa_c4_compressor:
+        int32_t head_dim
+        int32_t reserved
+        void* ring
+        int64_t ring_rows
+        const float* kv_score
+        const float* ape
+        float* out
+        const void* store
+    ctypedef struct dsa_c4_params:
+        uint32_t struct_size
+        uint32_t flags
+        int32_t device
+        int32_t num_compressors
+        int32_t ring_dtype
+        int32_t ring_size
+        int64_t batch_size
+        int64_t num_tokens
+        const void* decode_records
+        const void* compress
+        const void* write
+        int64_t num_compress
+        int64_t num_write
+        const int32_t* seq_lens
+        const int32_t* slots
+        int32_t num_drafts
+        int32_t reserved
+        const int64_t* cache_slots
+        uint32_t* error_count
+        dsa_c4_compressor compressors[2]
+
+STRUCT_SIZES = {DSA_STRUCT_C4_PARAMS: sizeof(dsa_c4_params)}
+"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+
+REJECT_ALL = DSA_FLAG_C4_REJECT_ALL
+
+cdef enum:
+    DECODE = 0
+    EXTEND = 1
+    VERIFY = 2
+
+
+cdef int _side(dsa_c4_params* p, int k, object comp, str name, kv_score, str kv_name, out, str out_name,
+               int64_t rows, int64_t out_rows, cache_slots, int32_t* dev, list keep) except -1:
+    """Compressor k of the call: its ring, ape and store (from the C4Compressor `comp`), input and output."""
+    cdef Arg ring, kv, o, ap
+    cdef int32_t rdt
+    cdef const void* store_address
+    cdef const int64_t* slots
+    if not hasattr(comp, "_c4_compressor"):
+        raise TypeError(f"{name} must be a pydsa.C4Compressor (got {type(comp).__name__})")
+    read(comp.ring, &ring, f"{name}.ring", keep)
+    cdef int64_t d = comp.head_dim
+    tensor(comp.ring, &ring, f"{name}.ring", BF16 if ring.dtype == BF16 else F32, dev[0], 2, ANY, 4 * d, keep)
+    rdt = DSA_STATE_BFLOAT16 if ring.dtype == BF16 else DSA_STATE_FLOAT32
+    if k == 0:
+        p.ring_dtype = rdt
+    elif rdt != p.ring_dtype:
+        raise ValueError(f"{name}.ring is {comp.ring.dtype}; both compressors' rings must have one dtype")
+    tensor(kv_score, &kv, kv_name, F32, dev[0], 2, rows, 4 * d, keep)
+    tensor(comp.ape, &ap, f"{name}.ape", F32, dev[0], 2, 8, d, keep)
+    o.data = NULL
+    if out is not None:
+        tensor(out, &o, out_name, F32, dev[0], 2, out_rows, d, keep)
+    store_arg(comp.store, cache_slots if comp.store is not None else None, dev[0], d, rows, &store_address, &slots,
+              keep)
+    if comp.store is not None:
+        p.cache_slots = slots
+    p.compressors[k].head_dim = <int32_t>d
+    p.compressors[k].reserved = 0
+    p.compressors[k].ring = ring.data
+    p.compressors[k].ring_rows = ring.shape[0]
+    p.compressors[k].kv_score = <const float*>kv.data
+    p.compressors[k].ape = <const float*>ap.data
+    p.compressors[k].out = <float*>o.data
+    p.compressors[k].store = store_address
+    return 0
+
+
+cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
+               write, seq_lens, slots, ring_size, num_drafts, cache_slots, uint32_t flags, error_count,
+               list keep) except -1:
+    cdef Arg kv, rc, wr, sl, sx
+    cdef int32_t dev = 0
+    cdef uint32_t* errors
+    cdef int64_t rows, out_rows
+    memset(p, 0, sizeof(dsa_c4_params))
+    p.struct_size = sizeof(dsa_c4_params)
+    if not hasattr(main, "_c4_compressor"):
+        raise TypeError(f"main must be a pydsa.C4Compressor (got {type(main).__name__})")
+    if (indexer is None) != (indexer_kv_score is None):
+        raise ValueError("indexer and indexer_kv_score go together: give both or neither")
+    if indexer is None and indexer_out is not None:
+        raise ValueError("indexer_out is given without indexer=")
+    if cache_slots is not None and main.store is None and (indexer is None or indexer.store is None):
+        raise ValueError("cache_slots is given but neither compressor has a store")
+    read(main.ring, &kv, "main.ring", keep)
+    dev = kv.dev
+    tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, dev, 2, ANY, 4 * main.head_dim, keep)
+    rows = kv.shape[0]
+    out_rows = rows
+    if kind == DECODE:
+        if records is None:
+            if seq_lens is None or slots is None:
+                raise ValueError("c4_decode needs records= (uint8 [B, 16]) or seq_lens= and slots= with ring_size=")
+        elif seq_lens is not None or slots is not None:
+            raise ValueError("records= and seq_lens=/slots= are two ways to give the rows: pass one")
+    elif kind == EXTEND:
+        tensor(records, &rc, "compress", U8, dev, 2, ANY, 16, keep)
+        tensor(write, &wr, "write", U8, dev, 2, ANY, 8, keep)
+        p.compress = rc.data
+        p.write = wr.data
+        p.num_compress = rc.shape[0]
+        p.num_write = wr.shape[0]
+        p.num_tokens = rows
+        out_rows = p.num_compress
+    else:
+        int_arg(num_drafts, "num_drafts", 1, 16, "")
+    _side(p, 0, main, "main", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows, out_rows,
+          cache_slots, &dev, keep)
+    p.num_compressors = 1
+    if indexer is not None:
+        _side(p, 1, indexer, "indexer", indexer_kv_score, "indexer_kv_score" if kind != VERIFY else "indexer_drafts",
+              indexer_out, "indexer_out", rows, out_rows, cache_slots, &dev, keep)
+        p.num_compressors = 2
+    if kind == DECODE:
+        p.batch_size = rows
+        if records is not None:
+            tensor(records, &rc, "records", U8, dev, 2, rows, 16, keep)
+            p.decode_records = rc.data
+        else:
+            int_arg(ring_size, "ring_size", 8, 2 ** 20, " (a multiple of 4)")
+            vector(seq_lens, &sl, "seq_lens", I32, dev, rows, keep)
+            vector(slots, &sx, "slots", I32, dev, rows, keep)
+            p.seq_lens = <const int32_t*>sl.data
+            p.slots = <const int32_t*>sx.data
+            p.ring_size = ring_size
+    elif kind == VERIFY:
+        int_arg(ring_size, "ring_size", 8, 2 ** 20, " (a multiple of 4)")
+        read(seq_lens, &sl, "seq_lens", keep)
+        b = sl.shape[0] if sl.ndim == 1 else -1
+        if b < 0 or rows != b * num_drafts:
+            raise ValueError(f"drafts has {rows} rows; expected batch_size * num_drafts = "
+                             f"{'?' if b < 0 else b} * {num_drafts} (seq_lens: one committed length per request)")
+        vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
+        vector(slots, &sx, "slots", I32, dev, b, keep)
+        p.batch_size = b
+        p.seq_lens = <const int32_t*>sl.data
+        p.slots = <const int32_t*>sx.data
+        p.ring_size = ring_size
+        p.num_drafts = num_drafts
+    error_counter(error_count, dev, &errors, keep)
+    p.flags = flags
+    p.device = dev
+    p.error_count = errors
+    return 0
+
+
+def c4(int kind, *, main, kv_score, out=None, indexer=None, indexer_kv_score=None, indexer_out=None, records=None,
+       write=None, seq_lens=None, slots=None, ring_size=None, num_drafts=None, cache_slots=None, stream=None,
+       uint32_t flags=0, error_count=None):
+    """One-shot c4 op (kind 0 decode, 1 extend, 2 verify): the library's status (a wrong argument raises,
+    naming it)."""
+    cdef dsa_c4_params p
+    _fill(&p, kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, write, seq_lens, slots,
+          ring_size, num_drafts, cache_slots, flags, error_count, None)
+    return launch(OP_C4_DECODE + kind, &p, p.device, stream)
+
+
+def prepare(uintptr_t address, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
+            write, seq_lens, slots, ring_size, num_drafts, cache_slots, uint32_t flags, error_count):
+    """Fills the params at `address` once (a prepared call): (device, the views the params point into)."""
+    cdef list keep = []
+    cdef dsa_c4_params* p = <dsa_c4_params*>address
+    _fill(p, kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, write, seq_lens, slots,
+          ring_size, num_drafts, cache_slots, flags, error_count, keep)
+    return p.device, keep

@@ -1,0 +1,311 @@
+"""The c4 compressor (docs/spec.md, "The c4 layers") on the host backend and the GPU: entries against
+float64, the fused stores against the standalone store and the float64 indexer store, poisoned outputs and
+caches, records, the speculative property and the verify bound."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import pydsa
+import pyplan
+from c4_reference import Layer, bf16, check_indexer_entry, decode_records, entry
+from conftest import DEVICES, examples
+from reference import rel_err
+
+POISON = 0xA5
+
+
+class Shadow:
+    """What the main cache must hold: the standalone store of every closed vector, into a poisoned copy."""
+
+    def __init__(self, layer: Layer):
+        self.layer = layer
+        c = layer.caches[0]
+        self.cache = torch.full_like(c.cache, POISON)
+        self.store = pydsa.KVCache(self.cache, c.norm_weight, c.rotary, page_size=64, eps=c.eps)
+        self.indexer_entries = {}
+
+    def closed(self, outs, rows, locs, positions):
+        if not rows:
+            return
+        dev = self.layer.device
+        v = torch.from_numpy(np.ascontiguousarray(outs[0][rows])).to(dev)
+        pydsa.kv_store(v, torch.tensor(positions, dtype=torch.int32, device=dev),
+                       torch.tensor(locs, dtype=torch.int64, device=dev), self.store)
+        if len(outs) > 1:
+            for r, loc, pos in zip(rows, locs, positions):
+                self.indexer_entries[loc] = (outs[1][r].copy(), pos)
+
+    def check(self):
+        assert torch.equal(self.layer.caches[0].cache.cpu(), self.cache.cpu())
+        if len(self.layer.dims) < 2:
+            return
+        cache = self.layer.caches[1].cache
+        rot = self.layer.rotary.cpu().numpy()
+        written = np.zeros(cache.numel(), bool)
+        for loc, (x, pos) in self.indexer_entries.items():
+            check_indexer_entry(cache, loc, x, self.layer.weights[1], 1e-6, rot[pos])
+            base = (loc // 64) * 64 * 132
+            written[base + 128 * (loc % 64): base + 128 * (loc % 64) + 128] = True
+            written[base + 64 * 128 + 4 * (loc % 64): base + 64 * 128 + 4 * (loc % 64) + 4] = True
+        assert np.all(cache.reshape(-1).cpu().numpy()[~written] == POISON)
+
+
+def expected(layer: Layer, k: int, slot: int, n: int, ring_below: int) -> np.ndarray:
+    """Entry n of the request at `slot`, compressor k: positions below ring_below were read from the ring
+    (rounded to bf16 with a bf16 ring)."""
+    rows = layer.tokens[k][slot, :4 * n + 4].copy()
+    if layer.bf16:
+        rows[:ring_below] = bf16(rows[:ring_below])
+    return entry(rows, layer.apes[k], n)
+
+
+def check_outs(layer, outs, closing, tol):
+    """closing: [(out row, slot, n, ring_below)]; every other out row stays NaN."""
+    for k, out in enumerate(outs):
+        rows = {r for r, *_ in closing}
+        for r, slot, n, ring_below in closing:
+            assert rel_err(out[r], expected(layer, k, slot, n, ring_below)) < tol, (k, r, n)
+        for r in range(out.shape[0]):
+            if r not in rows:
+                assert np.isnan(out[r]).all(), (k, r)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("dims", [(512, 128), (256,), (128, 128)], ids=["main+indexer", "d256", "d128+indexer"])
+def test_prefill_chunks_and_decodes_match_float64(device, bf16_ring, dims):
+    """Chunked prefills split mid-quartet, then decodes (first windows included), then another extend:
+    every entry within 1e-5 of float64 (a bf16 ring: of float64 over the rows it rounded), every other out
+    row untouched, the main cache equal to the standalone store of the entries, the indexer cache within one
+    fp8 step of the float64 store and no other byte written."""
+    layer = Layer(torch.device(device), bf16_ring=bf16_ring, dims=dims, ring_size=8, seed=len(dims) + bf16_ring)
+    shadow = Shadow(layer)
+    tol = 1e-5
+    slots = [2, 0, 3]
+    lens = [0, 0, 0]
+
+    def extend(exts):
+        seqs = [lens[i] + exts[i] for i in range(3)]
+        outs, compress = layer.extend(seqs, exts, slots)
+        closing, rows, locs, positions = [], [], [], []
+        rec = compress.view(np.uint32).reshape(-1, 4)
+        off = np.cumsum([0] + exts)
+        for i, r in enumerate(rec):
+            seq_len = int(r[0])
+            b = int(np.searchsorted(off, int(r[1]) & 0xFFFF, side="right") - 1)
+            n = seq_len // 4 - 1
+            closing.append((i, slots[b], n, lens[b]))
+            rows.append(i), locs.append(n + 32 * slots[b]), positions.append(4 * n)
+        check_outs(layer, outs, closing, tol)
+        shadow.closed(outs, rows, locs, positions)
+        lens[:] = seqs
+
+    def decode():
+        seqs = [s + 1 for s in lens]
+        outs = layer.decode(seqs, slots)
+        closing = [(b, slots[b], s // 4 - 1, s) for b, s in enumerate(seqs) if s % 4 == 0]
+        check_outs(layer, outs, closing, tol)
+        shadow.closed(outs, [c[0] for c in closing], [c[2] + 32 * c[1] for c in closing], [4 * c[2] for c in closing])
+        lens[:] = seqs
+
+    decode()                 # first tokens: no entry
+    extend([2, 9, 3])        # prefixes 1: windows span ring and input
+    for _ in range(6):
+        decode()
+    extend([13, 1, 6])       # mid-quartet starts and ends
+    decode()
+    extend([1, 17, 4])
+    shadow.check()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_records_equal_request_scoped_rows(device):
+    """sglang's 16-byte decode records addressing the same rows give the same ring, outputs and caches as
+    pydsa's request-scoped mode, bit for bit."""
+    a = Layer(torch.device(device), seed=5)
+    b = Layer(torch.device(device), seed=5)
+    slots = [1, 3]
+    for s in range(1, 14):
+        oa = a.decode([s, s + 2], slots)
+        ob = b.decode([s, s + 2], slots, records=True)
+        for x, y in zip(oa, ob):
+            np.testing.assert_array_equal(x, y)
+    for k in range(2):
+        assert torch.equal(a.compressors[k].ring.cpu().nan_to_num(7), b.compressors[k].ring.cpu().nan_to_num(7))
+        assert torch.equal(a.caches[k].cache.cpu(), b.caches[k].cache.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_rows_are_skipped_and_counted(device):
+    """Records whose rows lie outside the ring or the input are skipped and counted; nothing is written for
+    them (padding records are skipped silently)."""
+    dev = torch.device(device)
+    layer = Layer(dev, seed=9, dims=(512,))
+    ring_rows = layer.compressors[0].ring.shape[0]
+    recs = decode_records([4, 8, 3], [0, 1, 2], 8).view(np.int32).reshape(3, 4).copy()
+    recs[0, 1] = ring_rows          # write row past the ring
+    recs[1, 2] = -5                 # previous group outside the ring (closing row)
+    recs = np.concatenate([recs, np.zeros((1, 4), np.int32)])  # seq_len 0: padding
+    errors = torch.zeros(1, dtype=torch.int32, device=dev)
+    before = layer.compressors[0].ring.cpu().clone()
+    kv = torch.randn(4, 2048, device=dev)
+    out = torch.full((4, 512), float("nan"), device=dev)
+    pydsa.c4_decode(layer.compressors[0], kv, records=torch.from_numpy(recs.view(np.uint8).reshape(4, 16)).to(dev),
+                    out=out, cache_slots=torch.arange(4, dtype=torch.int64, device=dev), error_count=errors)
+    assert int(errors.item()) == 2
+    assert torch.isnan(out.cpu()).all()
+    after = layer.compressors[0].ring.cpu()
+    changed = [r for r in range(ring_rows) if not torch.equal(before[r].nan_to_num(1), after[r].nan_to_num(1))]
+    assert changed == [8 + 7, 16 + 2]  # request 1's row (its token written, its entry skipped) and request 2's
+
+
+def test_verify_bound_is_refused_by_name():
+    """c4_verify refuses a V the ring cannot serve, naming the bound; c4_max_drafts states it."""
+    layer = Layer(torch.device("cpu"), seed=1, dims=(128,), ring_size=16, store=False)
+    assert pydsa.c4_max_drafts(16) == 10 and pydsa.c4_max_drafts(16, reject_all=True) == 9
+    assert pydsa.c4_max_drafts(8) == 2
+    drafts = torch.randn(11, 512)
+    with pytest.raises(pydsa.DsaError, match=r"num_drafts is 11; a ring of 16 rows serves 1\.\.10"):
+        pydsa.c4_verify(layer.compressors[0], drafts, torch.zeros(1, dtype=torch.int32),
+                        torch.zeros(1, dtype=torch.int32), num_drafts=11, ring_size=16)
+    with pytest.raises(pydsa.DsaError, match=r"serves 1\.\.9"):
+        pydsa.c4_verify(layer.compressors[0], drafts[:10], torch.zeros(1, dtype=torch.int32),
+                        torch.zeros(1, dtype=torch.int32), num_drafts=10, ring_size=16, reject_all=True)
+
+
+def _speculative(device, ring_size, reject_all, data):
+    """Any schedule of extends, decodes and verifies (any acceptance the bound allows) leaves the caches
+    equal, entry for entry and byte for byte, to decoding the accepted tokens one by one."""
+    dev = torch.device(device)
+    V = data.draw(st.integers(1, pydsa.c4_max_drafts(ring_size, reject_all=reject_all)), label="V")
+    spec = Layer(dev, seed=3, ring_size=ring_size, max_len=160, pages=16)
+    plain = Layer(dev, seed=3, ring_size=ring_size, max_len=160, pages=16)
+    g = np.random.default_rng(data.draw(st.integers(0, 2 ** 16), label="seed"))
+    slots = [0, 2]
+    lens = [0, 0]
+    first = [int(x) for x in data.draw(st.lists(st.integers(1, 11), min_size=2, max_size=2), label="prefill")]
+    seqs = [first[0], first[1]]
+    for layer in (spec, plain):
+        layer.extend(seqs, first, slots)
+    lens[:] = seqs
+    for _ in range(data.draw(st.integers(1, 6), label="steps")):
+        if data.draw(st.booleans(), label="verify"):
+            # drafts: the true tokens of positions lens .. lens + V - 1, the rejected ones overwritten with noise
+            accepted = [int(data.draw(st.integers(0 if reject_all else 1, V))) for _ in slots]
+            rows = []
+            for k, d in enumerate(spec.dims):
+                block = np.stack([spec.tokens[k][slots[b], lens[b]:lens[b] + V] for b in range(2)])
+                for b in range(2):
+                    block[b, accepted[b]:] = g.standard_normal((V - accepted[b], 4 * d)).astype(np.float32)
+                rows.append(block.reshape(2 * V, 4 * d))
+            kw = spec.kwargs(rows, 2 * V)
+            kw["cache_slots"] = torch.tensor([(lens[b] + j) // 4 + 32 * slots[b] for b in range(2) for j in range(V)],
+                                             dtype=torch.int64, device=dev)
+            pydsa.c4_verify(drafts=kw.pop("kv_score"), indexer_drafts=kw.pop("indexer_kv_score"),
+                            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+                            slots=torch.tensor(slots, dtype=torch.int32, device=dev), num_drafts=V,
+                            ring_size=ring_size, reject_all=reject_all, **kw)
+            for b in range(2):
+                for _ in range(accepted[b]):
+                    plain.decode([lens[b] + 1], [slots[b]])
+                    lens[b] += 1
+        else:
+            ext = [int(x) for x in data.draw(st.lists(st.integers(0, 9), min_size=2, max_size=2), label="extend")]
+            if data.draw(st.booleans(), label="as decode") or 0 in ext:
+                seq1 = [s + 1 for s in lens]
+                spec.decode(seq1, slots)
+                plain.decode(seq1, slots)
+                lens[:] = seq1
+            else:
+                seqn = [lens[b] + ext[b] for b in range(2)]
+                spec.extend(seqn, ext, slots)
+                for b in range(2):
+                    for p in range(lens[b], seqn[b]):
+                        plain.decode([p + 1], [slots[b]])
+                lens[:] = seqn
+    # every entry closed below each request's committed length, in both caches
+    for k in range(2):
+        a, c = spec.caches[k].cache.cpu(), plain.caches[k].cache.cpu()
+        page = a.shape[1]
+        for b in range(2):
+            for n in range(lens[b] // 4):
+                loc = n + 32 * slots[b]
+                flat_a, flat_c = a.reshape(-1), c.reshape(-1)
+                if k == 0:
+                    base, s = (loc // 64) * page, loc % 64
+                    spans = [(base + 576 * s, 576), (base + 64 * 576 + 8 * s, 7)]
+                else:
+                    base, s = (loc // 64) * page, loc % 64
+                    spans = [(base + 128 * s, 128), (base + 64 * 128 + 4 * s, 4)]
+                for start, size in spans:
+                    assert torch.equal(flat_a[start:start + size], flat_c[start:start + size]), (k, b, n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ring_size,reject_all", [(16, False), (16, True), (8, False), (12, True)])
+@settings(max_examples=examples(12))
+@given(data=st.data())
+def test_verify_with_any_acceptance_equals_decoding_the_accepted_tokens(device, ring_size, reject_all, data):
+    _speculative(device, ring_size, reject_all, data)
+
+
+@given(seq=st.lists(st.integers(1, 300), min_size=1, max_size=6), data=st.data())
+@settings(max_examples=examples(40))
+def test_plan_c4_records_cover_every_closing_position_and_keep_the_last_rows(seq, data):
+    """pyplan.plan_c4: one compress record per closing position (in request and position order) with the
+    window rows before the extend from the ring; write records for the last min(extend, R) positions."""
+    ext = [data.draw(st.integers(1, s)) for s in seq]
+    slots = [data.draw(st.integers(-1, 20)) for _ in seq]
+    R = data.draw(st.sampled_from([8, 12, 16]))
+    compress, write = pyplan.plan_c4(np.array(seq), np.array(ext), np.array(slots), R)
+    c = compress.view(pyplan.C4_COMPRESS_DTYPE).reshape(-1)
+    w = write.view(pyplan.C4_WRITE_DTYPE).reshape(-1)
+    want_c, want_w, off = [], [], 0
+    for s, e, slot in zip(seq, ext, slots):
+        l0 = s - e
+        if slot >= 0:
+            for p in range(l0, s):
+                if (p + 1) % 4 == 0:
+                    row, prev = slot * R + p % R, slot * R + max(p - 4, 0) % R
+                    want_c.append((p + 1, off + p - l0, 8 - min(p - l0 + 1, 8), prev // 4, row // 4))
+            for p in range(max(l0, s - R), s):
+                want_w.append((off + p - l0, slot * R + p % R))
+        off += e
+    assert [tuple(int(v) for v in r) for r in c.tolist()] == want_c
+    assert [tuple(int(v) for v in r) for r in w.tolist()] == want_w
+
+
+def test_plan_c4_refuses_bad_input_by_name():
+    with pytest.raises(ValueError, match="request 0: extend_lens is 5 and seq_lens 3"):
+        pyplan.plan_c4(np.array([3]), np.array([5]), np.array([0]), 8)
+    with pytest.raises(ValueError, match="ring_size is 6"):
+        pyplan.plan_c4(np.array([3]), np.array([3]), np.array([0]), 6)
+    with pytest.raises(ValueError, match="num_tokens is 70000"):
+        pyplan.plan_c4(np.array([70000]), np.array([70000]), np.array([0]), 8)
+
+
+def test_arguments_are_judged_by_name():
+    layer = Layer(torch.device("cpu"), seed=2, dims=(512, 128))
+    main, idx = layer.compressors
+    kv = torch.randn(2, 2048)
+    seq = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(TypeError, match="main must be a pydsa.C4Compressor"):
+        pydsa.c4_decode(object(), kv, seq_lens=seq, slots=seq, ring_size=8)
+    with pytest.raises(ValueError, match="indexer and indexer_kv_score go together"):
+        pydsa.c4_decode(main, kv, indexer=idx, seq_lens=seq, slots=seq, ring_size=8)
+    with pytest.raises(ValueError, match="kv_score"):
+        pydsa.c4_decode(main, torch.randn(2, 1024), seq_lens=seq, slots=seq, ring_size=8)
+    with pytest.raises(ValueError, match="records= and seq_lens="):
+        pydsa.c4_decode(main, kv, records=torch.zeros(2, 16, dtype=torch.uint8), seq_lens=seq, slots=seq)
+    with pytest.raises(ValueError, match="ring_size must be an int in 8"):
+        pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, ring_size=6, cache_slots=torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="store= needs cache_slots"):
+        pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, ring_size=8)
+    with pytest.raises(ValueError, match="ring has 6 rows"):
+        pydsa.C4Compressor(torch.zeros(6, 512), torch.zeros(8, 128))
+    with pytest.raises(ValueError, match="an indexer cache needs D = 128"):
+        pydsa.KVCache(torch.zeros(8448, dtype=torch.uint8), torch.ones(512), torch.zeros(8, 64), page_size=64,
+                      layout="indexer")
