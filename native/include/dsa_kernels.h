@@ -347,7 +347,7 @@ DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void*
  *
  * State: a ring of raw input rows, [ring_rows, 4D] fp32 or bf16 (rounded to nearest even), viewed as
  * groups of 4 rows (one quartet, rows ordered by position % 4). Where each position lives is the
- * caller's choice, passed in records (sglang's formats, below), or pydsa's request-scoped ring: request
+ * caller's choice, passed in the c4 records (below; docs/spec.md), or pydsa's request-scoped ring: request
  * slot s owns rows s*R .. s*R+R-1, position p at row s*R + p % R (R = ring_size, a multiple of 4, >= 8).
  *
  *   dsa_c4_decode  one new token per request: writes its row to the ring and, when seq_len % 4 == 0,
@@ -367,7 +367,7 @@ DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void*
  * padding record (seq_len or ragged_id 0xFFFFFFFF) and, in the request-scoped modes, a negative slot or
  * seq_len (<= 0 in decode, < 0 in verify) are skipped silently. */
 
-/* sglang's 16-byte decode record: {u32 seq_len (with the new token), i32 write row, i32 group of the
+/* The 16-byte decode record: {u32 seq_len (with the new token), i32 write row, i32 group of the
  * previous quartet, i32 group of the current quartet}. seq_len 0 is padding. */
 typedef struct dsa_c4_decode_record {
   uint32_t seq_len;
@@ -376,7 +376,7 @@ typedef struct dsa_c4_decode_record {
   int32_t current_group;
 } dsa_c4_decode_record;
 
-/* sglang's 16-byte compress record: {u32 seq_len = closing position + 1, u16 ragged row of the closing
+/* The 16-byte compress record: {u32 seq_len = closing position + 1, u16 ragged row of the closing
  * token, u16 window rows read from the ring (the first ones), i32 previous group, i32 current group}. */
 typedef struct dsa_c4_compress_record {
   uint32_t seq_len;
@@ -386,7 +386,7 @@ typedef struct dsa_c4_compress_record {
   int32_t current_group;
 } dsa_c4_compress_record;
 
-/* sglang's 8-byte write record: {u32 ragged row, i32 ring row}. */
+/* The 8-byte write record: {u32 ragged row, i32 ring row}. */
 typedef struct dsa_c4_write_record {
   uint32_t ragged_id;
   int32_t ring_row;

@@ -38,7 +38,7 @@ DSA_HD float c4_channel(const float (&kv)[kC4Window], const float (&z)[kC4Window
 #endif
 }
 
-// ---- records (sglang's formats, little-endian; docs/spec.md, "c4 records") ----------------------
+// ---- records (little-endian; docs/spec.md, "c4 records") ----------------------------------------
 
 // Decode: one per request. seq_len counts the new token; groups are 4-row units of the ring.
 struct C4DecodeRecord {

@@ -43,7 +43,7 @@ def _enter(root):
     return sglang_shim.import_all(MODULES, stand_ins, real=("tvm_ffi",))
 
 
-PARTS = ("online", "store", "mtp", "offline")
+PARTS = ("online", "store", "mtp", "offline", "c4")
 
 
 def cuda_home() -> str:
@@ -104,6 +104,13 @@ def build(out: str, sglang_root: str, parts=PARTS) -> dict:
     if "store" in parts:
         compress._jit_compress_norm_rope_module.__wrapped__(torch.float32, 512, 64, 2, False,
                                                              kv_layout.KVLayout.V4, False)
+    if "c4" in parts:  # both compressors of a c4 layer (fp32 and bf16 ring), their stores (page 64), the planner
+        for d in (512, 128):
+            for state in (torch.float32, torch.bfloat16):
+                compress._jit_compress_module.__wrapped__(d, state, torch.float32, torch.float32, 4)
+            compress._jit_compress_norm_rope_module.__wrapped__(torch.float32, d, 64, 64, False,
+                                                                 kv_layout.KVLayout.V4, False)
+        compress._jit_compress_plan_module.__wrapped__()
     libs = os.path.join(out, "lib")
     os.makedirs(libs, exist_ok=True)
     manifest = {}
@@ -170,6 +177,21 @@ class Reference:
     def store(self, kv, plan, norm_weight, eps, freq_cis, out_loc, kvcache, page_size):
         self.compress.compress_norm_rope_store(kv, plan, norm_weight=norm_weight, norm_eps=eps, freq_cis=freq_cis,
                                                out_loc=out_loc, kvcache=kvcache, page_size=page_size)
+
+    # the c4 layers (both compressors share the plan; sglang's page-scoped ring of R rows per 256-token SWA page)
+    def plan_decode_c4(self, req_pool_indices, req_to_token, full_to_swa, seq_lens, ring_size):
+        return self.compress.CompressorDecodePlan.generate(4, req_pool_indices, req_to_token, full_to_swa, seq_lens,
+                                                           256, ring_size, use_req_ring=False)
+
+    def plan_prefill_c4(self, req_pool_indices, seq_lens_cpu, extend_lens_cpu, req_to_token, full_to_swa, ring_size,
+                        num_q_tokens, use_cuda_graph=False):
+        return self.compress.CompressorPrefillPlan.generate(4, req_pool_indices, seq_lens_cpu, extend_lens_cpu,
+                                                            req_to_token, full_to_swa, 256, ring_size, num_q_tokens,
+                                                            use_cuda_graph)
+
+    def compress_forward_c4(self, ring, kv_score, ape, plan, head_dim, out=None):
+        return self.compress.compress_forward(ring.view(-1, 4, 4 * head_dim), kv_score, ape, plan, head_dim=head_dim,
+                                              compress_ratio=4, out=out, is_online=False)
 
     # online_c128_mtp.py
     def write_prefix_states(self, kv_score, seq_lens, req_pool_indices, req_to_token, ape, state, batch_size,

@@ -5,7 +5,7 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_void};
 use std::ptr::{null, null_mut};
 
-const ABI_VERSION: i32 = 10;
+const ABI_VERSION: i32 = 11;
 const DEVICE_HOST: i32 = -1;
 const CHUNK: usize = 128;
 const STATUS_OK: i32 = 0;
