@@ -19,13 +19,16 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         uint32_t* error_count
         const int32_t* records
         int64_t num_cache_slots
+        int32_t ratio
+        int32_t reserved
 
 STRUCT_SIZES = {DSA_STRUCT_KV_STORE_PARAMS: sizeof(dsa_kv_store_params)}
 """{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
 
 
 
-def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count, records, bint extend):
+def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count, records, bint extend,
+          int32_t ratio=0):
     """One-shot store of vectors [N, D] into a KVCache: the library's status (a wrong argument
     raises, naming it). With records (uint8 [M, 16], M <= N), positions and slots come from them."""
     cdef dsa_kv_store_params p
@@ -64,4 +67,6 @@ def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_
     p.error_count = errors
     p.records = <const int32_t*>rc.data
     p.num_cache_slots = cs.shape[0] if records is not None else n
+    p.ratio = ratio
+    p.reserved = 0
     return launch(OP_STORE, &p, p.device, stream)

@@ -127,8 +127,8 @@ class KVCache:
 
 
 
-def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, extend: bool = False, stream=None,
-             pdl=None, error_count=None) -> None:
+def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, extend: bool = False, ratio: int = 128,
+             stream=None, pdl=None, error_count=None) -> None:
     """Stores vectors [N, D] float32 into `cache`: vector i at cache slot cache_slots[i] (int64 [N];
     negative: skipped; past the cache: skipped and counted) with rotary row positions[i] (int32 [N],
     its chunk's first position; outside the table: skipped and counted).
@@ -136,9 +136,14 @@ def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, e
     With records (uint8 [M, 16], M <= N: sglang 0.5.23's plan records) and positions None, vector i's
     position and slot come from records[i] (docs/spec.md, the store): decode records (extend False) store
     row i when its seq_len is a positive multiple of 128, at cache_slots[i]; extend records store every
-    record but padding, at cache_slots[its ragged row]; the position is seq_len - 128."""
+    record but padding, at cache_slots[its ragged row]; the position is seq_len - 128. ratio=4: a c4
+    layer's records (decode rows stored when seq_len is a positive multiple of 4; position seq_len - 4).
+
+    A cache of layout "indexer" takes the c4 indexer's store (D = 128)."""
+    if ratio not in (4, 128) or isinstance(ratio, bool):
+        raise ValueError(f"ratio must be 128 (c128 records) or 4 (c4 records) (got {ratio!r})")
     flags = pdl_flag(pdl)
-    status = _store(vectors, positions, cache_slots, cache, stream, flags, error_count, records, bool(extend))
+    status = _store(vectors, positions, cache_slots, cache, stream, flags, error_count, records, bool(extend), ratio)
     if status:
         _check_status(status)  # raises
 

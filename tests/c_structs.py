@@ -73,7 +73,7 @@ class KvStoreParams(C.Structure):
         ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
         ("num_vectors", C.c_int64), ("vectors", C.c_void_p), ("positions", C.c_void_p),
         ("cache_slots", C.c_void_p), ("cache", C.c_void_p), ("error_count", C.c_void_p),
-        ("records", C.c_void_p), ("num_cache_slots", C.c_int64),
+        ("records", C.c_void_p), ("num_cache_slots", C.c_int64), ("ratio", C.c_int32), ("reserved", C.c_int32),
     ]
 
 
@@ -93,7 +93,7 @@ STRUCTS = {2: DecodeParams, 3: PrefillParams, 6: MetadataCopyParams, 7: PlanUplo
            9: CommitParams, 11: KvStoreParams}
 
 
-class SglangPlanParams(C.Structure):
+class RecordsParams(C.Structure):
     _fields_ = [
         ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("kind", C.c_int32),
         ("batch_size", C.c_int64), ("state_slot_offset", C.c_int64), ("req_pool_indices", C.c_void_p),
@@ -104,4 +104,25 @@ class SglangPlanParams(C.Structure):
     ]
 
 
-STRUCTS[12] = SglangPlanParams
+STRUCTS[12] = RecordsParams
+
+
+class C4Compressor(C.Structure):
+    _fields_ = [
+        ("head_dim", C.c_int32), ("reserved", C.c_int32), ("ring", C.c_void_p), ("ring_rows", C.c_int64),
+        ("kv_score", C.c_void_p), ("ape", C.c_void_p), ("out", C.c_void_p), ("store", C.c_void_p),
+    ]
+
+
+class C4Params(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("num_compressors", C.c_int32),
+        ("ring_dtype", C.c_int32), ("ring_size", C.c_int32), ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
+        ("decode_records", C.c_void_p), ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("num_compress", C.c_int64), ("num_write", C.c_int64), ("seq_lens", C.c_void_p), ("slots", C.c_void_p),
+        ("num_drafts", C.c_int32), ("reserved", C.c_int32), ("cache_slots", C.c_void_p), ("error_count", C.c_void_p),
+        ("compressors", C4Compressor * 2),
+    ]
+
+
+STRUCTS[13] = C4Params

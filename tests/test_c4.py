@@ -309,3 +309,24 @@ def test_arguments_are_judged_by_name():
     with pytest.raises(ValueError, match="an indexer cache needs D = 128"):
         pydsa.KVCache(torch.zeros(8448, dtype=torch.uint8), torch.ones(512), torch.zeros(8, 64), page_size=64,
                       layout="indexer")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_standalone_stores_of_c4_records_equal_the_fused_ones(device):
+    """kv_store with a c4 layer's decode records (ratio=4), into the main and the indexer cache, writes the
+    same bytes as the fused decode, and nothing for rows that close no entry."""
+    dev = torch.device(device)
+    fused = Layer(dev, seed=21)
+    alone = Layer(dev, seed=21)
+    slots = [0, 1, 2, 3]
+    for s in range(1, 14):
+        seqs = [s] * 4
+        outs = fused.decode(seqs, slots)
+        recs = torch.from_numpy(decode_records(seqs, slots, 8)).to(dev)
+        locs = torch.tensor([(q - 1) // 4 + 32 * slots[i] for i, q in enumerate(seqs)], dtype=torch.int64, device=dev)
+        # the vectors of the rows that close an entry; other rows hold garbage the store must skip
+        for k in range(2):
+            v = torch.from_numpy(np.nan_to_num(outs[k], nan=3.0)).to(dev)
+            pydsa.kv_store(v, None, locs, alone.caches[k], records=recs, ratio=4)
+    for k in range(2):
+        assert torch.equal(fused.caches[k].cache.cpu(), alone.caches[k].cache.cpu())

@@ -263,6 +263,11 @@ typedef struct dsa_kv_store_params {
    * seq_len < 128, is skipped and counted. */
   const int32_t* records;      /* [N, 4] */
   int64_t num_cache_slots;     /* entries of cache_slots (records only) */
+  /* ABI 11: tokens per entry of the records' layer, 128 (0 means 128) or 4 (a c4 layer: decode rows stored
+   * when seq_len is a positive multiple of 4, extend records with seq_len < 4 counted, position seq_len - 4).
+   * A cache of layout DSA_CACHE_INDEXER (D = 128) takes the indexer's store. */
+  int32_t ratio;
+  int32_t reserved;            /* 0 */
 } dsa_kv_store_params;
 
 DSA_API dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream);

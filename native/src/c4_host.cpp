@@ -12,42 +12,6 @@
 namespace dsa {
 namespace {
 
-// The indexer's cache entry of x [128] at slot `loc`, rotary row `pos` (c4_math.h, in its order).
-void host_indexer_store(const float* x, const dsa_kv_cache& c, int64_t loc, int64_t pos, uint32_t* error_count) {
-  const int check = store_check(&loc, c.num_pages * c.page_size, pos, c.num_positions, c.dcp_world, c.dcp_rank);
-  if (check != kStoreWrite) {
-    if (check == kStoreCount && error_count != nullptr) ++*error_count;
-    return;
-  }
-  constexpr int D = kIndexerDim, kLanes = D / 4;
-  float s[kLanes], t[kLanes];
-  for (int l = 0; l < kLanes; ++l) s[l] = lane_squares(x[4 * l], x[4 * l + 1], x[4 * l + 2], x[4 * l + 3]);
-  for (int m = 16; m >= 1; m >>= 1) {
-    for (int l = 0; l < kLanes; ++l) t[l] = add_rn(s[l], s[l ^ m]);
-    std::memcpy(s, t, sizeof(s));
-  }
-  const float r = rms_factor(s[0], D, c.eps);
-  float y[D], z[D];
-  for (int e = 0; e < D; ++e) y[e] = normed(x[e], r, c.norm_weight[e]);
-  const float* rot = c.rotary + pos * kStoreGroup;
-  for (int i = 0; i < kStoreGroup; i += 2) {
-    const int e = D - kStoreGroup + i;
-    rotate(y[e], y[e + 1], rot[i], rot[i + 1], &z[0], &z[1]);
-    y[e] = z[0], y[e + 1] = z[1];
-  }
-  for (int k = 0; k < 7; ++k) {
-    const int bit = 1 << k;
-    for (int e = 0; e < D; ++e) z[e] = hadamard_pair(y[e], y[e ^ bit], (e & bit) != 0);
-    std::memcpy(y, z, sizeof(y));
-  }
-  float amax = 0.0f;
-  for (int e = 0; e < D; ++e) y[e] = mul_rn(y[e], kHadamardScale), amax = fmaxf(amax, fabsf(y[e]));
-  const float scale = indexer_scale(amax), inv = reciprocal_rn(scale);
-  const EntryOffsets at = indexer_offsets(loc, page_log2_of(c.page_size), D);
-  for (int e = 0; e < D; ++e) c.cache[at.data + e] = (uint8_t)fp8_e4m3(mul_rn(y[e], inv));
-  std::memcpy(c.cache + at.scale, &scale, sizeof(scale));
-}
-
 // One compressor of a call, with its ring's element type.
 template <typename S>
 struct Side {
@@ -77,10 +41,7 @@ struct Side {
     if (c.out != nullptr) std::memcpy(c.out + out_row * D, x.data(), sizeof(float) * D);
     if (c.store == nullptr) return;
     const int64_t loc = p.cache_slots[slot_row], pos = (int64_t)seq_len - kC4Quartet;
-    if (c.store->layout == DSA_CACHE_INDEXER)
-      host_indexer_store(x.data(), *c.store, loc, pos, p.error_count);
-    else
-      host_store_vector(x.data(), D, *c.store, loc, pos, p.error_count);
+    host_store_entry(x.data(), D, *c.store, loc, pos, p.error_count);
   }
 };
 

@@ -1,7 +1,6 @@
 // Arithmetic of the ratio-4 compressor (docs/spec.md, "The c4 layers"), shared verbatim by the CUDA
 // kernels and the host backend: the 8-term window softmax of one channel, the ring's record formats and
-// addressing, and the indexer's store (RMSNorm, rope kept in fp32, the 128-point Walsh-Hadamard
-// transform, fp8 e4m3 with one fp32 scale per entry).
+// addressing (the indexer's store lives with the other store in store_math.h).
 #pragma once
 
 #include "store_math.h"
@@ -10,8 +9,6 @@ namespace dsa {
 
 constexpr int kC4Window = 8;      // positions an entry covers: the previous quartet (A) and its own (B)
 constexpr int kC4Quartet = 4;     // stride: entry n closes at position 4n + 3
-constexpr int kIndexerDim = 128;  // the Hadamard transform's size
-constexpr float kHadamardScale = 0.08838834764831845f;  // fp32(1 / sqrt(128)), 0x3DB504F3
 
 // One channel of entry n: kv[j], biased logit z[j] for window row j (rows 0..3: the A halves of the
 // previous quartet, 4..7: the B halves of the entry's own); rows below `first` are absent (4 for entry 0).
@@ -99,54 +96,6 @@ DSA_HD C4CompressRecord c4_draft_record(int32_t seq, int32_t j, int32_t slot, in
 DSA_HD int32_t c4_max_drafts(int32_t ring_size, bool zero_acceptance) {
   const int32_t v = ring_size - (zero_acceptance ? 7 : 6);
   return v < 0 ? 0 : v;
-}
-
-// ---- the indexer store --------------------------------------------------------------------------
-// Per lane l of 32 (4 channels 4l .. 4l+3): sum of squares fma(x3, x3, fma(x2, x2, fma(x1, x1, x0 x0))),
-// a butterfly over lanes (xor 16, 8, 4, 2, 1), the RMS factor of store_math.h; y = x r w; the pairs of
-// dims 64..127 rotated in fp32; the Hadamard transform as 7 butterfly stages over the element index's
-// bits 0..6 (bit k of e clear: x[e] + x[e | 2^k], set: x[e & ~2^k] - x[e]), times fp32(1 / sqrt(128));
-// scale = max(amax, 1e-4) / 448 (a plain fp32), codes = e4m3(h * (1 / scale)).
-
-DSA_HD float lane_squares(float x0, float x1, float x2, float x3) {
-  return fmaf(x3, x3, fmaf(x2, x2, fmaf(x1, x1, mul_rn(x0, x0))));
-}
-
-// One Hadamard butterfly: element e's new value from its own and its partner's (e ^ 2^k).
-DSA_HD float hadamard_pair(float mine, float partner, bool high) {
-  return high ? add_rn(partner, -mine) : add_rn(mine, partner);
-}
-
-DSA_HD float indexer_scale(float amax) {
-  const float a = fmaxf(amax, kScaleFloor);
-#if defined(__CUDA_ARCH__)
-  return __fdiv_rn(a, kFp8Max);
-#else
-  return a / kFp8Max;
-#endif
-}
-
-DSA_HD float reciprocal_rn(float x) {
-#if defined(__CUDA_ARCH__)
-  return __frcp_rn(x);
-#else
-  return 1.0f / x;
-#endif
-}
-
-// Indexer layout: a page holds page_size entries of D fp8 codes, then their fp32 scales.
-DSA_HD int64_t indexer_page_bytes(int head_dim, int64_t page_size) { return page_size * (head_dim + 4); }
-
-DSA_HD EntryOffsets indexer_offsets(int64_t loc, int page_log2, int head_dim) {
-  const int64_t page_size = int64_t{1} << page_log2;
-  const int64_t page = loc >> page_log2, entry = loc & (page_size - 1);
-  const int64_t base = page * indexer_page_bytes(head_dim, page_size);
-  return EntryOffsets{base + entry * head_dim, base + page_size * head_dim + 4 * entry};
-}
-
-// Bytes of one page of a cache of `layout`.
-DSA_HD int64_t cache_page_bytes(int32_t layout, int head_dim, int64_t page_size) {
-  return layout == DSA_CACHE_INDEXER ? indexer_page_bytes(head_dim, page_size) : page_bytes(head_dim, page_size);
 }
 
 }  // namespace dsa

@@ -4,7 +4,6 @@
 
 #include "c128_checks.h"
 #include "c128_host.h"
-#include "c4_math.h"
 #include "store.cuh"
 
 namespace dsa {
@@ -49,6 +48,7 @@ dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int h
   out->page_stride = page, out->eps = c->eps;
   out->page_log2 = page_log2_of(ps);
   out->dcp_world = c->dcp_world, out->dcp_rank = c->dcp_rank;
+  out->layout = layout;
   return DSA_STATUS_OK;
 }
 
@@ -63,6 +63,7 @@ struct StoreOpLaunch {
   const int32_t* records;    // non-null: positions and slots from request or segment records
   int64_t num_cache_slots;   // records only
   uint32_t extend;           // records only: extend (not decode) records
+  uint32_t ratio;            // records only: tokens per entry (128, or 4)
   StoreLaunch store;
   // A storing prefill's vectors (store_prefill_vectors): vector v is compress record v of the launch,
   // from the launch parameters (kInline > 0) or `segments` (a device plan, capped by counts[0]).
@@ -126,7 +127,8 @@ __global__ void __launch_bounds__(1024)
     if (p.records == nullptr) {
       loc = __ldg(p.store.cache_slots + v), pos = __ldg(p.positions + v);
     } else {
-      const int check = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, &loc, &pos);
+      const int check = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, p.ratio, &loc,
+                                   &pos);
       if (check != kStoreWrite) {
         allow_dependents();
         if (check == kStoreCount && ch == 0) count_error(p.error_count);
@@ -135,6 +137,12 @@ __global__ void __launch_bounds__(1024)
     }
     allow_dependents();
     load_rotary<VEC>(o, p.store, D, ch, pos);
+  }
+  if constexpr (VEC == 4) {
+    if (p.store.layout == DSA_CACHE_INDEXER) {  // one warp per vector (D = 128)
+      indexer_store(p.store, x, loc, pos, ch, p.error_count);
+      return;
+    }
   }
   aim_store<VEC>(o, p.store, loc, pos, D);
   store_vector<VEC>(p.store, x, o, D, ch, (int)blockDim.x, p.error_count);
@@ -207,8 +215,15 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
   if (p.num_vectors < 0 || p.num_vectors > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_vectors is %lld; expected 0..%d", op, (long long)p.num_vectors,
                 INT32_MAX);
+  DSA_TRY(check_struct(p.cache, op));
+  if (p.cache->layout != DSA_CACHE_V4 && p.cache->layout != DSA_CACHE_INDEXER)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: cache.layout is %d; expected %d (DSA_CACHE_V4) or %d (DSA_CACHE_INDEXER)",
+                op, p.cache->layout, DSA_CACHE_V4, DSA_CACHE_INDEXER);
+  if (p.ratio != 0 && p.ratio != DSA_CHUNK && p.ratio != 4)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ratio is %d; expected 0 or 128 (c128 records) or 4 (c4 records)", op,
+                p.ratio);
   StoreLaunch st = {};
-  DSA_TRY(store_launch(p.cache, p.cache_slots, p.head_dim, p.device, op, &st));
+  DSA_TRY(store_launch(p.cache, p.cache_slots, p.head_dim, p.device, op, &st, p.cache->layout));
   if (p.num_vectors == 0) return ok();
   const uint32_t kinds = p.flags & (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS);
   if (kinds == (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS))
@@ -228,12 +243,15 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
   int vec = 0;
   dim3 grid, block;
   DSA_TRY(store_shape(p.head_dim, p.vectors, p.num_vectors, &vec, &grid, &block, op));
+  if (st.layout == DSA_CACHE_INDEXER && vec != 4)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be 16-byte aligned on the GPU for an indexer cache", op);
   DeviceGuard guard(p.device);
   StoreOpLaunch a = {};
   a.head_dim = p.head_dim, a.num_vectors = (uint32_t)p.num_vectors, a.vectors = p.vectors;
   a.positions = p.positions, a.error_count = p.error_count, a.store = st;
   a.records = kinds ? p.records : nullptr, a.num_cache_slots = p.num_cache_slots;
   a.extend = (p.flags & DSA_FLAG_STORE_EXTEND_RECORDS) != 0;
+  a.ratio = p.ratio ? (uint32_t)p.ratio : (uint32_t)DSA_CHUNK;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const cudaError_t err = launch_store<false, 0>(vec, grid, block, (cudaStream_t)stream, mode, a, SegmentBlock<0>{});
   DSA_TRY(launch_status(err, op));

@@ -25,6 +25,7 @@ struct StoreLaunch {
   int32_t page_log2;
   int32_t dcp_world;           // decode-context-parallel ownership (store_check)
   int32_t dcp_rank;
+  int32_t layout;              // DSA_CACHE_V4 or DSA_CACHE_INDEXER
 };
 
 // Host side: checks a dsa_kv_cache for head dim D and fills `out` (cache_slots left to the caller).
@@ -237,6 +238,52 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
     if (threadIdx.x % kGroupLanes == 0) o.scale[group] = (uint8_t)e;
   }
 }
+// The indexer's store of x (this lane's 4 of 128 channels; one warp per vector): docs/spec.md, "c4
+// stores" (c4_math.h states the order of every operation).
+__device__ __forceinline__ void indexer_store(const StoreLaunch& st, const float (&x)[4], int64_t loc, int64_t pos,
+                                              int ch, uint32_t* error_count) {
+  const int check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
+  if (check != kStoreWrite) {
+    if (check == kStoreCount && ch == 0) count_error(error_count);
+    return;
+  }
+  const int lane = ch / 4;
+  float w[4], y[4];
+  load_floats<4>(w, st.norm_weight + ch);
+  float rot[4] = {};
+  if (ch >= kIndexerDim - kStoreGroup) load_floats<4>(rot, st.rotary + pos * kStoreGroup + (ch - kStoreGroup));
+  float sum = lane_squares(x[0], x[1], x[2], x[3]);
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) sum = add_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, m));
+  const float r = rms_factor(sum, kIndexerDim, st.eps);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = normed(x[k], r, w[k]);
+  if (ch >= kIndexerDim - kStoreGroup) {
+    rotate(y[0], y[1], rot[0], rot[1], &y[0], &y[1]);
+    rotate(y[2], y[3], rot[2], rot[3], &y[2], &y[3]);
+  }
+  // Hadamard stages over element bits 0 and 1 (inside the lane), then 2..6 (lane bits 0..4).
+  float z[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) z[k] = hadamard_pair(y[k], y[k ^ 1], k & 1);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = hadamard_pair(z[k], z[k ^ 2], k & 2);
+#pragma unroll
+  for (int m = 1; m <= 16; m <<= 1)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) y[k] = hadamard_pair(y[k], __shfl_xor_sync(0xFFFFFFFFu, y[k], m), lane & m);
+  float amax = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) y[k] = mul_rn(y[k], kHadamardScale), amax = fmaxf(amax, fabsf(y[k]));
+  amax = group_max<32>(amax);
+  const float scale = indexer_scale(amax), inv = reciprocal_rn(scale);
+  const uint32_t codes = fp8_e4m3x2(mul_rn(y[0], inv), mul_rn(y[1], inv)) |
+                         (fp8_e4m3x2(mul_rn(y[2], inv), mul_rn(y[3], inv)) << 16);
+  const EntryOffsets at = indexer_offsets(loc, st.page_log2, kIndexerDim);
+  *reinterpret_cast<uint32_t*>(st.cache + at.data + ch) = codes;
+  if (ch == 0) *reinterpret_cast<float*>(st.cache + at.scale) = scale;
+}
+
 #endif
 
 }  // namespace dsa

@@ -1,7 +1,7 @@
-// Arithmetic of the KV-cache store (docs/spec.md, "The store"), shared verbatim by the CUDA kernels
-// and the host backend, so that both produce the same bytes: RMSNorm, the bf16 rounding of the
+// Arithmetic of the KV-cache stores (docs/spec.md, "The store", "c4 stores"), shared verbatim by the CUDA
+// kernels and the host backend, so that both produce the same bytes: RMSNorm, the bf16 rounding of the
 // quantized part, power-of-two ("ue8m0") scales per 64 values, fp8 e4m3 codes, the rotation of the
-// rope tail, and the paged cache layout.
+// rope tail, and the paged cache layout (DSA_CACHE_V4); the c4 indexer's store (DSA_CACHE_INDEXER).
 //
 // The norm's sum of squares has one defined order, whatever the thread layout that computes it:
 // pair sums p_i = x_{2i+1}^2 + x_{2i}^2 (one fma), a butterfly tree over the 32 pairs of each
@@ -154,20 +154,21 @@ enum StoreCheck : int { kStoreWrite = 0, kStoreSkip = 1, kStoreCount = 2 };
 // (DSA_FLAG_STORE_*_RECORDS): kStoreWrite with *loc and *pos set, kStoreSkip (a decode row that closes
 // no chunk, an extend padding record) or kStoreCount (a slot index past num_slots, or an extend
 // record too short to close a chunk). Records and slot indices are data.
+// `ratio`: tokens per entry (128, or 4 for a c4 layer's records).
 DSA_HD int record_row(const int32_t* records, bool extend, int64_t i, const int64_t* slots, int64_t num_slots,
-                      int64_t* loc, int32_t* pos) {
+                      uint32_t ratio, int64_t* loc, int32_t* pos) {
   const uint32_t seq = (uint32_t)records[4 * i];
   int64_t at = i;
   if (extend) {
     if (seq == 0xFFFFFFFFu) return kStoreSkip;
-    if (seq < 128u) return kStoreCount;
+    if (seq < ratio) return kStoreCount;
     at = (uint32_t)records[4 * i + 1] & 0xFFFFu;
-  } else if (seq == 0u || seq % 128u != 0u || seq > 0x7FFFFFFFu) {
+  } else if (seq == 0u || seq % ratio != 0u || seq > 0x7FFFFFFFu) {
     return kStoreSkip;
   }
   if (at >= num_slots) return kStoreCount;
   *loc = slots[at];
-  *pos = (int32_t)(seq - 128u);
+  *pos = (int32_t)(seq - ratio);
   return kStoreWrite;
 }
 // *loc: the op's cache slot in, the local slot to write out (decode-context-parallel ownership: a slot
@@ -180,6 +181,57 @@ DSA_HD int store_check(int64_t* loc, int64_t capacity, int64_t position, int64_t
     *loc /= world;
   }
   return *loc < capacity && position >= 0 && position < num_positions ? kStoreWrite : kStoreCount;
+}
+
+constexpr int kIndexerDim = 128;  // the indexer store's Hadamard transform size
+constexpr float kHadamardScale = 0.08838834764831845f;  // fp32(1 / sqrt(128)), 0x3DB504F3
+
+// ---- the indexer store --------------------------------------------------------------------------
+// Per lane l of 32 (4 channels 4l .. 4l+3): sum of squares fma(x3, x3, fma(x2, x2, fma(x1, x1, x0 x0))),
+// a butterfly over lanes (xor 16, 8, 4, 2, 1), the RMS factor of store_math.h; y = x r w; the pairs of
+// dims 64..127 rotated in fp32; the Hadamard transform as 7 butterfly stages over the element index's
+// bits 0..6 (bit k of e clear: x[e] + x[e | 2^k], set: x[e & ~2^k] - x[e]), times fp32(1 / sqrt(128));
+// scale = max(amax, 1e-4) / 448 (a plain fp32), codes = e4m3(h * (1 / scale)).
+
+DSA_HD float lane_squares(float x0, float x1, float x2, float x3) {
+  return fmaf(x3, x3, fmaf(x2, x2, fmaf(x1, x1, mul_rn(x0, x0))));
+}
+
+// One Hadamard butterfly: element e's new value from its own and its partner's (e ^ 2^k).
+DSA_HD float hadamard_pair(float mine, float partner, bool high) {
+  return high ? add_rn(partner, -mine) : add_rn(mine, partner);
+}
+
+DSA_HD float indexer_scale(float amax) {
+  const float a = fmaxf(amax, kScaleFloor);
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, kFp8Max);
+#else
+  return a / kFp8Max;
+#endif
+}
+
+DSA_HD float reciprocal_rn(float x) {
+#if defined(__CUDA_ARCH__)
+  return __frcp_rn(x);
+#else
+  return 1.0f / x;
+#endif
+}
+
+// Indexer layout: a page holds page_size entries of D fp8 codes, then their fp32 scales.
+DSA_HD int64_t indexer_page_bytes(int head_dim, int64_t page_size) { return page_size * (head_dim + 4); }
+
+DSA_HD EntryOffsets indexer_offsets(int64_t loc, int page_log2, int head_dim) {
+  const int64_t page_size = int64_t{1} << page_log2;
+  const int64_t page = loc >> page_log2, entry = loc & (page_size - 1);
+  const int64_t base = page * indexer_page_bytes(head_dim, page_size);
+  return EntryOffsets{base + entry * head_dim, base + page_size * head_dim + 4 * entry};
+}
+
+// Bytes of one page of a cache of `layout`.
+DSA_HD int64_t cache_page_bytes(int32_t layout, int head_dim, int64_t page_size) {
+  return layout == DSA_CACHE_INDEXER ? indexer_page_bytes(head_dim, page_size) : page_bytes(head_dim, page_size);
 }
 
 }  // namespace dsa
