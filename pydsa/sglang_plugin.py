@@ -1,13 +1,15 @@
 """The sglang plugin: `pip install dsa-kernels` and sglang 0.5.23 loads this through its `sglang.srt.plugins`
-entry point (`register`), which makes a running sglang use pydsa for the online c128 path, the MTP
-calls and the fused metadata copy. Restrict sglang's plugins with SGLANG_PLUGINS=pydsa.
+entry point (`register`), which makes a running sglang use pydsa for the online c128 path, the c4
+layers (main and indexer compressors, fp32 or bf16 ring), the MTP calls and the fused metadata copy.
+Restrict sglang's plugins with SGLANG_PLUGINS=pydsa.
 
-Hooks: the compressor's two calls per c128 layer (`compress_forward`, then
+Hooks: the compressor's two calls per c128 or c4 compressor (`compress_forward`, then
 `compress_norm_rope_store`, made by `CompressorBackendMixin._forward_compress_all_in_one`) become one
-fused launch; the online plans come from pydsa's planners; the MTP calls and the metadata copies are
-replaced. Everything that is not pydsa's configuration (ratio 4, the fp4 indexer, bf16 or two-pool
-stores, the V4.1 layouts, plans made elsewhere) still runs sglang's own code: those hooks wrap the
-original (sglang's AROUND hooks) and pass such calls through, where a plain REPLACE would break them.
+fused launch (a c4 layer's two compressors: two launches, where sglang runs four); the online c128 and
+the c4 plans come from pydsa's planners; the MTP calls and the metadata copies are replaced. Everything
+that is not pydsa's configuration (the offline c128 compressor, the fp4 indexer, bf16 or two-pool stores,
+the V4.1 layouts, c128 plans made elsewhere) still runs sglang's own code: those hooks wrap the original
+(sglang's AROUND hooks) and pass such calls through, where a plain REPLACE would break them.
 """
 from __future__ import annotations
 
@@ -22,6 +24,24 @@ def _ours(plan) -> bool:
     return isinstance(plan, (sglang_v2.CompressorDecodePlan, sglang_v2.CompressorPrefillPlan)) and plan[-1] is not None
 
 
+def _c4(plan) -> bool:
+    return getattr(plan, "compress_ratio", None) == 4
+
+
+def _decode_plan_c4(original, compress_ratio, *args, **kwargs):
+    from .sglang_v2 import CompressorDecodePlan
+    if compress_ratio != 4:
+        return original(compress_ratio, *args, **kwargs)
+    return CompressorDecodePlan.generate(compress_ratio, *args, **kwargs)
+
+
+def _prefill_plan_c4(original, compress_ratio, *args, **kwargs):
+    from .sglang_v2 import CompressorPrefillPlan
+    if compress_ratio != 4:
+        return original(compress_ratio, *args, **kwargs)
+    return CompressorPrefillPlan.generate(compress_ratio, *args, **kwargs)
+
+
 def _decode_plan(original, *args, **kwargs):
     from .sglang_v2 import CompressorDecodePlan
     return CompressorDecodePlan.generate_online(*args, **kwargs)
@@ -34,15 +54,15 @@ def _prefill_plan(original, *args, **kwargs):
 
 def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kwargs):
     from . import sglang_v2
-    if _ours(plan) and sglang_v2.outside_pydsa(kwargs.get("head_dim"), kwargs.get("compress_ratio"),
-                                               kwargs.get("is_online")) is None:
+    if (_ours(plan) or _c4(plan)) and sglang_v2.outside_pydsa(kwargs.get("head_dim"), kwargs.get("compress_ratio"),
+                                                              kwargs.get("is_online")) is None:
         return sglang_v2.compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
     return original(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
 
 
 def _norm_rope_store(original, kv, plan, **kwargs):
     from . import sglang_v2
-    if _ours(plan):
+    if _ours(plan) or _c4(plan):
         try:
             return sglang_v2.compress_norm_rope_store(kv, plan, **kwargs)
         except NotImplementedError:
@@ -51,13 +71,22 @@ def _norm_rope_store(original, kv, plan, **kwargs):
 
 
 def _compress_all_in_one(original, self, **kw):
-    """One fused launch for an online c128 layer whose plan is pydsa's; sglang's path otherwise."""
+    """One fused launch for an online c128 layer whose plan is pydsa's, or a c4 compressor; sglang's path
+    otherwise."""
     from . import sglang_v2
-    plan = self._get_paged_compress_metadata(kw["compress_ratio"])
-    reason = sglang_v2.outside_pydsa(kw["head_dim"], kw["compress_ratio"], True,
-                                     indexer=bool(kw.get("is_indexer") or kw.get("use_fp4_indexer")),
+    ratio = kw["compress_ratio"]
+    plan = self._get_paged_compress_metadata(ratio)
+    reason = sglang_v2.outside_pydsa(kw["head_dim"], ratio, ratio != 4,
+                                     indexer=bool(kw.get("use_fp4_indexer") or (kw.get("is_indexer") and ratio != 4)),
                                      bf16_store=bool(kw.get("bf16_store")), two_pool=bool(kw.get("fp8_2buff")),
                                      layout=kw.get("kv_layout", "V4"))
+    if reason is None and ratio == 4 and _c4(plan):
+        d, norm = kw["head_dim"], kw["norm"]
+        sglang_v2.compress_forward_and_store(
+            kw["kv_score_buffer"], kw["kv_score_input"], kw["ape"].view(-1, d), plan, norm_weight=norm.weight,
+            norm_eps=norm.variance_epsilon, freq_cis=kw["freqs_cis_cache"], out_loc=kw["out_loc"],
+            kvcache=kw["kv_cache"], page_size=kw["page_size"], head_dim=d, compress_ratio=4)
+        return None
     if reason is None and _ours(plan):
         norm = kw["norm"]
         sglang_v2.compress_forward_and_store(
@@ -72,6 +101,8 @@ def hooks() -> list:
     """(target, hook, kind) of every hook the plugin registers; kind is "around" or "replace"."""
     from . import sglang
     return [
+        (f"{_COMPRESS}.CompressorDecodePlan.generate", _decode_plan_c4, "around"),
+        (f"{_COMPRESS}.CompressorPrefillPlan.generate", _prefill_plan_c4, "around"),
         (f"{_COMPRESS}.CompressorDecodePlan.generate_online", _decode_plan, "around"),
         (f"{_COMPRESS}.CompressorPrefillPlan.generate_online", _prefill_plan, "around"),
         (f"{_COMPRESS}.compress_forward", _compress_forward, "around"),

@@ -12,9 +12,13 @@ rid + state_slot_offset, i32 load slot = rid}, padded in CUDA-graph mode to num_
 read (the per-request slots and the prefill's own records), so `compress_forward` runs on it with no
 conversion; a prefill plan made elsewhere (without them) is refused by name.
 
-Only the online c128 configuration is pydsa's: fp32 vectors, D = 512, the V4 cache layout. The
-others (`is_online=False`, ratio 4, the fp4 indexer, `bf16_store`, the fp8 two-pool store, the V4.1
-layouts) raise NotImplementedError naming them. Where sglang refuses, pydsa does too, with one
+The c4 layers (compress_ratio 4, `is_online=False`: sglang's only c4 path) are pydsa's too, main (D = 512)
+and indexer (D = 128) compressors alike, fp32 or bf16 ring: `CompressorDecodePlan.generate(4, ...)`,
+`CompressorPrefillPlan.generate(4, ...)`, `compress_forward` and `compress_norm_rope_store` (page size 64;
+D = 128 is the indexer's store) run pydsa's c4 ops over sglang's plan records read in place
+(pydsa/sglang_c4.py). pydsa's configurations: online c128 (fp32 vectors, D = 512) and c4, the V4 cache
+layout. The others (the offline c128 compressor, the fp4 indexer, `bf16_store`, the fp8 two-pool store,
+the V4.1 layouts) raise NotImplementedError naming them. Where sglang refuses, pydsa does too, with one
 exception: a prefill plan whose num_q_tokens exceeds the sum of the extends (a padded bucket) is
 accepted; the rows past the real tokens belong to no segment.
 """
@@ -29,7 +33,7 @@ import torch
 
 import pyplan
 
-from . import _fill_records
+from . import _fill_records, sglang_c4
 from ._abi import DEFAULT_PDL_FLAG, check as _check_status
 from .c128 import DevicePlan, c128_decode, c128_prefill
 from .store import KVCache, kv_store
@@ -44,8 +48,9 @@ HEAD_DIM, RATIO = 512, 128
 
 
 def _not_ours(what: str):
-    return NotImplementedError(f"pydsa implements sglang's online c128 path only (fp32, head_dim 512, the V4 "
-                               f"layout); {what} is not pydsa's: call sglang's own kernel for it")
+    return NotImplementedError(f"pydsa implements sglang's online c128 path (fp32, head_dim 512) and its c4 path "
+                               f"(head_dim 512 or 128), the V4 layout; {what} is not pydsa's: call sglang's own "
+                               f"kernel for it")
 
 
 class CompressorDecodePlan(NamedTuple):
@@ -56,6 +61,15 @@ class CompressorDecodePlan(NamedTuple):
         if not isinstance(other, CompressorDecodePlan) or self.compress_ratio != other.compress_ratio:
             raise ValueError("copy_ takes a CompressorDecodePlan of the same compress ratio")
         self.plan_d.copy_(other.plan_d)
+
+    @staticmethod
+    def generate(compress_ratio, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size: int,
+                 ring_size: int, use_req_ring: bool = False) -> "CompressorDecodePlan":
+        """sglang's c4 decode plan (compress_ratio 4; the offline c128 planner is not pydsa's)."""
+        if compress_ratio != sglang_c4.RATIO:
+            raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
+        return CompressorDecodePlan(sglang_c4.RATIO, sglang_c4.plan_decode(
+            req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring))
 
     @staticmethod
     def generate_online(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
@@ -102,6 +116,18 @@ class CompressorPrefillPlan(NamedTuple):
             self.records.buffer.copy_(other.records.buffer)
             self.indices.copy_(other.indices)
             self.load_indices.copy_(other.load_indices)
+
+    @staticmethod
+    def generate(compress_ratio, req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
+                 swa_page_size: int, ring_size: int, num_q_tokens: int, use_cuda_graph: bool = False,
+                 use_req_ring: bool = False) -> "CompressorPrefillPlan":
+        """sglang's c4 extend plan (compress_ratio 4): host lengths give its host planner's records, device
+        ones (CUDA graphs, target verify) records in request order padded to num_q_tokens."""
+        if compress_ratio != sglang_c4.RATIO:
+            raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
+        plan_c, plan_w = sglang_c4.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
+                                                swa_page_size, ring_size, num_q_tokens, use_cuda_graph, use_req_ring)
+        return CompressorPrefillPlan(sglang_c4.RATIO, plan_c, plan_w)
 
     @staticmethod
     def generate_online(seq_lens, extend_lens, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
@@ -168,6 +194,8 @@ def _host_int64(t) -> np.ndarray:
 
 
 def _plan_of(plan):
+    if getattr(plan, "compress_ratio", None) == sglang_c4.RATIO and hasattr(plan, "is_decode"):
+        return plan  # c4 records are read in place, whoever made them (sglang's planner or pydsa's)
     if isinstance(plan, CompressorDecodePlan):  # its records are read in place, whoever made them
         return plan
     if isinstance(plan, CompressorPrefillPlan):
@@ -184,11 +212,16 @@ def outside_pydsa(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, in
     """What in a call's configuration is not pydsa's, or None when all of it is: the one rule this layer's
     calls (which raise NotImplementedError naming it) and the plugin (which passes such calls to sglang's
     own kernels) apply."""
-    if not is_online:
-        return "is_online=False (the offline compressors)"
-    if compress_ratio != RATIO:
+    if compress_ratio == sglang_c4.RATIO:
+        if is_online:
+            return "is_online=True with compress_ratio 4 (sglang has no online c4)"
+        if head_dim not in (128, 256, 512):
+            return f"head_dim {head_dim}"
+    elif compress_ratio != RATIO:
         return f"compress_ratio {compress_ratio}"
-    if head_dim != HEAD_DIM:
+    elif not is_online:
+        return "is_online=False with compress_ratio 128 (the offline c128 compressor)"
+    elif head_dim != HEAD_DIM:
         return f"head_dim {head_dim}"
     if indexer:
         return "the fp4 indexer store"
@@ -275,6 +308,8 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: in
     the rows whose token closes it) or prefill (compact out [plan_c rows, 512], plan order)."""
     _check_config(head_dim, compress_ratio, is_online)
     plan = _plan_of(plan)
+    if compress_ratio == sglang_c4.RATIO:
+        return sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
     if out is None:
         if not isinstance(kv_score_input, torch.Tensor):
             _compress_args(kv_score_buffer, kv_score_input, ape)
@@ -300,13 +335,14 @@ def memo(store: dict, key, make, limit: int, same=()):
 _caches: dict = {}
 
 
-def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size) -> KVCache:
-    """The KVCache of one layer's buffers, made once (keyed by their memory: views made per call hit too)."""
+def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout="v4") -> KVCache:
+    """The KVCache of one layer's buffers, made once (keyed by their memory: views made per call hit too);
+    layout "indexer" for a c4 indexer's cache."""
     def make():
         w = norm_weight if norm_weight.dtype == torch.float32 else norm_weight.float()
-        return KVCache(kvcache, w, freq_cis, page_size=int(page_size), eps=float(norm_eps))
+        return KVCache(kvcache, w, freq_cis, page_size=int(page_size), eps=float(norm_eps), layout=layout)
     key = (kvcache.data_ptr(), kvcache.numel(), norm_weight.data_ptr(), freq_cis.data_ptr(), int(page_size),
-           float(norm_eps))
+           float(norm_eps), layout)
     return memo(_caches, key, make, 4096)
 
 
@@ -317,7 +353,7 @@ def _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_
                            two_pool=bool(fp8_2buff) or kvcache_rope is not None, layout=layout)
     if reason:
         raise _not_ours(reason)
-    if kv.dtype != torch.float32 or kv.shape[-1] != HEAD_DIM:
+    if kv.dtype != torch.float32 or kv.shape[-1] not in (HEAD_DIM, 128):
         raise _not_ours(f"a {kv.dtype} [.., {kv.shape[-1]}] store")
 
 
@@ -328,10 +364,15 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
     at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch."""
     _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
                         kvcache_rope)
+    c4 = getattr(plan, "compress_ratio", RATIO) == sglang_c4.RATIO
+    if not c4 and kv.shape[-1] != HEAD_DIM:
+        raise _not_ours(f"a c128 store of head_dim {kv.shape[-1]}")
     try:
-        cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
+        cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size,
+                          "indexer" if c4 and kv.shape[-1] == 128 else "v4")
         # one launch: the store reads each row's position and slot from the plan's records in place
-        kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode)
+        kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode,
+                 ratio=sglang_c4.RATIO if c4 else RATIO)
     except (TypeError, ValueError) as exc:
         raise _caller_words(exc, _STORE_NAMES) from None
 
@@ -343,11 +384,16 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     prefill: its launches and a store launch behind them): every vector the
     compression closes is normalized, quantized and stored into kvcache at out_loc (decode: per
     request; prefill: per query token, by the closing token's row). Returns `out` when given."""
-    _check_config(head_dim, compress_ratio, True)
+    c4 = compress_ratio == sglang_c4.RATIO
+    _check_config(head_dim, compress_ratio, not c4)
     plan = _plan_of(plan)
     try:
-        cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size)
+        cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size,
+                          "indexer" if c4 and head_dim == 128 else "v4")
     except (TypeError, ValueError) as exc:
         raise _caller_words(exc, _STORE_NAMES) from None
+    if c4:
+        sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc)
+        return out
     _run(kv_score_buffer, kv_score_input, ape, plan, out, store=cache, cache_slots=out_loc)
     return out

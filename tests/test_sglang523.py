@@ -291,7 +291,7 @@ def test_the_plugin_registers_its_hooks_and_passes_other_calls_through(monkeypat
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", module)
     sglang_plugin.register()
     targets = {t: k for t, _, k in registered}
-    assert len(targets) == 10 and all(t.startswith("sglang.") for t in targets)
+    assert len(targets) == 12 and all(t.startswith("sglang.") for t in targets)
     assert targets["sglang.kernels.ops.attention.dsv4.compress.compress_forward"] == "around"
     assert targets["sglang.kernels.ops.attention.dsv4.online_c128_mtp.online_c128_mtp_commit_pending"] == "replace"
     # an AROUND hook hands a configuration that is not pydsa's back to sglang's own function
@@ -304,8 +304,8 @@ def test_the_plugin_registers_its_hooks_and_passes_other_calls_through(monkeypat
 def test_one_rule_says_what_is_not_pydsas_and_the_plugin_passes_it_on():
     from pydsa import sglang_v2
     assert sglang_v2.outside_pydsa() is None and sglang_v2.outside_pydsa(layout="KVLayout.V4") is None
-    reasons = {"is_online=False": dict(is_online=False), "compress_ratio 4": dict(compress_ratio=4),
-               "head_dim 128": dict(head_dim=128), "fp4 indexer": dict(indexer=True), "bf16_store": dict(bf16_store=True),
+    reasons = {"offline c128": dict(is_online=False), "online c4": dict(compress_ratio=4),
+               "compress_ratio 64": dict(compress_ratio=64), "head_dim 128": dict(head_dim=128), "fp4 indexer": dict(indexer=True), "bf16_store": dict(bf16_store=True),
                "two-pool": dict(two_pool=True), "V41 cache layout": dict(layout="V41")}
     for words, config in reasons.items():
         assert words in sglang_v2.outside_pydsa(**config), config

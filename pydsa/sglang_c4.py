@@ -1,0 +1,182 @@
+"""sglang 0.5.23's ratio-4 (c4) compressor calls over pydsa's c4 ops (docs/spec.md, "The c4 layers").
+
+sglang keeps one ring of R raw rows per 256-token SWA page: the row of position p of request rid is
+(swa // S) * R + swa % R with swa = full_to_state[req_to_token[rid, p]] (S = swa_page_size), or
+rid * R + p % R with use_req_ring. Its plans are the c4 records pydsa's kernels read in place:
+- decode: plan_d uint8 [B, 16], {u32 seq_len, i32 write row, i32 previous group, i32 current group};
+- extend: plan_c uint8 [C, 16], {u32 seq_len = position + 1, u16 ragged row, u16 window rows from the ring,
+  i32 previous group, i32 current group} and plan_w uint8 [W, 8], {u32 ragged row, i32 ring row}; padding
+  {0xFFFFFFFF, 0, 0, -1, -1} and {0xFFFFFFFF, -1} (CUDA-graph plans are padded to num_q_tokens rows).
+
+The planners here write the same records as sglang's (its host planner byte for byte; its device planner's
+records in request and position order, where sglang's order depends on its atomics). A target verify of V
+drafts is an extend of V tokens per request; sglang's ring of 16 rows serves V <= 10 (R - 6), which this
+layer cannot check (sglang's signatures do not tell a verify from a prefill): pydsa.c4_verify, which takes
+V, refuses more.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .c4 import C4Compressor, c4_decode, c4_extend
+
+WINDOW, RATIO = 8, 4
+MAX_TOKENS = 65536
+_INVALID_C = (-1, 0, -1, -1)  # {0xFFFFFFFF, u16 0 | u16 0, -1, -1} as int32 words
+_INVALID_W = (-1, -1)
+
+
+def _rows(positions, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring):
+    """Ring rows (int64) of positions (int64, >= 0) of requests rid, as sglang addresses them."""
+    if use_req_ring:
+        return rid * ring_size + positions % ring_size
+    swa = full_to_state[req_to_token[rid, positions].to(torch.int64)]
+    return torch.div(swa, swa_page_size, rounding_mode="floor") * ring_size + swa % ring_size
+
+
+def _check_ring(compress_ratio, swa_page_size, ring_size):
+    if compress_ratio != RATIO:
+        raise ValueError(f"compress_ratio {compress_ratio} is not a c4 plan")
+    if ring_size <= 0 or ring_size % RATIO or swa_page_size <= 0 or swa_page_size % ring_size:
+        raise RuntimeError(f"swa_page_size ({swa_page_size}) must be a multiple of ring_size ({ring_size}), and "
+                           f"ring_size a multiple of 4")
+
+
+def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size: int, ring_size: int,
+                use_req_ring: bool = False) -> torch.Tensor:
+    """sglang's c4 decode plan (plan_d uint8 [B, 16]) on the device of req_pool_indices, in a few launches, no
+    host synchronization. A seq_len <= 0 gives a padding record (seq_len 0, nothing read or written)."""
+    _check_ring(RATIO, swa_page_size, ring_size)
+    for name, t, dtypes in (("req_pool_indices", req_pool_indices, (torch.int64,)), ("seq_lens", seq_lens,
+                            (torch.int64, torch.int32)), ("req_to_token", req_to_token, (torch.int32,)),
+                            ("full_to_state", full_to_state, (torch.int64,))):
+        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:
+            raise RuntimeError(f"{name} must be a {'/'.join(str(d) for d in dtypes)} tensor (got "
+                               f"{getattr(t, 'dtype', type(t).__name__)})")
+    seq = seq_lens.to(req_pool_indices.device, torch.int64)
+    rid = req_pool_indices
+    p1 = (seq - 1).clamp_min(0)
+    p0 = (p1 - RATIO).clamp_min(0)
+    write = _rows(p1, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    first = _rows(p0, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    plan = torch.stack([seq.clamp_min(0), write, torch.div(first, 4, rounding_mode="floor"),
+                        torch.div(write, 4, rounding_mode="floor")], dim=1).to(torch.int32)
+    return plan.view(torch.uint8).reshape(-1, 16)
+
+
+def _stage0(seq: torch.Tensor, ext: torch.Tensor, num_q_tokens: int, swa_page_size: int, ring_size: int,
+            use_req_ring: bool):
+    """Per token row t < num_q_tokens (int64 tensors on seq's device): its request, position, whether it closes
+    an entry, its window rows from the ring and whether it is kept in the ring (sglang's rules)."""
+    dev = seq.device
+    t = torch.arange(num_q_tokens, device=dev)
+    ends = torch.cumsum(ext, 0)
+    b = torch.searchsorted(ends, t, right=True)
+    live = b < seq.shape[0]
+    b = b.clamp_max(max(seq.shape[0] - 1, 0))
+    j = t - (ends[b] - ext[b])
+    pos = seq[b] - ext[b] + j
+    mtp_pad = ring_size - WINDOW + 2 if ring_size > WINDOW else 0
+    first_w = torch.minimum(torch.div(seq, RATIO, rounding_mode="floor") * RATIO - RATIO, seq - mtp_pad)[b]
+    closes = live & ((pos + 1) % RATIO == 0)
+    kept = live & ((pos >= first_w) | ((pos % swa_page_size >= swa_page_size - RATIO) if not use_req_ring else False))
+    ring_rows = WINDOW - torch.clamp(j + 1, max=WINDOW)
+    return t, b, pos, closes, kept, ring_rows
+
+
+def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state, swa_page_size: int,
+                 ring_size: int, num_q_tokens: int, use_cuda_graph: bool = False, use_req_ring: bool = False):
+    """sglang's c4 extend plan (plan_c uint8 [C, 16], plan_w uint8 [W, 8]): with host seq_lens / extend_lens
+    (int64), its host planner's records (sum of extends == num_q_tokens); with device ones (CUDA graphs,
+    target verify), records in request and position order, both lists padded to num_q_tokens rows."""
+    _check_ring(RATIO, swa_page_size, ring_size)
+    n = int(num_q_tokens)
+    dev = req_pool_indices.device
+    host = seq_lens.device.type == "cpu"
+    seq, ext = seq_lens.to(torch.int64), extend_lens.to(torch.int64)
+    b_count = seq.shape[0]
+    if not (b_count < MAX_TOKENS and b_count <= n <= MAX_TOKENS):
+        raise RuntimeError(f"a c4 prefill plan needs batch_size ({b_count}) <= num_q_tokens ({n}) <= 65536 "
+                           f"(16-bit ragged rows)")
+    if host:
+        if bool(((ext <= 0) | (ext > seq)).any()):
+            bad = int(torch.nonzero((ext <= 0) | (ext > seq))[0, 0])
+            raise RuntimeError(f"extend_lens[{bad}] is {int(ext[bad])}; expected 1..seq_lens[{bad}] = {int(seq[bad])}")
+        if int(ext.sum()) != n:
+            raise RuntimeError(f"the extends sum to {int(ext.sum())} but num_q_tokens is {n}")
+    seq_d, ext_d = seq.to(dev), ext.to(dev)
+    t, b, pos, closes, kept, ring_rows = _stage0(seq_d, ext_d, n, swa_page_size, ring_size, use_req_ring)
+    rid = req_pool_indices[b]
+    p1 = torch.where(closes | kept, pos, torch.zeros_like(pos))  # rows past the tokens address nothing
+    p0 = (p1 - RATIO).clamp_min(0)
+    from_ring = ring_rows > 0
+    row1 = _rows(p1, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    row0 = _rows(p0, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    g0 = torch.where(from_ring, torch.div(row0, 4, rounding_mode="floor"), torch.full_like(row0, -1))
+    g1 = torch.where(from_ring, torch.div(row1, 4, rounding_mode="floor"), b)
+    comp = torch.stack([pos + 1, t | (ring_rows << 16), g0, g1], dim=1).to(torch.int32)
+    write = torch.stack([t, row1], dim=1).to(torch.int32)
+    if host:  # exactly the real records (padded to n in CUDA-graph mode)
+        nc, nw = int(closes.sum()), int(kept.sum())
+        comp, write = comp[closes], write[kept]
+        rows_c, rows_w = (n, n) if use_cuda_graph else (nc, nw)
+    else:
+        rows_c = rows_w = n
+        comp = _compacted(comp, closes, _INVALID_C)
+        write = _compacted(write, kept, _INVALID_W)
+    plan_c = torch.tensor(_INVALID_C, dtype=torch.int32, device=dev).repeat(rows_c, 1)
+    plan_w = torch.tensor(_INVALID_W, dtype=torch.int32, device=dev).repeat(rows_w, 1)
+    plan_c[:comp.shape[0]] = comp[:rows_c]
+    plan_w[:write.shape[0]] = write[:rows_w]
+    return plan_c.view(torch.uint8).reshape(rows_c, 16), plan_w.view(torch.uint8).reshape(rows_w, 8)
+
+
+def _compacted(records, mask, invalid):
+    """The masked records first, in order, then invalid ones (fixed shape: no host synchronization)."""
+    order = torch.argsort((~mask).to(torch.int8), stable=True)
+    out = records[order]
+    fill = torch.tensor(invalid, dtype=records.dtype, device=records.device)
+    return torch.where(mask[order].unsqueeze(1), out, fill)
+
+
+def compressor(kv_score_buffer, ape, head_dim: int, store=None) -> C4Compressor:
+    """pydsa's view of one sglang c4 compressor: its ring ([rows, 4D] however sglang shapes it) and ape."""
+    ring = kv_score_buffer.reshape(-1, 4 * head_dim)
+    return C4Compressor(ring, ape.reshape(-1, head_dim), store=store)
+
+
+def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None):
+    """One compressor's c4 step over sglang's plan (decode or extend), its store fused when given; returns out
+    (decode [B, D]: closing rows written; extend [C, D]: row i for record i)."""
+    a = ape if ape.dtype == kv_score_input.dtype else ape.to(dtype=kv_score_input.dtype)
+    comp = compressor(kv_score_buffer, a, head_dim, store)
+    if plan.is_decode:
+        if out is None and store is None:
+            out = kv_score_input.new_empty((plan.plan_d.shape[0], head_dim))
+        c4_decode(comp, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
+    else:
+        if out is None and store is None:
+            out = kv_score_input.new_empty((plan.plan_c.shape[0], head_dim))
+        c4_extend(comp, kv_score_input, (plan.plan_c, plan.plan_w), out=out, cache_slots=out_loc)
+    return out
+
+
+def layer(main, indexer, plan, out_loc) -> None:
+    """Both compressors of one c4 layer and both stores in one call (decode: one launch; extend: two). main
+    and indexer: dicts of kv_score_buffer, kv_score_input, ape and store (a pydsa.KVCache, layout "v4" for
+    main, "indexer" for the indexer); out_loc: sglang's c4_out_loc."""
+    m = compressor(main["kv_score_buffer"], main["ape"], main["kv_score_buffer"].shape[-1] // 4, main["store"])
+    i = compressor(indexer["kv_score_buffer"], indexer["ape"], indexer["kv_score_buffer"].shape[-1] // 4,
+                   indexer["store"])
+    if plan.is_decode:
+        c4_decode(m, main["kv_score_input"], indexer=i, indexer_kv_score=indexer["kv_score_input"],
+                  records=plan.plan_d, cache_slots=out_loc)
+    else:
+        c4_extend(m, main["kv_score_input"], (plan.plan_c, plan.plan_w), indexer=i,
+                  indexer_kv_score=indexer["kv_score_input"], cache_slots=out_loc)
+
+
+def as_numpy_records(plan_c) -> np.ndarray:
+    """A plan's compress records as int32 words [C, 4] (tests, comparisons by ragged row)."""
+    return plan_c.cpu().view(torch.int32).reshape(-1, 4).numpy()
