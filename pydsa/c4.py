@@ -1,4 +1,4 @@
-"""The ratio-4 compressor of DeepSeek-V4 (docs/spec.md, "The c4 layers").
+"""The ratio-4 compressor of DeepSeek-V4 (docs/spec.md, "The ratio-4 compressor").
 
 Every c4 layer runs two compressors over the same positions: the main one (D = 512, stored into a
 KVCache of layout "v4", page size 64) and the indexer's (D = 128, stored into a KVCache of layout

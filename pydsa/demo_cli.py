@@ -8,6 +8,7 @@ import json
 import torch
 
 from ._tensors import resolve_device
+from . import demo_c4
 from .demo import DRAFTS, TOLERANCE, __doc__ as _about, run
 
 
@@ -40,6 +41,8 @@ def main(argv=None) -> int:
     else:
         print(f"pydsa demo: running on {torch.cuda.get_device_name(device)}")
     r = run(args.steps, args.requests, device, args.seed)
+    r.update(demo_c4.run(args.steps, args.requests, device, args.seed))
+    r["ok"] = bool(r["ok"] and r["c4_ok"])
     unit = "device" if device.type == "cuda" else "host"
     print(f"\n{'steps':<34}{r['steps']}\n{'requests arrived / finished':<34}{r['requests_arrived']} / {r['requests_finished']}\n"
           f"{'tokens compressed':<34}{r['tokens']}\n{'chunks emitted and checked':<34}{r['chunks_emitted']}\n"
@@ -48,7 +51,12 @@ def main(argv=None) -> int:
           f"{'max relative error vs float64':<34}{r['max_relative_error']:.2e} (limit {TOLERANCE:g})\n"
           f"{'metadata buffers mismatched':<34}{r['metadata_failures']}\n"
           f"{'KV-cache entries checked':<34}{r['cache_entries_checked']} ({r['cache_entry_failures']} wrong; "
-          f"fp8 dequantized error <= {r['cache_max_dequant_error']:.1e})\n")
+          f"fp8 dequantized error <= {r['cache_max_dequant_error']:.1e})\n"
+          f"{'c4 layer (main + indexer)':<34}{r['c4_requests_arrived']} requests, {r['c4_extends']} extends, "
+          f"{r['c4_decodes']} decodes, {r['c4_verifies']} verifies (V = {r['c4_drafts']}: {r['c4_drafts_accepted']} "
+          f"accepted, {r['c4_drafts_rejected']} rejected)\n"
+          f"{'c4 entries checked':<34}{r['c4_entries_checked']} ({r['c4_failures']} wrong; max relative error "
+          f"{r['c4_max_relative_error']:.2e}; both caches per entry)\n")
     us = lambda x: f"{x:>8.1f}" if x == x else f"{'-':>8}"  # noqa: E731  (nan: no warm sample)
     print(f"per call, {unit} us             pydsa   the torch way")
     print(f"  prefill planning (pyplan)  {us(r['plan_us'])}   -")
@@ -57,8 +65,8 @@ def main(argv=None) -> int:
     print(f"  c128 verify, {DRAFTS} drafts     {us(r['verify_us'])}   -")
     print(f"  commit (every layer)       {us(r['commit_us'])}   -")
     print(f"  metadata refresh, K={r['backends']}     {us(r['metadata_us'])}   {us(r['metadata_torch_us'])}  (per-field copy_)")
-    print(f"\n{'PASS' if r['ok'] else 'FAIL'}: {r['chunk_failures']} chunk, {r['cache_entry_failures']} cache entry and "
-          f"{r['metadata_failures']} metadata check failures "
+    print(f"\n{'PASS' if r['ok'] else 'FAIL'}: {r['chunk_failures']} chunk, {r['cache_entry_failures']} cache entry, "
+          f"{r['c4_failures']} c4 entry and {r['metadata_failures']} metadata check failures "
           f"in {r['wall_s']:.1f} s")
     if args.json:  # strict JSON: a figure with no sample (NaN) is null
         clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}

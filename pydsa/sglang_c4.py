@@ -1,4 +1,4 @@
-"""sglang 0.5.23's ratio-4 (c4) compressor calls over pydsa's c4 ops (docs/spec.md, "The c4 layers").
+"""sglang 0.5.23's ratio-4 (c4) compressor calls over pydsa's c4 ops (docs/spec.md, "The ratio-4 compressor").
 
 sglang keeps one ring of R raw rows per 256-token SWA page: the row of position p of request rid is
 (swa // S) * R + swa % R with swa = full_to_state[req_to_token[rid, p]] (S = swa_page_size), or

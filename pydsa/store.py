@@ -57,7 +57,7 @@ class KVCache:
     at local slot loc // world; slots other ranks own are skipped silently, as negative ones are. Every
     storing op honors it on the GPU and the host backend.
 
-    layout="indexer": the c4 indexer's cache (D = 128; docs/spec.md, "c4 stores"): an entry is the
+    layout="indexer": the c4 indexer's cache (D = 128; docs/spec.md, "The stores of a c4 layer"): an entry is the
     normed vector with its last 64 channels rotated (fp32), Hadamard-transformed, as 128 fp8 e4m3 codes
     with one fp32 scale; a page holds page_size entries' codes, then their scales (indexer_page_bytes).
     Only the c4 ops store into it."""

@@ -207,7 +207,7 @@ def record_lists(compress, write):
             <Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>write), cnp.PyArray_DIM(<cnp.ndarray>write, 0))
 
 
-# ---- the c4 planner: a request-scoped ring (docs/spec.md, "c4 records") -------------------------
+# ---- the c4 planner: a request-scoped ring (docs/spec.md, "The ring") -------------------------
 
 C4_COMPRESS_DTYPE = np.dtype([("seq_len", "<u4"), ("ragged_id", "<u2"), ("ring_rows", "<u2"),
                               ("previous_group", "<i4"), ("current_group", "<i4")])

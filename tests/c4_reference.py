@@ -1,4 +1,4 @@
-"""Plainly written float64 references of the c4 compressor (docs/spec.md, "The c4 layers") and a small
+"""Plainly written float64 references of the c4 compressor (docs/spec.md, "The ratio-4 compressor") and a small
 engine that drives pydsa's c4 ops over request-scoped rings, for the tests."""
 from __future__ import annotations
 

@@ -85,9 +85,23 @@ def main():
     found["prefill_plan_is_pydsas"] = (type(pplan) is ours.CompressorPrefillPlan
                                        and torch.equal(pplan.plan_c, pmine.plan_c) and torch.equal(pplan.plan_w, pmine.plan_w))
     found["prefill_equal"] = torch.equal(s1, s2) and torch.equal(pout[:len(pmine.records[0])], pref[:len(pmine.records[0])])
+    # a c4 layer's calls through sglang's own module reach pydsa: its planner, compression and store
+    per, rows4 = 256, 2 * 8
+    r2t4 = torch.arange(2 * per, dtype=torch.int32).reshape(2, per)
+    f2s4 = torch.arange(3 * per, dtype=torch.int64)
+    rid4, seq4 = torch.arange(2, dtype=torch.int64), torch.tensor([8, 13], dtype=torch.int64)
+    plan4 = compress.CompressorDecodePlan.generate(4, rid4, r2t4, f2s4, seq4, per, 8)
+    ring = torch.randn(rows4 + 8, 4 * d, generator=gen)
+    ape8, kv4 = torch.randn(8, d, generator=gen), torch.randn(2, 4 * d, generator=gen)
+    r1, r2 = ring.clone(), ring.clone()
+    o1 = compress.compress_forward(r1.view(-1, 4, 4 * d), kv4, ape8, plan4, head_dim=d, compress_ratio=4)
+    o2 = ours.compress_forward(r2.view(-1, 4, 4 * d), kv4, ape8, ours.CompressorDecodePlan(4, plan4.plan_d),
+                               head_dim=d, compress_ratio=4)
+    found["c4_reached_pydsa"] = (type(plan4) is ours.CompressorDecodePlan and torch.equal(r1, r2)
+                                 and torch.equal(o1[0], o2[0]) and not torch.equal(r1, ring))
     # a configuration that is not pydsa's goes to sglang's own code (here: its JIT kernel loader)
     try:
-        compress.compress_forward(state.clone(), kv, ape, plan, head_dim=d, compress_ratio=4, is_online=False)
+        compress.compress_forward(state.clone(), kv, ape, plan, head_dim=d, compress_ratio=128, is_online=False)
         found["not_ours_reached_sglang"] = False
     except Exception as exc:  # sglang's own path, with its kernels stood in for
         found["not_ours_reached_sglang"] = "pydsa" not in repr(exc)

@@ -1,4 +1,4 @@
-"""The c4 compressor (docs/spec.md, "The c4 layers") on the host backend and the GPU: entries against
+"""The c4 compressor (docs/spec.md, "The ratio-4 compressor") on the host backend and the GPU: entries against
 float64, the fused stores against the standalone store and the float64 indexer store, poisoned outputs and
 caches, records, the speculative property and the verify bound."""
 from __future__ import annotations

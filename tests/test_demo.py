@@ -70,3 +70,20 @@ def test_tour_runs_as_written(device):
     tour = os.path.join(os.path.dirname(__file__), "..", "examples", "tour.py")
     r = subprocess.run([sys.executable, tour, "--device", torch.device(device).type], capture_output=True, text=True)
     assert r.returncode == 0 and "tour: OK" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_c4_layer_of_the_demo_checks_every_committed_entry(device):
+    from pydsa import demo_c4
+    r = demo_c4.run(40, 6, torch.device(device), seed=3)
+    assert r["c4_ok"] and r["c4_entries_checked"] > 100 and r["c4_max_relative_error"] < 1e-5
+    assert r["c4_extends"] > 0 and r["c4_decodes"] > 0 and r["c4_verifies"] > 0 and r["c4_drafts_rejected"] > 0
+
+
+def test_a_c4_entry_that_differs_from_float64_fails_the_demo(monkeypatch):
+    """A test double perturbs the float64 reference: the c4 checks must count the failures."""
+    from pydsa import demo_c4
+    original = demo_c4.entry64
+    monkeypatch.setattr(demo_c4, "entry64", lambda rows, ape, n: original(rows, ape, n) * 1.001)
+    r = demo_c4.run(20, 4, torch.device("cpu"), seed=1)
+    assert not r["c4_ok"] and r["c4_failures"] == r["c4_entries_checked"] > 0

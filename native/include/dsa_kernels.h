@@ -341,7 +341,7 @@ DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* s
 DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* The ratio-4 compressor (docs/spec.md, "The c4 layers"), ABI 11.
+/* The ratio-4 compressor (docs/spec.md, "The ratio-4 compressor"), ABI 11.
  *
  * Each c4 layer runs two compressors over the same positions and cache slots: the main one (D = 512,
  * store DSA_CACHE_V4) and the indexer's (D = 128, store DSA_CACHE_INDEXER). A token's input row is fp32

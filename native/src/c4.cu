@@ -1,4 +1,4 @@
-// The ratio-4 compressor (docs/spec.md, "The c4 layers"): decode, extend and verify kernels, both
+// The ratio-4 compressor (docs/spec.md, "The ratio-4 compressor"): decode, extend and verify kernels, both
 // compressors of a layer in each launch, the stores fused; the entry points (check, then host or device).
 #include <algorithm>
 

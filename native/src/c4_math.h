@@ -1,4 +1,4 @@
-// Arithmetic of the ratio-4 compressor (docs/spec.md, "The c4 layers"), shared verbatim by the CUDA
+// Arithmetic of the ratio-4 compressor (docs/spec.md, "The ratio-4 compressor"), shared verbatim by the CUDA
 // kernels and the host backend: the 8-term window softmax of one channel, the ring's record formats and
 // addressing (the indexer's store lives with the other store in store_math.h).
 #pragma once
@@ -35,7 +35,7 @@ DSA_HD float c4_channel(const float (&kv)[kC4Window], const float (&z)[kC4Window
 #endif
 }
 
-// ---- records (little-endian; docs/spec.md, "c4 records") ----------------------------------------
+// ---- records (little-endian; docs/spec.md, "The ring") ----------------------------------------
 
 // Decode: one per request. seq_len counts the new token; groups are 4-row units of the ring.
 struct C4DecodeRecord {

@@ -1,4 +1,4 @@
-// Arithmetic of the KV-cache stores (docs/spec.md, "The store", "c4 stores"), shared verbatim by the CUDA
+// Arithmetic of the KV-cache stores (docs/spec.md, "The store", "The stores of a c4 layer"), shared verbatim by the CUDA
 // kernels and the host backend, so that both produce the same bytes: RMSNorm, the bf16 rounding of the
 // quantized part, power-of-two ("ue8m0") scales per 64 values, fp8 e4m3 codes, the rotation of the
 // rope tail, and the paged cache layout (DSA_CACHE_V4); the c4 indexer's store (DSA_CACHE_INDEXER).

@@ -9,7 +9,11 @@ graphs, median of interleaved rounds, PDL as each side ships it:
 - P28: one c4 layer's decode (both compressors, both stores; sglang: compress + store twice, 4 launches;
   the per-step plan excluded on both sides), B = 1, 32, 256, 1024, random lengths and every row closing.
 - P29: one c4 layer's extend + stores (sglang's host plan, read in place by pydsa): 1 x 128, 8 x 1K with
-  prefixes, 1 x 8K, 64 x (1-600) with prefixes.
+  prefixes, 1 x 8K, 64 x (1-600) with prefixes; a target verify of V = 3 and 7 drafts at B = 32 and 256
+  (sglang: its device plan, excluded, and its six launches; pydsa: c4_verify over a request-scoped ring of
+  16 rows, two launches, no plan).
+- P30: a model-like step, 30 c4 layers each with its own rings and caches (L2-cold), one graph, beside the
+  bytes' floor at copy bandwidth; the per-step plan timed apart (sglang's, pydsa's of sglang's records).
 """
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ import numpy as np
 import torch
 
 import pydsa
+from pydsa import sglang_c4
 
-from .harness import median_graph_us
+from .harness import copy_bandwidth_tbps, event_us, median_graph_us
 from .reference import load
 
 SWA_PAGE = 256
@@ -146,13 +151,18 @@ def compare(ref, ctx, run_ours, run_theirs, out_rows) -> dict:
     return res
 
 
-def decode_case(ref, b, closing, bf16, max_len=1024, seed=0):
-    ctx = Context(b, max_len, bf16=bf16, seed=seed)
+def lengths(b, closing, max_len=1024, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     seq = torch.randint(1, max_len // 4, (b,), device="cuda", generator=g) * 4 if closing else \
         torch.randint(1, max_len, (b,), device="cuda", generator=g)
     if b == 1 and not closing:
         seq[0] = 4 * (max_len // 8) + 1
+    return seq
+
+
+def decode_case(ref, b, closing, bf16, max_len=1024, seed=0, seq=None):
+    ctx = Context(b, max_len, bf16=bf16, seed=seed)
+    seq = lengths(b, closing, max_len, seed) if seq is None else seq
     plan = ref.plan_decode_c4(ctx.rpi, ctx.r2t, ctx.f2s, seq.to(torch.int64), ctx.R)
     out_loc = ctx.out_loc(seq.to(torch.int64), ctx.rpi)
     kv = ctx.inputs(b)
@@ -161,9 +171,12 @@ def decode_case(ref, b, closing, bf16, max_len=1024, seed=0):
 
 def check_decode(ref, b, closing, bf16):
     ctx, plan, out_loc, kv = decode_case(ref, b, closing, bf16, seed=b + closing)
+    seq = torch.from_numpy(plan.plan_d.cpu().view(torch.int32).reshape(-1, 4)[:, 0].numpy().astype(np.int64)).cuda()
+    ours = sglang_c4.plan_decode(ctx.rpi, ctx.r2t, ctx.f2s, seq, SWA_PAGE, ctx.R)
     r = compare(ref, ctx, lambda outs: pydsa_decode(ctx, kv, plan.plan_d, out_loc, outs),
                 lambda: sglang_layer(ref, ctx, kv, plan, out_loc), b)
-    return dict(check="decode", b=b, lengths="closing" if closing else "random", state="bf16" if bf16 else "fp32", **r)
+    return dict(check="decode", b=b, lengths="closing" if closing else "random", state="bf16" if bf16 else "fp32",
+                plan_bytes_equal=bool(torch.equal(ours, plan.plan_d)), **r)
 
 
 def extend_case(ref, seqs, exts, bf16, seed=0, ring_size=8):
@@ -180,12 +193,26 @@ def extend_case(ref, seqs, exts, bf16, seed=0, ring_size=8):
     return ctx, plan, out_loc, kv
 
 
-def check_extend(ref, name, seqs, exts, bf16):
-    ctx, plan, out_loc, kv = extend_case(ref, seqs, exts, bf16, seed=len(seqs))
+def _by_ragged(plan_c, plan_w):
+    c = plan_c.cpu().view(torch.int32).reshape(-1, 4).tolist()
+    w = plan_w.cpu().view(torch.int32).reshape(-1, 2).tolist()
+    return sorted(tuple(r) for r in c if r[0] != -1), sorted(tuple(r) for r in w if r[0] != -1)
+
+
+def check_extend(ref, name, seqs, exts, bf16, ring_size=8):
+    ctx, plan, out_loc, kv = extend_case(ref, seqs, exts, bf16, seed=len(seqs), ring_size=ring_size)
     rows = plan.plan_c.shape[0]
+    seq_cpu, ext_cpu, n = torch.tensor(seqs), torch.tensor(exts), int(sum(exts))
+    ours = sglang_c4.plan_prefill(ctx.rpi, seq_cpu, ext_cpu, ctx.r2t, ctx.f2s, SWA_PAGE, ctx.R, n)
+    host_equal = torch.equal(ours[0], plan.plan_c) and torch.equal(ours[1], plan.plan_w)
+    dev_ours = sglang_c4.plan_prefill(ctx.rpi, seq_cpu.cuda(), ext_cpu.cuda(), ctx.r2t, ctx.f2s, SWA_PAGE, ctx.R, n,
+                                      use_cuda_graph=True)
+    dev_theirs = ref.plan_prefill_c4(ctx.rpi, seq_cpu.cuda(), ext_cpu.cuda(), ctx.r2t, ctx.f2s, ctx.R, n, True)
+    device_equal = _by_ragged(*dev_ours) == _by_ragged(dev_theirs.plan_c, dev_theirs.plan_w)
     r = compare(ref, ctx, lambda outs: pydsa_extend(ctx, kv, plan, out_loc, outs),
                 lambda: sglang_layer(ref, ctx, kv, plan, out_loc), rows)
-    return dict(check="extend", case=name, state="bf16" if bf16 else "fp32", **r)
+    return dict(check="extend", case=name, state="bf16" if bf16 else "fp32", ring_size=ring_size,
+                host_plan_bytes_equal=bool(host_equal), device_plan_records_equal=bool(device_equal), **r)
 
 
 EXTEND_CASES = {
@@ -234,15 +261,88 @@ def extend_rows(ref, rounds):
     return rows
 
 
+def verify_rows(ref, rounds, ring_size=16):
+    """P29's verify rows: V drafts per request, fp32 ring; sglang's device plan made once, outside the graph."""
+    rows = []
+    for b in (32, 256):
+        for v in (3, 7):
+            seq = torch.randint(8, 1000, (b,), device="cuda", generator=torch.Generator(device="cuda").manual_seed(b))
+            ctx = Context(b, 1024 + v, ring_size=ring_size, seed=b + v)
+            ext = torch.full((b,), v, dtype=torch.int64, device="cuda")
+            plan = ref.plan_prefill_c4(ctx.rpi, seq + v, ext, ctx.r2t, ctx.f2s, ring_size, b * v, True)
+            rows_req = torch.repeat_interleave(ctx.rpi, v)
+            pos = (seq.repeat_interleave(v) + torch.arange(v, device="cuda").repeat(b))
+            out_loc = ctx.out_loc(pos + 1, rows_req)
+            kv = ctx.inputs(b * v)
+            ours = [pydsa.C4Compressor(torch.randn(b * ring_size, 4 * d, device="cuda"), ctx.apes[k],
+                                       store=ctx.ours[k].store) for k, d in enumerate(DIMS)]
+            seq32, slots = seq.to(torch.int32), torch.arange(b, dtype=torch.int32, device="cuda")
+
+            def mine():
+                pydsa.c4_verify(ours[0], kv[0], seq32, slots, num_drafts=v, ring_size=ring_size, indexer=ours[1],
+                                indexer_drafts=kv[1], cache_slots=out_loc)
+            t = median_graph_us({"sglang": [lambda: sglang_layer(ref, ctx, kv, plan, out_loc)], "pydsa": [mine]},
+                                rounds)
+            rows.append({"key": "P29 speedup", "case": f"verify V={v}", "b": b, "lengths": "random", "state": "fp32",
+                         "sglang_us": t["sglang"], "pydsa_us": t["pydsa"], "speedup": t["sglang"] / t["pydsa"]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _step_bytes(b_closing, b, state_bytes=4):
+    """Bytes a c4 decode step of one layer must move (both compressors): every row's input read and ring row
+    written; a closing row's 7 earlier half-row pairs (kv and score) read and its two cache entries written."""
+    total = 0
+    for d, entry in ((512, 584), (128, 132)):
+        total += b * (4 * d * 4 + 4 * d * state_bytes) + b_closing * (7 * 2 * d * state_bytes + entry)
+    return total
+
+
+def step_rows(ref, rounds, layers=30):
+    """P30: 30 layers back to back, each its own rings and caches; the plan apart."""
+    rows = []
+    copy_tbps = copy_bandwidth_tbps()
+    for b in (32, 256, 1024):
+        for closing in (False, True):
+            seq = lengths(b, closing, seed=b)
+            cases = [decode_case(ref, b, closing, False, seed=1000 + layer, seq=seq) for layer in range(layers)]
+
+            def theirs():
+                for ctx, plan, out_loc, kv in cases:
+                    sglang_layer(ref, ctx, kv, plan, out_loc)
+
+            def mine():
+                for ctx, plan, out_loc, kv in cases:
+                    pydsa_decode(ctx, kv, plan.plan_d, out_loc)
+            t = median_graph_us({"sglang": [theirs], "pydsa": [mine]}, rounds)
+            ctx0 = cases[0][0]
+            seq64 = seq.to(torch.int64)
+            plan_theirs = event_us(lambda: ref.plan_decode_c4(ctx0.rpi, ctx0.r2t, ctx0.f2s, seq64, ctx0.R))
+            plan_ours = event_us(lambda: sglang_c4.plan_decode(ctx0.rpi, ctx0.r2t, ctx0.f2s, seq64, SWA_PAGE, ctx0.R))
+            nclose = int((seq % 4 == 0).sum())
+            floor = layers * _step_bytes(nclose, b) / (copy_tbps * 1e12) * 1e6
+            rows.append({"key": "P30 step speedup", "b": b, "lengths": "closing" if closing else "random",
+                         "state": "fp32", "layers": layers, "sglang_us": t["sglang"], "pydsa_us": t["pydsa"],
+                         "speedup": t["sglang"] / t["pydsa"], "floor_us": floor, "pydsa_over_floor": t["pydsa"] / floor,
+                         "sglang_plan_us": plan_theirs, "pydsa_plan_us": plan_ours,
+                         "speedup_with_plans": (t["sglang"] + plan_theirs) / (t["pydsa"] + plan_ours)})
+            print(json.dumps(rows[-1]), flush=True)
+            del cases
+            torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pydsa.bench.c4", description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--reference-build", required=True)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--only", nargs="+", choices=("checks", "decode", "extend", "verify", "step"),
+                    default=["checks", "decode", "extend", "verify", "step"])
     args = ap.parse_args(argv)
     ref = load(args.reference_build)
     checks = []
-    for bf16 in (False, True):
+    for bf16 in (False, True) if "checks" in args.only else ():
         for b in (1, 37, 256):
             for closing in (False, True):
                 checks.append(check_decode(ref, b, closing, bf16))
@@ -255,7 +355,10 @@ def main(argv=None):
                 seqs, exts = _ragged(rng)
             checks.append(check_extend(ref, name, seqs, exts, bf16))
             print(json.dumps(checks[-1]), flush=True)
-    rows = decode_rows(ref, args.rounds) + extend_rows(ref, args.rounds)
+        checks.append(check_extend(ref, "8x1K+prefix R=16", EXTEND_CASES["8x1K+prefix"][0], [1024] * 8, bf16, 16))
+        print(json.dumps(checks[-1]), flush=True)
+    parts = dict(decode=decode_rows, extend=extend_rows, verify=verify_rows, step=step_rows)
+    rows = [row for name, run in parts.items() if name in args.only for row in run(ref, args.rounds)]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     result = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
               "commit": commit, "command": " ".join(["python -m pydsa.bench.c4"] + (argv or sys.argv[1:])),
