@@ -100,9 +100,11 @@ class MetadataDestination(C.Structure):
     ]
 
 
-# dsa_struct_id -> mirror, for the structs filled here through ctypes; the op params are filled by the
-# compiled fillers (pydsa/_fill_*.pyx), compiled against the header, and checked by their compiled sizes.
-STRUCTS = {0: Segment, 1: PlanParams, 4: MetadataSources, 5: MetadataDestination, 10: KvCache}
+# The structs filled here through ctypes, by their header name; the op params are filled by the compiled
+# fillers (pydsa/_fill_*.pyx), compiled against the header, and checked by the op table as they declare them.
+STRUCTS = {_read.STRUCT_IDS[name]: mirror for name, mirror in (
+    ("segment", Segment), ("plan_params", PlanParams), ("metadata_sources", MetadataSources),
+    ("metadata_destination", MetadataDestination), ("kv_cache", KvCache))}
 
 def _library_path() -> str:
     override = os.environ.get("PYDSA_LIBRARY")
@@ -138,8 +140,6 @@ def _load() -> C.CDLL:
         raise ImportError(f"pydsa: {path} has ABI version {found} but this pydsa expects {ABI_VERSION} "
                           f"(a stale build); {_BUILD_HINT}")
     sizes = {sid: (mirror.__name__, C.sizeof(mirror)) for sid, mirror in STRUCTS.items()}
-    names = {sid: name for name, sid in _read.STRUCTS.items()}
-    sizes.update({sid: (f"the {names[sid]} params", size) for sid, size in _read.struct_sizes().items()})
     for sid, (name, want) in sizes.items():
         size = lib.dsa_struct_size(sid)
         if size != want:
@@ -161,12 +161,6 @@ def _load() -> C.CDLL:
     lib.dsa_c4_max_drafts.argtypes = [C.c_int32, C.c_int32]
     lib.dsa_c128_plan_prefill.restype = C.c_int
     lib.dsa_c128_plan_prefill.argtypes = [C.POINTER(PlanParams)]
-    for name in ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan", "dsa_c128_verify",
-                 "dsa_c128_commit", "dsa_kv_store", "dsa_request_records", "dsa_c4_decode", "dsa_c4_extend",
-                 "dsa_c4_verify"):
-        fn = getattr(lib, name)
-        fn.restype = C.c_int
-        fn.argtypes = [C.c_void_p, C.c_void_p]  # params address, stream
     lib.path = path
     return lib
 

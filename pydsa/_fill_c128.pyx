@@ -63,8 +63,11 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         int64_t write_capacity
         int64_t* device_counts
 
-STRUCT_SIZES = {DSA_STRUCT_DECODE_PARAMS: sizeof(dsa_c128_decode_params), DSA_STRUCT_PREFILL_PARAMS: sizeof(dsa_c128_prefill_params), DSA_STRUCT_PLAN_UPLOAD_PARAMS: sizeof(dsa_plan_upload_params)}
-"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+cdef int OP_DECODE = declare_op("decode", "dsa_c128_decode", DSA_STRUCT_DECODE_PARAMS, sizeof(dsa_c128_decode_params))
+cdef int OP_PREFILL = declare_op("prefill", "dsa_c128_prefill", DSA_STRUCT_PREFILL_PARAMS,
+                                 sizeof(dsa_c128_prefill_params))
+cdef int OP_UPLOAD = declare_op("upload", "dsa_c128_upload_plan", DSA_STRUCT_PLAN_UPLOAD_PARAMS,
+                                sizeof(dsa_plan_upload_params))
 
 
 

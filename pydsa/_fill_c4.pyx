@@ -8,7 +8,6 @@ from libc.string cimport memset
 from pydsa._read cimport *
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
-    int DSA_STRUCT_C4_PARAMS
     int DSA_FLAG_C4_REJECT_ALL
     ctypedef struct dsa_c4_compressor:
         int32_t head_dim
@@ -41,8 +40,10 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         uint32_t* error_count
         dsa_c4_compressor compressors[2]
 
-STRUCT_SIZES = {DSA_STRUCT_C4_PARAMS: sizeof(dsa_c4_params)}
-"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+cdef int OP_C4_DECODE = declare_op("c4_decode", "dsa_c4_decode", DSA_STRUCT_C4_PARAMS, sizeof(dsa_c4_params))
+cdef int OP_C4_EXTEND = declare_op("c4_extend", "dsa_c4_extend", DSA_STRUCT_C4_PARAMS, sizeof(dsa_c4_params))
+cdef int OP_C4_VERIFY = declare_op("c4_verify", "dsa_c4_verify", DSA_STRUCT_C4_PARAMS, sizeof(dsa_c4_params))
+cdef int[3] _C4_OPS = [OP_C4_DECODE, OP_C4_EXTEND, OP_C4_VERIFY]
 
 REJECT_ALL = DSA_FLAG_C4_REJECT_ALL
 
@@ -176,7 +177,7 @@ def c4(int kind, *, main, kv_score, out=None, indexer=None, indexer_kv_score=Non
     cdef dsa_c4_params p
     _fill(&p, kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, write, seq_lens, slots,
           ring_size, num_drafts, cache_slots, flags, error_count, None)
-    return launch(OP_C4_DECODE + kind, &p, p.device, stream)
+    return launch(_C4_OPS[kind], &p, p.device, stream)
 
 
 def prepare(uintptr_t address, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,

@@ -35,8 +35,8 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         int32_t reserved
         const dsa_metadata_destination* destinations
 
-STRUCT_SIZES = {DSA_STRUCT_METADATA_PARAMS: sizeof(dsa_metadata_copy_params)}
-"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+cdef int OP_METADATA = declare_op("metadata", "dsa_metadata_copy", DSA_STRUCT_METADATA_PARAMS,
+                                  sizeof(dsa_metadata_copy_params))
 
 
 

@@ -33,8 +33,8 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         int64_t write_rows
         uint32_t* error_count
 
-STRUCT_SIZES = {DSA_STRUCT_RECORDS_PARAMS: sizeof(dsa_request_records_params)}
-"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+cdef int OP_RECORDS = declare_op("records", "dsa_request_records", DSA_STRUCT_RECORDS_PARAMS,
+                                 sizeof(dsa_request_records_params))
 
 
 

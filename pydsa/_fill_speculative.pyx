@@ -49,8 +49,8 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         void* const* states
         uint32_t* error_count
 
-STRUCT_SIZES = {DSA_STRUCT_VERIFY_PARAMS: sizeof(dsa_c128_verify_params), DSA_STRUCT_COMMIT_PARAMS: sizeof(dsa_c128_commit_params)}
-"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+cdef int OP_VERIFY = declare_op("verify", "dsa_c128_verify", DSA_STRUCT_VERIFY_PARAMS, sizeof(dsa_c128_verify_params))
+cdef int OP_COMMIT = declare_op("commit", "dsa_c128_commit", DSA_STRUCT_COMMIT_PARAMS, sizeof(dsa_c128_commit_params))
 
 
 cdef enum:

@@ -22,8 +22,7 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         int32_t ratio
         int32_t reserved
 
-STRUCT_SIZES = {DSA_STRUCT_KV_STORE_PARAMS: sizeof(dsa_kv_store_params)}
-"""{dsa_struct_id: size} of this family's params as compiled here (checked against the loaded library)."""
+cdef int OP_STORE = declare_op("store", "dsa_kv_store", DSA_STRUCT_KV_STORE_PARAMS, sizeof(dsa_kv_store_params))
 
 
 

@@ -16,13 +16,23 @@ import pyplan
 from . import _read, _tensors
 from ._abi import check as check_status, lib
 
-_read.init(torch.Tensor, dict(float32=torch.float32, bfloat16=torch.bfloat16, int32=torch.int32, int64=torch.int64,
-                              uint8=torch.uint8),
-           getattr(torch._C, "_cuda_getCurrentRawStream", None),
-           {name: C.cast(getattr(lib, name), C.c_void_p).value for name in _read.ENTRY_NAMES},
-           _tensors, np.ndarray, pyplan.record_lists)
-SIZES = {name: _read.struct_sizes()[sid] for name, sid in _read.STRUCTS.items()}
-"""Bytes of each op's params, by op name."""
+
+
+def _entry(symbol: str) -> int:
+    """The address of an entry point (op(params, stream) -> status), callable through ctypes too."""
+    fn = getattr(lib, symbol)
+    fn.restype, fn.argtypes = C.c_int, [C.c_void_p, C.c_void_p]
+    return C.cast(fn, C.c_void_p).value
+
+
+_read.init(tensor_type=torch.Tensor,
+           dtypes=dict(float32=torch.float32, bfloat16=torch.bfloat16, int32=torch.int32, int64=torch.int64,
+                       uint8=torch.uint8),
+           raw_stream=getattr(torch._C, "_cuda_getCurrentRawStream", None), resolve=_entry,
+           struct_size=lib.dsa_struct_size, messages=_tensors, ndarray_type=np.ndarray,
+           record_lists=pyplan.record_lists)
+SIZES = _read.SIZES
+"""Bytes of each op's params, by op name (the op table's, as the fillers declared them)."""
 OPS = _read.OPS
 _launch = _read.launch_prepared
 
@@ -30,7 +40,7 @@ _launch = _read.launch_prepared
 class Prepared:
     """A validated call: params filled once by the compiled filler; launch() runs them again."""
 
-    _op = None  # an op name of _read.OPS / _read.STRUCTS
+    _op = None  # an op name of the op table (_read.OPS)
 
     def _bind(self, fill, *args) -> None:
         """Fills the params through `fill(address, *args)`, which judges every argument (a wrong one

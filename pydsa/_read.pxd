@@ -16,12 +16,17 @@ cdef extern from "dsa_kernels.h":
     int DSA_OUT_COMPACT
     int DSA_RECORDS_DECODE
     int DSA_RECORDS_PREFILL
+    int DSA_STRUCT_SEGMENT
+    int DSA_STRUCT_PLAN_PARAMS
     int DSA_STRUCT_DECODE_PARAMS
     int DSA_STRUCT_PREFILL_PARAMS
+    int DSA_STRUCT_METADATA_SOURCES
+    int DSA_STRUCT_METADATA_DESTINATION
     int DSA_STRUCT_METADATA_PARAMS
     int DSA_STRUCT_PLAN_UPLOAD_PARAMS
     int DSA_STRUCT_VERIFY_PARAMS
     int DSA_STRUCT_COMMIT_PARAMS
+    int DSA_STRUCT_KV_CACHE
     int DSA_STRUCT_KV_STORE_PARAMS
     int DSA_STRUCT_RECORDS_PARAMS
     int DSA_STRUCT_C4_PARAMS
@@ -43,10 +48,9 @@ cdef enum:
     OTHER_DEVICE = -2  # Arg.dev of memory that is neither host nor CUDA
     MAX_DIMS = 8
 
-# The entry points, by op (the launch table's rows; ENTRY_NAMES in _read.pyx names them in this order).
-cdef enum Op:
-    OP_DECODE, OP_PREFILL, OP_METADATA, OP_UPLOAD, OP_VERIFY, OP_COMMIT, OP_STORE, OP_RECORDS,
-    OP_C4_DECODE, OP_C4_EXTEND, OP_C4_VERIFY, NUM_OPS
+# The op table: each filler module declares its ops when imported (name, entry symbol, params struct id,
+# the params' size as it compiled them); the returned row of the launch table is what it launches.
+cpdef int declare_op(str name, str symbol, int struct_id, size_t size) except -1
 
 cdef struct Arg:
     char* data

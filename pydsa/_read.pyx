@@ -61,23 +61,31 @@ ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
 ABI_VERSION = DSA_ABI_VERSION
 """The header's DSA_ABI_VERSION, as these modules were compiled against it."""
 
-ENTRY_NAMES = ("dsa_c128_decode", "dsa_c128_prefill", "dsa_metadata_copy", "dsa_c128_upload_plan",
-               "dsa_c128_verify", "dsa_c128_commit", "dsa_kv_store", "dsa_request_records", "dsa_c4_decode",
-               "dsa_c4_extend", "dsa_c4_verify")
-"""The library's entry points, in the launch table's order (the Op enum of _read.pxd)."""
+STRUCT_IDS = dict(segment=DSA_STRUCT_SEGMENT, plan_params=DSA_STRUCT_PLAN_PARAMS,
+                  decode_params=DSA_STRUCT_DECODE_PARAMS, prefill_params=DSA_STRUCT_PREFILL_PARAMS,
+                  metadata_sources=DSA_STRUCT_METADATA_SOURCES, metadata_destination=DSA_STRUCT_METADATA_DESTINATION,
+                  metadata_params=DSA_STRUCT_METADATA_PARAMS, plan_upload_params=DSA_STRUCT_PLAN_UPLOAD_PARAMS,
+                  verify_params=DSA_STRUCT_VERIFY_PARAMS, commit_params=DSA_STRUCT_COMMIT_PARAMS,
+                  kv_cache=DSA_STRUCT_KV_CACHE, kv_store_params=DSA_STRUCT_KV_STORE_PARAMS,
+                  records_params=DSA_STRUCT_RECORDS_PARAMS, c4_params=DSA_STRUCT_C4_PARAMS)
+"""The header's dsa_struct_id values, by the struct's name (DSA_STRUCT_<NAME> in lower case)."""
 
-OPS = dict(decode=OP_DECODE, prefill=OP_PREFILL, metadata=OP_METADATA, upload=OP_UPLOAD, verify=OP_VERIFY,
-           commit=OP_COMMIT, store=OP_STORE, records=OP_RECORDS, c4_decode=OP_C4_DECODE, c4_extend=OP_C4_EXTEND,
-           c4_verify=OP_C4_VERIFY)
+cdef enum:
+    MAX_OPS = 64
 
-STRUCTS = dict(decode=DSA_STRUCT_DECODE_PARAMS, prefill=DSA_STRUCT_PREFILL_PARAMS,
-               metadata=DSA_STRUCT_METADATA_PARAMS, upload=DSA_STRUCT_PLAN_UPLOAD_PARAMS,
-               verify=DSA_STRUCT_VERIFY_PARAMS, commit=DSA_STRUCT_COMMIT_PARAMS, store=DSA_STRUCT_KV_STORE_PARAMS,
-               records=DSA_STRUCT_RECORDS_PARAMS, c4_decode=DSA_STRUCT_C4_PARAMS, c4_extend=DSA_STRUCT_C4_PARAMS,
-               c4_verify=DSA_STRUCT_C4_PARAMS)
-"""dsa_struct_id of each op's params, by op name (the header's names)."""
+OPS = {}
+"""The op table: op name -> its row in the launch table, as the filler modules declared them."""
+SYMBOLS = {}
+"""op name -> its entry point's symbol."""
+SIZES = {}
+"""op name -> the size of its params as its filler was compiled."""
+PARAMS = {}
+"""op name -> the dsa_struct_id of its params."""
+cdef int _num_ops = 0
+cdef object _resolve = None      # symbol -> address in the library (bound by init)
+cdef object _struct_size = None  # dsa_struct_id -> the library's size of it (bound by init)
 
-cdef Entry _entries[<int>NUM_OPS]
+cdef Entry _entries[<int>MAX_OPS]
 cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
 cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
 cdef const ExchangeAPI* _apis[MAX_TYPES]
@@ -109,22 +117,52 @@ cdef const ExchangeAPI* _table(object tensor_type):
     return api
 
 
-def init(tensor_type, dict dtypes, raw_stream, dict entries, messages, ndarray_type, record_lists):
+def init(*, tensor_type, dict dtypes, raw_stream, resolve, struct_size, messages, ndarray_type, record_lists):
     """Binds the framework's tensor type (its dtypes by name: float32, bfloat16, int32, int64, uint8;
-    its current-stream reader), the library's entry points ({name in ENTRY_NAMES: address}), the
-    message formatters (pydsa._tensors) and pyplan's reader of record arrays; returns `available`."""
+    its current-stream reader), the library (resolve: an entry symbol's address; struct_size: the
+    library's dsa_struct_size), the message formatters (pydsa._tensors) and pyplan's reader of record
+    arrays; binds every op declared so far (later ones as they are declared); returns `available`."""
     global _streams, _ndarray_type, _record_lists, available, _tensor_type, _dtype_keys, _dtypes, _raw_stream
-    global _messages
+    global _messages, _resolve, _struct_size
     keys = dict(float32=F32, bfloat16=BF16, int32=I32, int64=I64, uint8=U8)
     _dtype_keys = {dtype: keys[name] for name, dtype in dtypes.items()}
     _dtypes = {keys[name]: dtype for name, dtype in dtypes.items()}
     _tensor_type, _raw_stream, _messages = tensor_type, raw_stream, messages
-    for op, name in enumerate(ENTRY_NAMES):
-        _entries[op] = <Entry><uintptr_t>entries[name]
+    _resolve, _struct_size = resolve, struct_size
+    for name in OPS:
+        _bind(name)
     _ndarray_type, _record_lists = ndarray_type, record_lists
     _streams = _table(tensor_type)
     available = _streams != NULL
     return available
+
+
+cdef int _bind(str name) except -1:
+    """Checks op `name`'s params size against the library and binds its entry point."""
+    cdef int row = OPS[name]
+    library_size = _struct_size(PARAMS[name])
+    if library_size != SIZES[name]:
+        raise ImportError(f"pydsa: the library lays out the {name} params in {library_size} bytes but this pydsa "
+                          f"has {SIZES[name]} (a stale build); rebuild with `pip install --no-build-isolation -e .`")
+    _entries[row] = <Entry><uintptr_t>_resolve(SYMBOLS[name])
+    return 0
+
+
+cpdef int declare_op(str name, str symbol, int struct_id, size_t size) except -1:
+    """Declares op `name` (its entry symbol, its params' dsa_struct_id and size as the caller compiled them):
+    its row in the launch table. Declared again, the same row."""
+    global _num_ops
+    if name in OPS:
+        return OPS[name]
+    cdef int row = _num_ops
+    if row >= MAX_OPS:
+        raise RuntimeError(f"pydsa: more than {MAX_OPS} ops declared")
+    _entries[row] = NULL
+    OPS[name], SYMBOLS[name], PARAMS[name], SIZES[name] = row, symbol, struct_id, size
+    _num_ops += 1
+    if _resolve is not None:
+        _bind(name)
+    return row
 
 
 def set_types(device_plan_type, store_type):
@@ -138,16 +176,6 @@ def read_attributes_only(bint on):
     exchange API), as an older torch would be read."""
     global _attributes_only
     _attributes_only = on
-
-
-def struct_sizes():
-    """The params layouts the fillers write, as compiled from the library's header: {dsa_struct_id:
-    size}, checked against the loaded library."""
-    from pydsa import _fill_c128, _fill_c4, _fill_metadata, _fill_records, _fill_speculative, _fill_store
-    sizes = {}
-    for filler in (_fill_c128, _fill_speculative, _fill_store, _fill_metadata, _fill_records, _fill_c4):
-        sizes.update(filler.STRUCT_SIZES)
-    return sizes
 
 
 def set_error_counter(int dev, uintptr_t address):
@@ -386,7 +414,9 @@ cdef int launch(int op, const void* params, int32_t dev, object stream) except? 
     """Runs entry point `op` on `stream` (a raw handle) or the device's current stream: its status."""
     cdef void* s = NULL
     cdef int status
-    cdef Entry entry = _entries[op]
+    cdef Entry entry = _entries[op] if 0 <= op < _num_ops else NULL
+    if entry == NULL:
+        raise RuntimeError(f"pydsa: op {op} is not bound to the library (import pydsa first)")
     if stream is not None:
         s = <void*><uintptr_t>stream
     elif dev >= 0:
@@ -401,5 +431,5 @@ cdef int launch(int op, const void* params, int32_t dev, object stream) except? 
 
 
 def launch_prepared(int op, uintptr_t address, int32_t dev, stream):
-    """Launches prepared params at `address` (op: a value of OPS): the library's status."""
+    """Launches prepared params at `address` (op: a row of OPS): the library's status."""
     return launch(op, <const void*>address, dev, stream)

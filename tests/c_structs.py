@@ -89,8 +89,9 @@ class MetadataCopyParams(C.Structure):
     ]
 
 
-STRUCTS = {2: DecodeParams, 3: PrefillParams, 6: MetadataCopyParams, 7: PlanUploadParams, 8: VerifyParams,
-           9: CommitParams, 11: KvStoreParams}
+# each op's params mirror, by the op's name in the op table (pydsa._read.OPS)
+STRUCTS = {"decode": DecodeParams, "prefill": PrefillParams, "metadata": MetadataCopyParams, "upload": PlanUploadParams,
+           "verify": VerifyParams, "commit": CommitParams, "store": KvStoreParams}
 
 
 class RecordsParams(C.Structure):
@@ -104,7 +105,7 @@ class RecordsParams(C.Structure):
     ]
 
 
-STRUCTS[12] = RecordsParams
+STRUCTS["records"] = RecordsParams
 
 
 class C4Compressor(C.Structure):
@@ -125,4 +126,4 @@ class C4Params(C.Structure):
     ]
 
 
-STRUCTS[13] = C4Params
+STRUCTS.update(c4_decode=C4Params, c4_extend=C4Params, c4_verify=C4Params)

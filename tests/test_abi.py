@@ -74,8 +74,10 @@ def test_wrong_struct_size_is_refused_with_a_clear_message(fn, struct, delta):
 
 def test_the_test_mirrors_and_the_compiled_filler_lay_out_every_struct_as_the_library():
     from pydsa import _read
-    for sid, mirror in c_structs.STRUCTS.items():
-        assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(mirror) == _read.struct_sizes()[sid], mirror.__name__
+    assert set(c_structs.STRUCTS) == set(_read.OPS)  # a mirror for every op of the op table
+    for op, mirror in c_structs.STRUCTS.items():
+        sid = _read.PARAMS[op]
+        assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(mirror) == _read.SIZES[op], mirror.__name__
 
 
 def test_null_params_are_refused():

@@ -23,6 +23,13 @@ std::once_flag device_count_once;
 int device_count_value = 0;
 }  // namespace
 
+// Zero before any constructor runs (constant initialization), so declarations in any order build it.
+const DeclaredStruct* declared_structs = nullptr;
+
+DeclaredStruct::DeclaredStruct(dsa_struct_id id_, size_t size_) : id(id_), size(size_), next(declared_structs) {
+  declared_structs = this;
+}
+
 dsa_status fail(dsa_status status, const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);
@@ -117,22 +124,8 @@ const char* dsa_status_string(dsa_status status) {
 }
 
 size_t dsa_struct_size(dsa_struct_id id) {
-  switch (id) {
-    case DSA_STRUCT_SEGMENT: return sizeof(dsa_segment);
-    case DSA_STRUCT_PLAN_PARAMS: return sizeof(dsa_plan_params);
-    case DSA_STRUCT_DECODE_PARAMS: return sizeof(dsa_c128_decode_params);
-    case DSA_STRUCT_PREFILL_PARAMS: return sizeof(dsa_c128_prefill_params);
-    case DSA_STRUCT_METADATA_SOURCES: return sizeof(dsa_metadata_sources);
-    case DSA_STRUCT_METADATA_DESTINATION: return sizeof(dsa_metadata_destination);
-    case DSA_STRUCT_METADATA_PARAMS: return sizeof(dsa_metadata_copy_params);
-    case DSA_STRUCT_PLAN_UPLOAD_PARAMS: return sizeof(dsa_plan_upload_params);
-    case DSA_STRUCT_VERIFY_PARAMS: return sizeof(dsa_c128_verify_params);
-    case DSA_STRUCT_COMMIT_PARAMS: return sizeof(dsa_c128_commit_params);
-    case DSA_STRUCT_KV_CACHE: return sizeof(dsa_kv_cache);
-    case DSA_STRUCT_KV_STORE_PARAMS: return sizeof(dsa_kv_store_params);
-    case DSA_STRUCT_RECORDS_PARAMS: return sizeof(dsa_request_records_params);
-    case DSA_STRUCT_C4_PARAMS: return sizeof(dsa_c4_params);
-  }
+  for (const dsa::DeclaredStruct* s = dsa::declared_structs; s != nullptr; s = s->next)
+    if (s->id == id) return s->size;
   return 0;
 }
 

@@ -7,6 +7,8 @@
 #include "c4_math.h"
 #include "store.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_C4_PARAMS, dsa_c4_params);
+
 namespace dsa {
 namespace {
 

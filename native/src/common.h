@@ -35,6 +35,17 @@ inline dsa_status check_struct(const T* p, const char* op) {
 // Whether `ptr` is a multiple of `bytes` (host-side choice of vector widths).
 inline bool aligned(const void* ptr, int bytes) { return (uintptr_t)ptr % bytes == 0; }
 
+// The params structs of the C ABI, each declared by the op family that owns it (DSA_DECLARE_STRUCT in its
+// source file, once): dsa_struct_size() answers from this list, built as the library loads.
+struct DeclaredStruct {
+  DeclaredStruct(dsa_struct_id id, size_t size);
+  dsa_struct_id id;
+  size_t size;
+  const DeclaredStruct* next;
+};
+extern const DeclaredStruct* declared_structs;
+#define DSA_DECLARE_STRUCT(id, type) static const ::dsa::DeclaredStruct dsa_declared_##id(id, sizeof(type))
+
 // Devices the library serves (ids 0 .. kMaxDevices - 1); per-device caches are this long.
 constexpr int kMaxDevices = 64;
 

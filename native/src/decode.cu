@@ -4,6 +4,8 @@
 #include "c128_host.h"
 #include "store.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_DECODE_PARAMS, dsa_c128_decode_params);
+
 namespace dsa {
 namespace {
 

@@ -10,6 +10,10 @@
 #include "common.h"
 #include "cuda_launch.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_METADATA_SOURCES, dsa_metadata_sources);
+DSA_DECLARE_STRUCT(DSA_STRUCT_METADATA_DESTINATION, dsa_metadata_destination);
+DSA_DECLARE_STRUCT(DSA_STRUCT_METADATA_PARAMS, dsa_metadata_copy_params);
+
 namespace dsa {
 namespace {
 

@@ -5,6 +5,9 @@
 #include "common.h"
 #include "plan_rules.h"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_SEGMENT, dsa_segment);
+DSA_DECLARE_STRUCT(DSA_STRUCT_PLAN_PARAMS, dsa_plan_params);
+
 namespace {
 
 constexpr int64_t kChunk = DSA_CHUNK;

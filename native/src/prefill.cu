@@ -9,6 +9,8 @@
 #include "c128_host.h"
 #include "store.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_PREFILL_PARAMS, dsa_c128_prefill_params);
+
 namespace dsa {
 namespace {
 

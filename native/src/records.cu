@@ -6,6 +6,8 @@
 
 #include "c128_device.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_RECORDS_PARAMS, dsa_request_records_params);
+
 namespace dsa {
 namespace {
 

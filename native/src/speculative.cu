@@ -5,6 +5,9 @@
 #include "c128_host.h"
 #include "store.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_VERIFY_PARAMS, dsa_c128_verify_params);
+DSA_DECLARE_STRUCT(DSA_STRUCT_COMMIT_PARAMS, dsa_c128_commit_params);
+
 namespace dsa {
 namespace {
 

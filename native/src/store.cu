@@ -6,6 +6,9 @@
 #include "c128_host.h"
 #include "store.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_KV_CACHE, dsa_kv_cache);
+DSA_DECLARE_STRUCT(DSA_STRUCT_KV_STORE_PARAMS, dsa_kv_store_params);
+
 namespace dsa {
 
 dsa_status store_launch(const dsa_kv_cache* c, const int64_t* cache_slots, int head_dim, int device,

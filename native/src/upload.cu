@@ -6,6 +6,8 @@
 #include "c128_checks.h"
 #include "c128_device.cuh"
 
+DSA_DECLARE_STRUCT(DSA_STRUCT_PLAN_UPLOAD_PARAMS, dsa_plan_upload_params);
+
 namespace dsa {
 namespace {
 
