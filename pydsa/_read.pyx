@@ -418,6 +418,9 @@ cdef int launch(int op, const void* params, int32_t dev, object stream) except? 
     if entry == NULL:
         raise RuntimeError(f"pydsa: op {op} is not bound to the library (import pydsa first)")
     if stream is not None:
+        if type(stream) is not int or stream < 0:
+            raise TypeError(f"stream must be a raw cudaStream_t handle (an int >= 0) or None (got "
+                            f"{type(stream).__name__} {stream!r})")
         s = <void*><uintptr_t>stream
     elif dev >= 0:
         if _streams == NULL or _attributes_only or _streams.current_work_stream(DL_CUDA, dev, &s) != 0:

@@ -32,8 +32,14 @@ def device_index(t) -> int:
 
 def resolve_device(device) -> torch.device:
     """torch.device(device), with a bare "cuda" pinned to the current CUDA device; a CUDA device on a
-    machine without one is a ValueError saying so."""
-    device = torch.device(device)
+    machine without one is a ValueError saying so; an int is a CUDA ordinal."""
+    if isinstance(device, int) and not isinstance(device, bool):
+        device = f"cuda:{device}"
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N', an int N or a torch.device (got {device!r})") \
+            from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device} was asked for but no CUDA device is available here "
                          f"(CPU tensors run the host backend)")

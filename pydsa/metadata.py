@@ -184,4 +184,6 @@ class MetadataCopy:
 def metadata_copy(sources: dict, destinations, *, mode="decode", stream=None, pdl=False) -> None:
     """One-shot form: sources is a dict with the __call__ argument names; destinations one dict
     or a list of up to 8."""
+    if not isinstance(sources, dict):
+        raise TypeError(f"sources must be a dict of the source tensors by name (got {type(sources).__name__})")
     MetadataCopy(destinations, mode=mode, pdl=pdl)(stream=stream, **sources)

@@ -193,6 +193,15 @@ def _state_rows(state):
     return state.view(state.shape[0], 1, state.shape[-1]) if state.dim() == 2 else state
 
 
+def _rows(name: str, t, n: int) -> None:
+    """t must be a torch.Tensor of at least n rows (what a call's batch_size reads of it)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+    if t.dim() < 1 or t.shape[0] < n:
+        raise ValueError(f"{name} has {t.shape[0] if t.dim() else 0} rows but the call reads {n} of it "
+                         f"(batch_size and num_verify_tokens say so)")
+
+
 def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indices, req_to_token, ape, state,
                                         batch_size, num_verify_tokens, state_slot_stride, *, head_dim=None) -> None:
     """Stores the state after each of the num_verify_tokens drafts of request b (rows
@@ -201,6 +210,9 @@ def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indic
     in fp32 from draft to draft (each bank entry rounded once)."""
     if batch_size <= 0:
         return
+    for name, t, n in (("kv_score_input", kv_score_input, batch_size * num_verify_tokens), ("seq_lens", seq_lens,
+                       batch_size), ("req_pool_indices", req_pool_indices, batch_size)):
+        _rows(name, t, n)
     if head_dim is not None and state.shape[-1] != 3 * head_dim:
         raise ValueError(f"head_dim is {head_dim} but state rows hold {state.shape[-1]} = 3 * {state.shape[-1] // 3}")
     req = _slots(req_pool_indices, batch_size)
@@ -214,6 +226,9 @@ def online_c128_mtp_mark_pending(seq_lens, req_pool_indices, pending_seq_lens, b
     batch's requests with 0 <= req < num_req_slots (int64; rows past num_req_slots untouched)."""
     if batch_size <= 0:
         return
+    for name, t, n in (("seq_lens", seq_lens, batch_size), ("req_pool_indices", req_pool_indices, batch_size),
+                       ("pending_seq_lens", pending_seq_lens, 0)):
+        _rows(name, t, n)
     if pending_seq_lens.dtype is not torch.int64:
         raise RuntimeError(f"pending_seq_lens must have dtype int64 (got {pending_seq_lens.dtype})")
     if num_req_slots > pending_seq_lens.shape[0]:
@@ -234,6 +249,9 @@ def online_c128_mtp_commit_pending(seq_lens, req_pool_indices, req_to_token, pen
     pending + accept ends a chunk. pending_seq_lens is not cleared."""
     if batch_size <= 0:
         return
+    for name, t, n in (("seq_lens", seq_lens, batch_size), ("req_pool_indices", req_pool_indices, batch_size),
+                       ("pending_seq_lens", pending_seq_lens, num_req_slots), ("state", state, 1)):
+        _rows(name, t, n)
     req = req_pool_indices[:batch_size].to(torch.int64)
     valid = (req >= 0) & (req < num_req_slots)
     before = pending_seq_lens[torch.where(valid, req, 0)]

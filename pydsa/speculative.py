@@ -31,6 +31,12 @@ _commit = _fill_speculative.commit
 
 def bank_bytes(batch_size: int, num_drafts: int, head_dim: int = 512, state_dtype_bytes: int = 4) -> int:
     """Bytes of the bank per layer: (V + 1) state slots per request."""
+    for name, v, low in (("batch_size", batch_size, 0), ("num_drafts", num_drafts, 1), ("head_dim", head_dim, 1),
+                         ("state_dtype_bytes", state_dtype_bytes, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ValueError(f"{name} must be an int >= {low} (got {v!r})")
+    if state_dtype_bytes not in (2, 4):
+        raise ValueError(f"state_dtype_bytes must be 4 (fp32) or 2 (bf16) (got {state_dtype_bytes})")
     return batch_size * (num_drafts + 1) * 3 * head_dim * state_dtype_bytes
 
 

@@ -22,9 +22,16 @@ _int64 = torch.int64
 _store = _fill_store.store
 
 
+def _page_size(page_size) -> None:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1024 \
+            or page_size & (page_size - 1):
+        raise ValueError(f"page_size must be a power of two in 1..1024 (got {page_size!r})")
+
+
 def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
     """Bytes of one cache page: page_size entries of D + 64 data bytes and a scale row of 8 bytes
     per 512 channels, padded to a multiple of D + 64 (D = 512, page 2: 1728)."""
+    _page_size(page_size)
     n = lib.dsa_kv_page_bytes(head_dim, page_size)
     if n <= 0:
         raise ValueError(f"head_dim must be a multiple of 64 >= 128 and page_size >= 1 (got {head_dim}, {page_size})")
@@ -34,6 +41,7 @@ def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
 def indexer_page_bytes(head_dim: int = 128, page_size: int = 64) -> int:
     """Bytes of one page of the c4 indexer's cache: page_size entries of 128 fp8 codes and a 4-byte fp32
     scale (page 64: 8448)."""
+    _page_size(page_size)
     n = lib.dsa_indexer_page_bytes(head_dim, page_size)
     if n <= 0:
         raise ValueError(f"an indexer cache has head_dim 128 and page_size >= 1 (got {head_dim}, {page_size})")
@@ -66,9 +74,7 @@ class KVCache:
                  layout: str = "v4"):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be 'v4' or 'indexer' (got {layout!r})")
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1024 \
-                or page_size & (page_size - 1):
-            raise ValueError(f"page_size must be a power of two in 1..1024 (got {page_size!r})")
+        _page_size(page_size)
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0.0 <= float(eps) < float("inf"):
             raise ValueError(f"eps must be a finite number >= 0 (got {eps!r})")
         try:

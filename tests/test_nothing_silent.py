@@ -1,0 +1,60 @@
+"""Careless inputs meet a named error, never a silent acceptance or an internal exception."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import pydsa
+from pydsa import sglang
+
+D = 512
+
+
+def _decode_args():
+    return (torch.zeros(8, 1, 3 * D), torch.randn(1, 2 * D), torch.zeros(1, D), torch.randn(128, D),
+            torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32))
+
+
+def test_a_pdl_flag_that_is_not_a_bool_is_refused():
+    with pytest.raises(TypeError, match="pdl must be True, False or None"):
+        pydsa.c128_decode(*_decode_args(), pdl="yes")
+
+
+def test_a_stream_that_is_not_a_handle_is_refused_by_name():
+    with pytest.raises(TypeError, match="stream must be a raw cudaStream_t handle"):
+        pydsa.c128_decode(*_decode_args(), stream=object())
+
+
+def test_helpers_refuse_what_the_ops_refuse():
+    with pytest.raises(ValueError, match="page_size must be a power of two"):
+        pydsa.kv_page_bytes(512, 3)
+    with pytest.raises(ValueError, match="batch_size must be an int >= 0"):
+        pydsa.bank_bytes(-1, 8)
+    with pytest.raises(ValueError, match="state_dtype_bytes must be 4"):
+        pydsa.bank_bytes(4, 8, 512, 3)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_a_device_ordinal_without_a_gpu_is_a_named_error():
+    with pytest.raises(ValueError, match="no CUDA device is available"):
+        pydsa.error_count(0)
+    with pytest.raises(ValueError, match="device must be 'cpu'"):
+        pydsa.error_count("tpu:9")
+
+
+def test_metadata_copy_sources_must_be_a_dict():
+    with pytest.raises(TypeError, match="sources must be a dict"):
+        pydsa.metadata_copy([1, 2, 3], {})
+
+
+def test_sglang_mtp_calls_check_rows_against_batch_size():
+    state = torch.zeros(64, 3 * D)
+    one = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="kv_score_input has 1 rows but the call reads 2"):
+        sglang.online_c128_mtp_write_prefix_states(torch.randn(1, 2 * D), one, one, None, torch.randn(128, D), state,
+                                                   1, 2, 8)
+    with pytest.raises(ValueError, match="seq_lens has 1 rows but the call reads 5"):
+        sglang.online_c128_mtp_commit_pending(one, one, None, torch.full((8,), -1), state, 5, 2, 8, 8)
+    with pytest.raises(TypeError, match="seq_lens must be a torch.Tensor"):
+        sglang.online_c128_mtp_commit_pending(np.zeros(5, np.int64), one, None, torch.full((8,), -1), state, 1, 2, 8, 8)
