@@ -58,3 +58,15 @@ def test_sglang_mtp_calls_check_rows_against_batch_size():
         sglang.online_c128_mtp_commit_pending(one, one, None, torch.full((8,), -1), state, 5, 2, 8, 8)
     with pytest.raises(TypeError, match="seq_lens must be a torch.Tensor"):
         sglang.online_c128_mtp_commit_pending(np.zeros(5, np.int64), one, None, torch.full((8,), -1), state, 1, 2, 8, 8)
+
+
+def test_a_prefill_plan_for_fewer_requests_than_indices_is_refused():
+    """A plan made for the first 3 of 4 requests used to run with error count 0, request 3 never written."""
+    import pyplan
+    seq, ext = np.array([5, 9, 130, 7]), np.array([5, 9, 130, 7])
+    plan = pyplan.plan_prefill(seq[:3], ext[:3], num_tokens=int(ext.sum()), graph=True)
+    state = torch.zeros(8, 1, 3 * D)
+    kv = torch.randn(int(ext.sum()), 2 * D)
+    with pytest.raises(pydsa.DsaError, match="the plan's records cover 3 requests but batch_size"):
+        pydsa.c128_prefill(state, kv, torch.zeros(int(ext.sum()), D), torch.randn(128, D),
+                           torch.arange(4, dtype=torch.int32), plan)

@@ -67,16 +67,23 @@ dsa_status check_speculative(const P& p, const char* op) {
 // A host plan (DSA_FLAG_HOST_PLAN: records in host memory, read during the call) is checked before
 // anything runs: a record that is not a sentinel and breaks the segment rules for this call (outside
 // its num_tokens rows or batch_size requests, longer than its chunk allows, or not closing its chunk
-// as its list requires) fails the call, naming it. Device plans' records are data, skipped and counted.
+// as its list requires) fails the call, naming it; so does a plan whose records cover fewer requests than
+// batch_size (every request of a plan has at least one segment: a plan made for the first requests of a
+// batch would leave the others unwritten). Device plans' records are data, skipped and counted.
 inline dsa_status check_host_plan(const dsa_c128_prefill_params& p, const char* op) {
   if (!(p.flags & DSA_FLAG_HOST_PLAN)) return DSA_STATUS_OK;
+  int64_t requests = 0;  // 1 + the largest batch_id of the plan's records
   for (const bool compress : {true, false}) {
     const dsa_segment* list = compress ? p.compress : p.write;
     int64_t count = compress ? p.compress_capacity : p.write_capacity;
     if (p.counts != nullptr) count = std::max<int64_t>(0, std::min(count, p.counts[compress ? 0 : 1]));
     for (int64_t i = 0; i < count; ++i) {
       const dsa_segment& s = list[i];
-      if (is_sentinel(s) || segment_ok(s, compress, p.num_tokens, p.batch_size)) continue;
+      if (is_sentinel(s)) continue;
+      if (segment_ok(s, compress, p.num_tokens, p.batch_size)) {
+        requests = std::max<int64_t>(requests, (int64_t)s.batch_id + 1);
+        continue;
+      }
       return fail(DSA_STATUS_INVALID_ARGUMENT,
                   "%s: %s record %lld {ragged_id %u, batch_id %u, position %u, window_len %u} does not fit this "
                   "call (%lld tokens, %lld requests; a %s record %s its chunk, 1 <= window_len <= position %% 128 + 1, "
@@ -86,6 +93,9 @@ inline dsa_status check_host_plan(const dsa_c128_prefill_params& p, const char* 
                   compress ? "closes" : "ends before the end of");
     }
   }
+  if (requests < p.batch_size)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: the plan's records cover %lld requests but batch_size (the length of "
+                "indices) is %lld: a plan made for other inputs?", op, (long long)requests, (long long)p.batch_size);
   return DSA_STATUS_OK;
 }
 
