@@ -12,9 +12,38 @@ from importlib import resources
 
 _BUILD_HINT = ("build it with `pip install --no-build-isolation -e .` (or `pip install .`) from the "
                "pydsa source tree, or point PYDSA_LIBRARY at a libdsa_kernels.so built from it")
+
+
+def _shadowed() -> str | None:
+    """Where an installed pydsa is, when this one was imported from a source tree without compiled modules
+    (the current directory or PYTHONPATH shadowing the installed package), else None."""
+    import glob
+    import importlib.machinery
+    here = os.path.dirname(os.path.abspath(__file__))
+    if glob.glob(os.path.join(here, "_read*.so")) or not os.path.exists(os.path.join(here, "..", "pyproject.toml")):
+        return None
+    for entry in sys.path:
+        folder = os.path.abspath(entry or os.getcwd())
+        if folder == os.path.dirname(here):
+            continue
+        spec = importlib.machinery.PathFinder.find_spec(__package__, [folder])
+        if spec is not None and spec.submodule_search_locations:
+            found = list(spec.submodule_search_locations)[0]
+            if glob.glob(os.path.join(found, "_read*.so")):
+                return found
+    return None
+
+
 try:
     from . import _read
 except ImportError as exc:
+    _installed = _shadowed()
+    if _installed is not None:
+        raise ImportError(f"pydsa: this pydsa was imported from the source tree at "
+                          f"{os.path.dirname(os.path.abspath(__file__))}, which shadows the installed package at "
+                          f"{_installed} (the current directory or PYTHONPATH comes first on sys.path); run from "
+                          f"another directory, or install the clone editable: pip install --no-build-isolation "
+                          f"-e .") from exc
     raise ImportError(f"pydsa: the compiled modules are missing ({exc}); {_BUILD_HINT}") from exc
 
 ABI_VERSION = _read.ABI_VERSION  # the header's, compiled into the binding

@@ -20,6 +20,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args(argv)
+    from .info import replaced_files
+    for problem in replaced_files():
+        ap.error(f"this install is broken: {problem}")
     if args.steps < 1 or args.requests < 1:
         ap.error(f"--steps and --requests must be at least 1 (got {args.steps}, {args.requests})")
     if not 0 <= args.seed < 2**32:

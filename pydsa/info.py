@@ -19,8 +19,58 @@ def distribution() -> str | None:
     return None
 
 
+PACKAGES = ("pydsa", "pyplan")
+NAMESAKES = {"pydsa": "a DSA signature library", "pyplan": "a capital-planning tool"}
+
+
+def _digest(path) -> str:
+    import base64
+    import hashlib
+    with open(path, "rb") as fh:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(fh.read()).digest()).rstrip(b"=").decode()
+
+
+def replaced_files(dist=None, others=None) -> list:
+    """Sentences naming each file of pydsa / pyplan that is not the installed distribution's own (its hash
+    differs from the RECORD, it is missing, or another installed distribution also claims it), with the
+    repair; [] for an intact install or a source tree. dist / others: the distributions to compare (tests)."""
+    import importlib.metadata as md
+    if dist is None:
+        try:
+            dist = md.distribution("dsa-kernels")
+        except md.PackageNotFoundError:
+            return []
+    repair = ("repair: `pip uninstall -y {other}` if you do not need it, then `pip install --force-reinstall "
+              "--no-deps dsa-kernels` (or reinstall from the clone)")
+    problems = []
+    ours = {str(f) for f in dist.files or () if f.parts and f.parts[0] in PACKAGES}
+    for f in dist.files or ():
+        if str(f) not in ours or not f.hash:
+            continue
+        path = f.locate()
+        if not path.exists():
+            problems.append(f"{f} of dsa-kernels is missing; " + repair.format(other="<the package that removed it>"))
+        elif _digest(path) != f"{f.hash.mode}={f.hash.value}":
+            problems.append(f"{f} is not dsa-kernels' file (another package overwrote it); "
+                            + repair.format(other="<the other package>"))
+    for other in (md.distributions() if others is None else others):
+        name = other.metadata["Name"]
+        if name is None or name.lower().replace("_", "-") == "dsa-kernels":
+            continue
+        clash = sorted({str(f) for f in other.files or ()} & ours)
+        if clash:
+            what = NAMESAKES.get(clash[0].split("/")[0], "another project")
+            problems.append(f"the distribution {name} {other.version} ({what}) also installs {clash[0]}"
+                            f"{f' and {len(clash) - 1} more' if len(clash) > 1 else ''}, over dsa-kernels' own; "
+                            + repair.format(other=name))
+    return problems
+
+
 def main(argv=None) -> int:
     argparse.ArgumentParser(prog="python -m pydsa info").parse_args(argv)
+    problems = replaced_files()
+    for p in problems:
+        print(f"pydsa info: BROKEN INSTALL: {p}")
     lib = _abi.lib
     print(f"pydsa {lib.dsa_version_string().decode()} (ABI {lib.dsa_abi_version()}), "
           f"distribution: {distribution() or 'none (imported from a source tree, not installed)'}")
@@ -50,4 +100,4 @@ def main(argv=None) -> int:
         else:
             print(f"GPU {i}: present (torch sees no CUDA)")
     print(f"torch {torch.__version__}, CUDA available to torch: {torch.cuda.is_available()}")
-    return 0
+    return 1 if problems else 0

@@ -70,3 +70,53 @@ def test_a_prefill_plan_for_fewer_requests_than_indices_is_refused():
     with pytest.raises(pydsa.DsaError, match="the plan's records cover 3 requests but batch_size"):
         pydsa.c128_prefill(state, kv, torch.zeros(int(ext.sum()), D), torch.randn(128, D),
                            torch.arange(4, dtype=torch.int32), plan)
+
+
+def _fake_dist(tmp_path, name, files):
+    """An installed distribution in tmp_path whose RECORD lists `files` {path: (content on disk, content recorded)}."""
+    import base64
+    import hashlib
+    import importlib.metadata as md
+    info = tmp_path / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n")
+    rows = []
+    for path, (on_disk, recorded) in files.items():
+        target = tmp_path / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if on_disk is not None:
+            target.write_bytes(on_disk)
+        digest = base64.urlsafe_b64encode(hashlib.sha256(recorded).digest()).rstrip(b"=").decode()
+        rows.append(f"{path},sha256={digest},{len(recorded)}")
+    (info / "RECORD").write_text("\n".join(rows) + "\n")
+    return md.PathDistribution(info)
+
+
+def test_info_names_a_file_another_package_replaced_and_the_namesake_that_claims_it(tmp_path):
+    from pydsa.info import replaced_files
+    ours = _fake_dist(tmp_path, "dsa-kernels", {"pydsa/__init__.py": (b"theirs", b"ours"),
+                                                "pyplan/__init__.py": (b"same", b"same")})
+    namesake = _fake_dist(tmp_path, "pydsa", {"pydsa/__init__.py": (b"theirs", b"theirs")})
+    problems = replaced_files(ours, [ours, namesake])
+    assert any("pydsa/__init__.py is not dsa-kernels' file" in p for p in problems)
+    assert any("the distribution pydsa 1.0 (a DSA signature library) also installs pydsa/__init__.py" in p
+               and "pip uninstall -y pydsa" in p for p in problems)
+    assert replaced_files(ours, [ours]) != [] and not any("pyplan" in p for p in problems)
+
+
+def test_a_source_tree_shadowing_the_installed_package_is_named(tmp_path):
+    """Running from a checkout whose pydsa/ has no compiled modules, with pydsa installed elsewhere: the
+    ImportError says the source tree shadows the installed package and how to fix it."""
+    import glob
+    import os
+    import shutil
+    import subprocess
+    import sys
+    src = os.path.dirname(pydsa.__file__)
+    if not glob.glob(os.path.join(src, "_read*.so")):
+        pytest.skip("an editable install: its finder resolves pydsa to the clone wherever Python runs")
+    tree = tmp_path / "checkout"
+    shutil.copytree(src, tree / "pydsa", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    (tree / "pyproject.toml").write_text("[project]\nname = 'dsa-kernels'\n")
+    r = subprocess.run([sys.executable, "-c", "import pydsa"], cwd=tree, capture_output=True, text=True)
+    assert r.returncode != 0 and "shadows the installed package" in r.stderr, r.stderr[-2000:]
