@@ -61,6 +61,33 @@ load = torch.empty(B, **i32)
 pydsa.c128_commit(lengths, accepted, slots, bank, num_drafts=V, load_indices=load, num_slots=num_slots)
 print(f"verify + commit: next step reads the states from slots {load.tolist()}")
 
+# A c4 layer: the main compressor (D = 512) and the indexer's (D = 128) over request-scoped rings of R rows,
+# both caches (page 64). One launch per decode step writes both rings and closes and stores both entries.
+R = 16                                                          # 16 rows serve verifies of up to R - 6 drafts
+compressors = []
+for d, layout in ((512, "v4"), (128, "indexer")):
+    page = pydsa.kv_page_bytes(d, 64) if layout == "v4" else pydsa.indexer_page_bytes(d, 64)
+    c4_cache = pydsa.KVCache(torch.zeros(8, page, dtype=torch.uint8, device=dev), torch.ones(d, device=dev), rotary,
+                             page_size=64, layout=layout)
+    compressors.append(pydsa.C4Compressor(torch.zeros(B * R, 4 * d, device=dev), torch.randn(8, d, device=dev),
+                                          store=c4_cache))
+main, indexer = compressors
+c4_lens = np.array([9, 4, 13, 6], np.int64)                    # a prefill, planned on the host
+compress, write = pyplan.plan_c4(c4_lens, c4_lens, np.arange(B), R)
+n4 = int(c4_lens.sum())
+c4_slots = torch.arange(n4, dtype=torch.int64, device=dev) // 4   # the cache slot of the entry each row closes
+pydsa.c4_extend(main, torch.randn(n4, 2048, device=dev), (torch.from_numpy(compress).to(dev),
+                torch.from_numpy(write).to(dev)), indexer=indexer, indexer_kv_score=torch.randn(n4, 512, device=dev),
+                cache_slots=c4_slots)
+c4_seq = torch.tensor(c4_lens + 1, **i32)                      # a decode step: one token per request
+pydsa.c4_decode(main, torch.randn(B, 2048, device=dev), indexer=indexer, indexer_kv_score=torch.randn(B, 512, device=dev),
+                seq_lens=c4_seq, slots=slots, ring_size=R, cache_slots=torch.arange(B, dtype=torch.int64, device=dev) + 64)
+pydsa.c4_verify(main, torch.randn(B * V, 2048, device=dev), c4_seq, slots, num_drafts=V, ring_size=R, indexer=indexer,
+                indexer_drafts=torch.randn(B * V, 512, device=dev),
+                cache_slots=torch.arange(B * V, dtype=torch.int64, device=dev) + 128)
+print(f"c4: {len(compress)} entries from a prefill, a decode step and a verify of {V} drafts "
+      f"(up to {pydsa.c4_max_drafts(R)} with R = {R}), both caches stored")
+
 # Metadata refresh of one backend's static buffers (int32), DECODE mode: one launch for every field.
 max_len = 16
 static = {"cache_seqlens": torch.zeros(B, **i32), "cu_seqlens_k": torch.zeros(B + 1, **i32),

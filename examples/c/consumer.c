@@ -401,6 +401,48 @@ static void check_store(void) {
   expect(memcmp(cache, cache2, sizeof cache) == 0, "decode's fused store writes kv_store's bytes");
 }
 
+/* The c4 decode of one request over a request-scoped ring (D = 128, R = 8): four tokens whose kv halves are
+ * all 1 close entry 0, a softmax of ones: every channel 1. Then an out-of-range slot is skipped and counted. */
+static void check_c4(void) {
+  enum { CD = 128, R = 8 };
+  static float ring[R * 4 * CD], rows[4 * CD], ape[8 * CD], out[CD];
+  for (int i = 0; i < 4 * CD; ++i) rows[i] = i < 2 * CD ? 1.0f : (float)(i % 7) * 0.25f;
+  for (int i = 0; i < 8 * CD; ++i) ape[i] = (float)(i % 5) * 0.1f;
+  for (int i = 0; i < CD; ++i) out[i] = -1.0f;
+  dsa_c4_params p;
+  memset(&p, 0, sizeof p);
+  p.struct_size = sizeof p;
+  p.device = DSA_DEVICE_HOST;
+  p.num_compressors = 1;
+  p.ring_dtype = DSA_STATE_FLOAT32;
+  p.ring_size = R;
+  p.batch_size = 1;
+  p.compressors[0].head_dim = CD;
+  p.compressors[0].ring = ring;
+  p.compressors[0].ring_rows = R;
+  p.compressors[0].kv_score = rows;
+  p.compressors[0].ape = ape;
+  p.compressors[0].out = out;
+  const int32_t slot = 0;
+  uint32_t errors = 0;
+  p.slots = &slot;
+  p.error_count = &errors;
+  for (int32_t seq = 1; seq <= 4; ++seq) {
+    p.seq_lens = &seq;
+    expect(dsa_c4_decode(&p, NULL) == DSA_STATUS_OK, "c4 decode");
+  }
+  int ones = 1;
+  for (int d = 0; d < CD; ++d) ones &= out[d] > 0.99999f && out[d] < 1.00001f;
+  expect(ones, "c4 entry 0 of kv halves of ones is ones");
+  const int32_t bad = 5, seq = 5;
+  p.slots = &bad;
+  p.seq_lens = &seq;
+  expect(dsa_c4_decode(&p, NULL) == DSA_STATUS_OK && errors == 1, "c4 decode counts a slot past the ring");
+  p.ring_size = 6;
+  expect(dsa_c4_decode(&p, NULL) == DSA_STATUS_INVALID_ARGUMENT && strstr(dsa_last_error(), "ring_size") != NULL,
+         "c4 decode names a bad ring_size");
+}
+
 int main(void) {
   if (dsa_abi_version() != DSA_ABI_VERSION) {
     printf("dsa_kernels C consumer: FAIL (library ABI %d, header ABI %d)\n", dsa_abi_version(), DSA_ABI_VERSION);
@@ -411,6 +453,7 @@ int main(void) {
   check_speculative();
   check_store();
   check_metadata_copy();
+  check_c4();
   printf("dsa_kernels C consumer: %s (library %s, ABI %d, host backend)\n", failures ? "FAIL" : "OK",
          dsa_version_string(), dsa_abi_version());
   return failures ? 1 : 0;
