@@ -341,7 +341,15 @@ def main(argv=None):
                     default=["checks", "decode", "extend", "verify", "step"])
     args = ap.parse_args(argv)
     ref = load(args.reference_build)
-    checks = []
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    result = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+              "commit": commit, "command": " ".join(["python -m pydsa.bench.c4"] + (argv or sys.argv[1:])),
+              "copy_tbps": copy_bandwidth_tbps(), "checks": [], "rows": []}
+
+    def save():  # after every part: a run cut short keeps what it measured
+        with open(args.out, "w") as fh:
+            json.dump(result, fh, indent=1)
+    checks = result["checks"]
     for bf16 in (False, True) if "checks" in args.only else ():
         for b in (1, 37, 256):
             for closing in (False, True):
@@ -357,14 +365,12 @@ def main(argv=None):
             print(json.dumps(checks[-1]), flush=True)
         checks.append(check_extend(ref, "8x1K+prefix R=16", EXTEND_CASES["8x1K+prefix"][0], [1024] * 8, bf16, 16))
         print(json.dumps(checks[-1]), flush=True)
+    save()
     parts = dict(decode=decode_rows, extend=extend_rows, verify=verify_rows, step=step_rows)
-    rows = [row for name, run in parts.items() if name in args.only for row in run(ref, args.rounds)]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"gpu": torch.cuda.get_device_name(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-              "commit": commit, "command": " ".join(["python -m pydsa.bench.c4"] + (argv or sys.argv[1:])),
-              "checks": checks, "rows": rows}
-    with open(args.out, "w") as fh:
-        json.dump(result, fh, indent=1)
+    for name, run in parts.items():
+        if name in args.only:
+            result["rows"] += run(ref, args.rounds)
+            save()
 
 
 if __name__ == "__main__":
