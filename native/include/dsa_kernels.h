@@ -48,8 +48,8 @@ extern "C" {
 #define DSA_SEGMENT_SENTINEL 0xFFFFFFFFu
 #define DSA_INLINE_RECORDS 256   /* plan records carried by one prefill launch (DSA_FLAG_HOST_PLAN) */
 #define DSA_UPLOAD_RECORDS 1024  /* plan records carried by one dsa_c128_upload_plan launch */
-#define DSA_MAX_DRAFTS 16        /* draft tokens per request in one verify (ABI 4) */
-#define DSA_COMMIT_LAYERS 64     /* state buffers carried by one copying commit launch (ABI 4) */
+#define DSA_MAX_DRAFTS 16        /* draft tokens per request in one verify */
+#define DSA_COMMIT_LAYERS 64     /* state buffers carried by one copying commit launch */
 
 typedef enum dsa_status {
   DSA_STATUS_OK = 0,
@@ -68,13 +68,13 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_METADATA_SOURCES = 4,
   DSA_STRUCT_METADATA_DESTINATION = 5,
   DSA_STRUCT_METADATA_PARAMS = 6,
-  DSA_STRUCT_PLAN_UPLOAD_PARAMS = 7, /* ABI 3 */
-  DSA_STRUCT_VERIFY_PARAMS = 8,      /* ABI 4 */
-  DSA_STRUCT_COMMIT_PARAMS = 9,      /* ABI 4 */
-  DSA_STRUCT_KV_CACHE = 10,          /* ABI 5 */
-  DSA_STRUCT_KV_STORE_PARAMS = 11,   /* ABI 5 */
-  DSA_STRUCT_RECORDS_PARAMS = 12, /* ABI 6 */
-  DSA_STRUCT_C4_PARAMS = 13      /* ABI 11 */
+  DSA_STRUCT_PLAN_UPLOAD_PARAMS = 7,
+  DSA_STRUCT_VERIFY_PARAMS = 8,
+  DSA_STRUCT_COMMIT_PARAMS = 9,
+  DSA_STRUCT_KV_CACHE = 10,
+  DSA_STRUCT_KV_STORE_PARAMS = 11,
+  DSA_STRUCT_RECORDS_PARAMS = 12,
+  DSA_STRUCT_C4_PARAMS = 13
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -89,17 +89,17 @@ typedef enum dsa_struct_id {
                                       cooperative grid starts only once all its blocks fit at once,
                                       so next to kernels of other streams it waits for them to leave
                                       room; ordinary launches start in whatever room there is. */
-#define DSA_FLAG_STORE_DECODE_RECORDS 16u /* kv_store (ABI 7): positions and slots from decode records */
-#define DSA_FLAG_STORE_EXTEND_RECORDS 32u /* kv_store (ABI 7): positions and slots from extend records */
-#define DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS 64u /* verify (ABI 7): with a bf16 state, the running state
+#define DSA_FLAG_STORE_DECODE_RECORDS 16u /* kv_store: positions and slots from decode records */
+#define DSA_FLAG_STORE_EXTEND_RECORDS 32u /* kv_store: positions and slots from extend records */
+#define DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS 64u /* verify: with a bf16 state, the running state
                                       stays fp32 from draft to draft (each bank entry rounded once, as it
                                       is stored). Without
                                       it the state is rounded between drafts as a decode's store rounds
                                       it, so a verified token leaves exactly the state a decoded one
                                       would. No effect on an fp32 state. */
-#define DSA_FLAG_C4_REJECT_ALL 128u /* c4 verify (ABI 11): the step may accept none of the drafts (the first
+#define DSA_FLAG_C4_REJECT_ALL 128u /* c4 verify: the step may accept none of the drafts (the first
                                       draft is not a token already sampled), so V <= R - 7 instead of R - 6 */
-#define DSA_FLAG_DECODE_RECORDS 8u /* decode (ABI 7): `indices` points at batch_size 16-byte records, one per
+#define DSA_FLAG_DECODE_RECORDS 8u /* decode: `indices` points at batch_size 16-byte records, one per
                                       request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
                                       (the request record, docs/spec.md, records), 16-byte aligned
                                       on the GPU; seq_lens and load_indices must be null. The load slot
@@ -127,9 +127,9 @@ DSA_API size_t dsa_struct_size(dsa_struct_id id);
 /* Comma-separated CUDA architectures compiled in (e.g. "90"), or "" in a host-only build. */
 DSA_API const char* dsa_cuda_architectures(void);
 /* CUDA runtime version the library was built with and links statically (e.g. 13000), 0 in a
- * host-only build; the NVIDIA driver must support at least this version. ABI 4. */
+ * host-only build; the NVIDIA driver must support at least this version. */
 DSA_API int32_t dsa_cuda_runtime_version(void);
-/* CUDA version the installed driver supports (e.g. 13000), 0 without a driver. ABI 4. */
+/* CUDA version the installed driver supports (e.g. 13000), 0 without a driver. */
 DSA_API int32_t dsa_driver_version(void);
 /* Number of CUDA devices usable by this library (0 without a GPU or driver). */
 DSA_API int32_t dsa_device_count(void);
@@ -173,7 +173,7 @@ DSA_API dsa_status dsa_c128_plan_prefill(const dsa_plan_params* params);
 DSA_API int64_t dsa_c128_compress_capacity(int64_t num_tokens, int64_t batch_size);
 
 /* A host plan copied into a device plan buffer (CUDA-graph mode: the captured prefill reads
- * `counts` and the records from fixed device addresses). ABI 3. */
+ * `counts` and the records from fixed device addresses). */
 typedef struct dsa_plan_upload_params {
   uint32_t struct_size;
   int32_t device;               /* CUDA ordinal owning the destination, or DSA_DEVICE_HOST */
@@ -196,7 +196,7 @@ typedef struct dsa_plan_upload_params {
 DSA_API dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* The KV-cache store (docs/spec.md, "The store"), ABI 5.
+/* The KV-cache store (docs/spec.md, "The store").
  *
  * A chunk's compressed vector x [D] becomes one cache entry: RMSNorm y = x / sqrt(mean(x^2) + eps) * w;
  * channels 0 .. D-65 rounded to bf16 and quantized to fp8 e4m3 in groups of 64, each group with a
@@ -210,12 +210,12 @@ DSA_API dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, vo
  * table) is skipped and counted in error_count. Nothing else in the cache is written.
  *
  * The decode, prefill and verify take an optional `store` and store every vector they close in the
- * same call (`out` may then be null, except for a prefill on the GPU, ABI 8: its vectors pass through
+ * same call (`out` may then be null, except for a prefill on the GPU: its vectors pass through
  * `out`, and a store launch behind the prefill's own ones reads them there); dsa_kv_store stores
  * given vectors. */
 
 #define DSA_CACHE_V4 0      /* fp8 nope + bf16 rope + ue8m0 scales (the c128 and c4 main caches) */
-#define DSA_CACHE_INDEXER 1 /* the c4 indexer's (ABI 11): D = 128; an entry is 128 fp8 e4m3 codes of the
+#define DSA_CACHE_INDEXER 1 /* the c4 indexer's: D = 128; an entry is 128 fp8 e4m3 codes of the
                                normed, rotated, Hadamard-transformed vector and one fp32 scale; a page holds
                                page_size entries' codes (128 B each), then their scales (4 B each). Only the
                                c4 ops store into it. */
@@ -230,7 +230,7 @@ typedef struct dsa_kv_cache {
   const float* norm_weight;    /* [D] fp32 */
   const float* rotary;         /* [num_positions, 64] fp32: (cos, sin) of pair l at 2l, 2l+1 */
   int64_t num_positions;       /* rows of `rotary` */
-  /* Decode-context-parallel ownership (ABI 9): with dcp_world > 1 this cache is rank dcp_rank's share
+  /* Decode-context-parallel ownership: with dcp_world > 1 this cache is rank dcp_rank's share
    * of a cache sharded over dcp_world GPUs. The entry of cache slot loc >= 0 is written here only when
    * loc % dcp_world == dcp_rank, at local slot loc / dcp_world (num_pages counts the local pages);
    * other slots are skipped silently, as negative ones are. 0 or 1: this cache owns every slot
@@ -241,7 +241,7 @@ typedef struct dsa_kv_cache {
 
 /* Bytes of one page of the cache for head dim D (a multiple of 64, >= 128). */
 DSA_API int64_t dsa_kv_page_bytes(int32_t head_dim, int32_t page_size);
-/* Bytes of one page of the c4 indexer's cache (DSA_CACHE_INDEXER) for D = 128 (0 otherwise). ABI 11. */
+/* Bytes of one page of the c4 indexer's cache (DSA_CACHE_INDEXER) for D = 128 (0 otherwise). */
 DSA_API int64_t dsa_indexer_page_bytes(int32_t head_dim, int32_t page_size);
 
 typedef struct dsa_kv_store_params {
@@ -255,7 +255,7 @@ typedef struct dsa_kv_store_params {
   const int64_t* cache_slots;  /* [N] cache slot of each vector */
   const dsa_kv_cache* cache;   /* host memory, read during the call */
   uint32_t* error_count;       /* [1] incremented per skipped vector; may be null */
-  /* ABI 7: with DSA_FLAG_STORE_DECODE_RECORDS or DSA_FLAG_STORE_EXTEND_RECORDS, vector i's position
+  /* with DSA_FLAG_STORE_DECODE_RECORDS or DSA_FLAG_STORE_EXTEND_RECORDS, vector i's position
    * and slot come from records[i] (request or segment records, docs/spec.md, records; word 0 = seq_len) and
    * positions must be null: decode, stored only when seq_len is a positive multiple of 128, at
    * cache_slots[i]; extend, 0xFFFFFFFF skipped, else at cache_slots[word 1 & 0xFFFF]. Position
@@ -263,7 +263,7 @@ typedef struct dsa_kv_store_params {
    * seq_len < 128, is skipped and counted. */
   const int32_t* records;      /* [N, 4] */
   int64_t num_cache_slots;     /* entries of cache_slots (records only) */
-  /* ABI 11: tokens per entry of the records' layer, 128 (0 means 128) or 4 (a c4 layer: decode rows stored
+  /* tokens per entry of the records' layer, 128 (0 means 128) or 4 (a c4 layer: decode rows stored
    * when seq_len is a positive multiple of 4, extend records with seq_len < 4 counted, position seq_len - 4).
    * A cache of layout DSA_CACHE_INDEXER (D = 128) takes the indexer's store. */
   int32_t ratio;
@@ -292,14 +292,14 @@ typedef struct dsa_c128_decode_params {
                                one slot race) */
   const int32_t* seq_lens;  /* [B] length including the new token; <= 0 is padding */
   uint32_t* error_count;    /* [1] incremented per skipped out-of-range slot; may be null */
-  int32_t state_dtype;      /* dsa_state_dtype (ABI 2) */
+  int32_t state_dtype;      /* dsa_state_dtype */
   int32_t reserved;         /* 0 */
   const int32_t* load_indices; /* [B] slot holding the state each request continues (read when the token
                                   does not start a chunk), e.g. a verify's accepted bank entry
-                                  resolved by dsa_c128_commit; null: indices (ABI 4) */
-  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store (ABI 5) */
+                                  resolved by dsa_c128_commit; null: indices */
+  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store */
   const int64_t* cache_slots;  /* [B] cache slot of the vector closed at each row (read only for rows that close a
-                                  chunk); required with `store` (ABI 5) */
+                                  chunk); required with `store` */
 } dsa_c128_decode_params;
 
 typedef struct dsa_c128_prefill_params {
@@ -314,7 +314,7 @@ typedef struct dsa_c128_prefill_params {
   const float* kv_score;        /* [N, 2D] ragged new tokens */
   float* out;                   /* ragged: [N, D], written at chunk-closing rows only;
                                    compact: [compress_capacity, D], row i for compress record i;
-                                   null only with `store` on the host backend (ABI 8: a storing
+                                   null only with `store` on the host backend (a storing
                                    prefill on the GPU writes out, then stores from it) */
   const float* ape;             /* [128, D] */
   const int32_t* indices;       /* [B] slot receiving each request's trailing partial state (distinct
@@ -330,18 +330,18 @@ typedef struct dsa_c128_prefill_params {
                                    DSA_FLAG_HOST_PLAN in host memory, read during the call; null:
                                    every record up to the capacities is processed */
   uint32_t* error_count;        /* [1] incremented per skipped record or slot; may be null */
-  int32_t state_dtype;          /* dsa_state_dtype (ABI 2) */
-  int32_t out_layout;           /* dsa_out_layout (ABI 2) */
-  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store (ABI 5) */
+  int32_t state_dtype;          /* dsa_state_dtype */
+  int32_t out_layout;           /* dsa_out_layout */
+  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store */
   const int64_t* cache_slots;  /* [N] (ragged rows) cache slot of the vector closed at each row (read only for rows that close a
-                                  chunk); required with `store` (ABI 5) */
+                                  chunk); required with `store` */
 } dsa_c128_prefill_params;
 
 DSA_API dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream);
 DSA_API dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* The ratio-4 compressor (docs/spec.md, "The ratio-4 compressor"), ABI 11.
+/* The ratio-4 compressor (docs/spec.md, "The ratio-4 compressor").
  *
  * Each c4 layer runs two compressors over the same positions and cache slots: the main one (D = 512,
  * store DSA_CACHE_V4) and the indexer's (D = 128, store DSA_CACHE_INDEXER). A token's input row is fp32
@@ -443,7 +443,7 @@ DSA_API dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream);
 DSA_API dsa_status dsa_c4_verify(const dsa_c4_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* Speculative decoding (docs/spec.md, speculative decoding), ABI 4.
+/* Speculative decoding (docs/spec.md, speculative decoding).
  *
  * The bank: slots of the state buffer itself (so it has the state's dtype), V + 1 entries per
  * request. Entry j of request b (0 <= j <= V) is slot bank_indices[b] + j * bank_stride and holds
@@ -481,7 +481,7 @@ typedef struct dsa_c128_verify_params {
                                    other rows untouched; may be null (no vectors written) */
   const float* ape;             /* [128, D] */
   const int32_t* seq_lens;      /* [B] committed length before the drafts; < 0 is padding, 0 a request
-                                   with no committed tokens (ABI 5; earlier: <= 0 was padding) */
+                                   with no committed tokens */
   const int32_t* verify_lens;   /* [B] drafts of each request, 0..V (others: skipped, counted);
                                    null: V for every request */
   const int32_t* indices;       /* [B] slot holding the state after seq tokens (read only when seq is
@@ -489,9 +489,9 @@ typedef struct dsa_c128_verify_params {
   const int32_t* bank_indices;  /* [B] slot of bank entry 0 */
   int64_t bank_stride;          /* slots between a request's consecutive bank entries, >= 1 */
   uint32_t* error_count;        /* [1] incremented per skipped request; may be null */
-  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store (ABI 5) */
+  const dsa_kv_cache* store;   /* host memory, read during the call; null: no store */
   const int64_t* cache_slots;  /* [B * V] cache slot of the vector closed at each row (read only for rows that close a
-                                  chunk); required with `store` (ABI 5) */
+                                  chunk); required with `store` */
 } dsa_c128_verify_params;
 
 typedef struct dsa_c128_commit_params {
@@ -580,14 +580,14 @@ typedef struct dsa_metadata_copy_params {
 DSA_API dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
-/* The request and segment records (docs/spec.md, records), ABI 10 (earlier under another name): one
+/* The request and segment records (docs/spec.md, records): one
  * launch writes a step's 16-byte records, with the slots resolved from req_pool_indices, and the
  * per-request slots the kernels read.
  *   decode record b:  {u32 seq_lens[b], i32 rid + offset, i32 rid + offset, i32 -1}
  *   prefill record:   {u32 position + 1, u32 ragged_id | window_len << 16, i32 rid + offset, i32 rid}
  *                     (rid = req_pool_indices[batch_id]); rows past the records up to compress_rows /
  *                     write_rows (CUDA-graph padding): {0xFFFFFFFF, 0, -1, -1}
- *   slots[b] = rid + offset (may be null for a decode plan, ABI 7: pydsa's decode reads the records in
+ *   slots[b] = rid + offset (may be null for a decode plan: pydsa's decode reads the records in
  *   place with DSA_FLAG_DECODE_RECORDS); load_slots[b] = rid (prefill; may be null); decode:
  *   seq_lens_out[b] = seq_lens[b] (may be null).
  * A prefill's records are host memory read during the call (they travel inside the launch, as in
@@ -616,7 +616,7 @@ typedef struct dsa_request_records_params {
   uint8_t* plan_w;                  /* prefill: [write_rows, 16] out */
   int64_t compress_rows;            /* >= num_compress */
   int64_t write_rows;               /* >= num_write */
-  /* ABI 9: [1] incremented per decode seq_len outside 0..INT32_MAX (a value the 32-bit record would
+  /* [1] incremented per decode seq_len outside 0..INT32_MAX (a value the 32-bit record would
    * wrap); that request's record is written as padding (seq_len 0). May be null. */
   uint32_t* error_count;
 } dsa_request_records_params;
