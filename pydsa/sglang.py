@@ -217,7 +217,8 @@ def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indic
         raise ValueError(f"head_dim is {head_dim} but state rows hold {state.shape[-1]} = 3 * {state.shape[-1] // 3}")
     req = _slots(req_pool_indices, batch_size)
     c128_verify(_state_rows(state), kv_score_input[:batch_size * num_verify_tokens], None, ape, req,
-                _slots(seq_lens, batch_size), req, bank_stride=state_slot_stride, round_between_drafts=False)
+                _slots(seq_lens, batch_size), req, bank_stride=state_slot_stride,
+                round_between_drafts=state.dtype != torch.bfloat16)
 
 
 def online_c128_mtp_mark_pending(seq_lens, req_pool_indices, pending_seq_lens, batch_size, num_req_slots, *,

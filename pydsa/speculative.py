@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import ctypes as C
 
+import torch
+
 from . import _fill_speculative
 from ._abi import FLAG_VERIFY_FP32_BETWEEN_DRAFTS, check as _check_status, pdl_flag
 from ._op import Prepared
@@ -40,6 +42,17 @@ def bank_bytes(batch_size: int, num_drafts: int, head_dim: int = 512, state_dtyp
     return batch_size * (num_drafts + 1) * 3 * head_dim * state_dtype_bytes
 
 
+def _verify_flags(pdl, round_between_drafts, state) -> int:
+    """The verify's flags; round_between_drafts is a bool, and False only with a bf16 state (the one it
+    applies to)."""
+    if round_between_drafts is not True and round_between_drafts is not False:
+        raise TypeError(f"round_between_drafts must be a bool (got {round_between_drafts!r})")
+    if not round_between_drafts and getattr(state, "dtype", None) != torch.bfloat16:
+        raise ValueError(f"round_between_drafts=False applies to a bf16 state only (state is "
+                         f"{getattr(state, 'dtype', type(state).__name__)}: its running state is fp32 already)")
+    return pdl_flag(pdl) | (0 if round_between_drafts else FLAG_VERIFY_FP32_BETWEEN_DRAFTS)
+
+
 def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1, verify_lens=None,
                 store=None, cache_slots=None, stream=None, pdl=None, error_count=None,
                 round_between_drafts: bool = True) -> None:
@@ -57,9 +70,7 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     round_between_drafts False (bf16 state only): the running state stays fp32 from draft to draft,
     each bank entry rounded once, as sglang 0.5.23 keeps it; by default it is rounded as a decode's
     store rounds it, so a verified token leaves exactly the state a decoded one would."""
-    flags = pdl_flag(pdl)
-    if not round_between_drafts:
-        flags |= FLAG_VERIFY_FP32_BETWEEN_DRAFTS
+    flags = _verify_flags(pdl, round_between_drafts, state)
     status = _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, stream,
                      flags, error_count, store, cache_slots)
     if status:
@@ -76,7 +87,7 @@ class C128Verify(Prepared):
                  round_between_drafts: bool = True):
         self._bind(_fill_speculative.fill_verify, state, kv_score, out, ape, indices, seq_lens, bank_indices,
                    bank_stride, verify_lens,
-                   pdl_flag(pdl) | (0 if round_between_drafts else FLAG_VERIFY_FP32_BETWEEN_DRAFTS), error_count, store,
+                   _verify_flags(pdl, round_between_drafts, state), error_count, store,
                    cache_slots)
 
 

@@ -120,3 +120,14 @@ def test_a_source_tree_shadowing_the_installed_package_is_named(tmp_path):
     (tree / "pyproject.toml").write_text("[project]\nname = 'dsa-kernels'\n")
     r = subprocess.run([sys.executable, "-c", "import pydsa"], cwd=tree, capture_output=True, text=True)
     assert r.returncode != 0 and "shadows the installed package" in r.stderr, r.stderr[-2000:]
+
+
+def test_round_between_drafts_is_a_bf16_flag():
+    state = torch.zeros(16, 1, 3 * D)
+    args = (state, torch.randn(2, 2 * D), None, torch.randn(128, D), torch.zeros(1, dtype=torch.int32),
+            torch.ones(1, dtype=torch.int32), torch.full((1,), 4, dtype=torch.int32))
+    with pytest.raises(ValueError, match="round_between_drafts=False applies to a bf16 state only"):
+        pydsa.c128_verify(*args, round_between_drafts=False)
+    with pytest.raises(TypeError, match="round_between_drafts must be a bool"):
+        pydsa.c128_verify(*args, round_between_drafts="no")
+    pydsa.c128_verify(state.to(torch.bfloat16), *args[1:], round_between_drafts=False)
