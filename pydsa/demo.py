@@ -33,6 +33,7 @@ from .speculative import C128Commit, C128Verify
 CHUNK = 128
 TOLERANCE = 1e-5
 DRAFTS = 4  # V: draft tokens per request in a speculative step
+MAX_RUNNING = 16  # requests served at once
 
 
 @dataclass
@@ -240,16 +241,18 @@ def _bucket(n: int) -> int:
 
 
 def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=False, leak=False,
-        progress=True) -> dict:
-    """corrupt: perturb emitted vectors before the check; leak: commit every verified draft on the
-    device while the checker accepts only some (both must make the demo fail)."""
+        progress=True, soak=False) -> dict:
+    """requests: how many arrive over the run (at most MAX_RUNNING at once); soak: they keep arriving for
+    every step instead (slots, cache entries and bank entries reused over and over). corrupt: perturb emitted
+    vectors before the check; leak: commit every verified draft on the device while the checker accepts only
+    some (both must make the demo fail)."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (got {steps})")
     device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     verify_torch = False
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
-    max_running, max_tokens, max_chunk = 16, 8192, 2048
+    max_running, max_tokens, max_chunk = MAX_RUNNING, 8192, 2048
     num_main = max_running + 4
     num_slots = num_main * (DRAFTS + 2)  # main slots, then V + 1 bank entries per main slot
     ape = torch.randn(CHUNK, d, device=device, generator=gen)
@@ -270,7 +273,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     verify_ops: dict = {}
     free = list(range(num_main))
     running: list = []
-    arrived = finished = tokens = verify_steps = accepted_drafts = rejected_drafts = 0
+    arrived = finished = tokens = verify_steps = accepted_drafts = rejected_drafts = busy = 0
 
     def new_request() -> Request:
         nonlocal arrived
@@ -420,7 +423,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     started = time.perf_counter()
     for step in range(steps):
         verify_torch = step % 10 == 0
-        while len(running) < max_running and arrived < requests and (not running or rng.random() < 0.3):
+        while len(running) < max_running and (soak or arrived < requests) and (not running or rng.random() < 0.3):
             running.append(new_request())
         pre = [r for r in running if r.prefilling]
         budget = max_tokens
@@ -434,6 +437,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
         if batch:
             run_prefill(batch, extends)
         dec = [r for r in running if not r.prefilling and not r.finished]
+        busy += bool(batch or dec)
         if dec and step % 3 != 0:
             verify_steps += 1
             run_verify(dec)
@@ -454,7 +458,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     if progress and tty:
         print(file=sys.stderr)
     ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0 and entries.failures == 0 and entries.entries > 0
-    return dict(device=str(device), steps=steps, requests_arrived=arrived, requests_finished=finished,
+    return dict(device=str(device), steps=steps, busy_steps=busy, requests_arrived=arrived, requests_finished=finished,
                 tokens=tokens, chunks_emitted=checker.chunks, verify_steps=verify_steps,
                 cache_entries_checked=entries.entries, cache_entry_failures=entries.failures,
                 cache_max_dequant_error=entries.max_err,

@@ -9,15 +9,19 @@ import torch
 
 from ._tensors import resolve_device
 from . import demo_c4
-from .demo import DRAFTS, TOLERANCE, __doc__ as _about, run
+from .demo import DRAFTS, MAX_RUNNING, TOLERANCE, __doc__ as _about, run
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pydsa demo", description=_about.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--requests", type=int, default=24)
+    ap.add_argument("--steps", type=int, default=200, help="serving steps to run (each: a prefill chunk per "
+                    "prefilling request, then a decode or a speculative step of the others, then a metadata refresh)")
+    ap.add_argument("--requests", type=int, default=24, help=f"requests that arrive over the run (at most "
+                    f"{MAX_RUNNING} are served at once; the rest wait for a free slot)")
+    ap.add_argument("--soak", action="store_true", help="requests keep arriving for every step (no end): slots, "
+                    "cache entries and bank entries reused over and over; the summary counts the busy steps")
     ap.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the built-in data (0..2^32-1)")
     ap.add_argument("--json", help="write the summary here")
     args = ap.parse_args(argv)
     from .info import replaced_files
@@ -43,11 +47,11 @@ def main(argv=None) -> int:
         print("pydsa demo: no GPU in use, running the host backend (same C entry points, host memory)")
     else:
         print(f"pydsa demo: running on {torch.cuda.get_device_name(device)}")
-    r = run(args.steps, args.requests, device, args.seed)
-    r.update(demo_c4.run(args.steps, args.requests, device, args.seed))
+    r = run(args.steps, args.requests, device, args.seed, soak=args.soak)
+    r.update(demo_c4.run(args.steps, min(args.requests, MAX_RUNNING), device, args.seed))
     r["ok"] = bool(r["ok"] and r["c4_ok"])
     unit = "device" if device.type == "cuda" else "host"
-    print(f"\n{'steps':<34}{r['steps']}\n{'requests arrived / finished':<34}{r['requests_arrived']} / {r['requests_finished']}\n"
+    print(f"\n{'steps (busy: any op ran)':<34}{r['steps']} ({r['busy_steps']} busy)\n{'requests arrived / finished':<34}{r['requests_arrived']} / {r['requests_finished']}\n"
           f"{'tokens compressed':<34}{r['tokens']}\n{'chunks emitted and checked':<34}{r['chunks_emitted']}\n"
           f"{'speculative steps (V = ' + str(DRAFTS) + ')':<34}{r['verify_steps']}: "
           f"{r['drafts_accepted']} drafts accepted, {r['drafts_rejected']} rejected\n"
@@ -61,6 +65,9 @@ def main(argv=None) -> int:
           f"{'c4 entries checked':<34}{r['c4_entries_checked']} ({r['c4_failures']} wrong; max relative error "
           f"{r['c4_max_relative_error']:.2e}; both caches per entry)\n")
     us = lambda x: f"{x:>8.1f}" if x == x else f"{'-':>8}"  # noqa: E731  (nan: no warm sample)
+    if device.type == "cpu":
+        print("On a CPU the ops run the host backend: the exactness reference (the same results as the GPU, on\n"
+              "the calling thread), not the fast path; the torch column is eager torch on the CPU.")
     print(f"per call, {unit} us             pydsa   the torch way")
     print(f"  prefill planning (pyplan)  {us(r['plan_us'])}   -")
     print(f"  c128 prefill               {us(r['prefill_us'])}   {us(r['prefill_torch_us'])}  (offline softmax over the whole chunks only)")

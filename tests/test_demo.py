@@ -87,3 +87,12 @@ def test_a_c4_entry_that_differs_from_float64_fails_the_demo(monkeypatch):
     monkeypatch.setattr(demo_c4, "entry64", lambda rows, ape, n: original(rows, ape, n) * 1.001)
     r = demo_c4.run(20, 4, torch.device("cpu"), seed=1)
     assert not r["c4_ok"] and r["c4_failures"] == r["c4_entries_checked"] > 0
+
+
+def test_soak_keeps_requests_arriving_and_counts_busy_steps():
+    """Without --soak a run idles once its requests are served (and says so in busy_steps); with it requests
+    keep arriving for every step."""
+    idle = demo.run(steps=60, requests=1, device="cpu", progress=False, seed=5)
+    soak = demo.run(steps=60, requests=1, device="cpu", progress=False, seed=5, soak=True)
+    assert idle["requests_arrived"] == 1 and soak["requests_arrived"] > 1 and soak["ok"]
+    assert soak["busy_steps"] == 60 and idle["busy_steps"] <= 60
