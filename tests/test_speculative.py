@@ -445,10 +445,15 @@ def test_commit_refuses_bad_arguments_naming_them(change, needle):
 
 
 def test_empty_batch_is_a_no_op():
+    """B = 0: nothing read, nothing written (every buffer as it was), no error counted."""
     a, d, b, v = _bank_case(torch.device("cpu"), torch.float32)
     e = torch.zeros(0, dtype=torch.int32)
-    pydsa.c128_verify(a["state"], torch.zeros(0, 2 * d), None, a["ape"], e, e, e)
-    pydsa.c128_commit(e, e, e, e, num_drafts=4, load_indices=e.clone())
+    before = a["state"].clone()
+    errors = torch.zeros(1, dtype=torch.int32)
+    pydsa.c128_verify(a["state"], torch.zeros(0, 2 * d), None, a["ape"], e, e, e, error_count=errors)
+    pydsa.c128_commit(e, e, e, e, num_drafts=4, load_indices=e.clone(), error_count=errors)
+    pydsa.c128_commit(e, e, e, e, num_drafts=4, error_count=errors, states=[a["state"]])
+    assert torch.equal(a["state"], before) and int(errors.item()) == 0
 
 
 @gpu
