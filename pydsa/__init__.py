@@ -14,7 +14,7 @@ Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
 from ._abi import ABI_VERSION, DsaError, lib as _lib
 from ._tensors import error_count, reset_error_count
 from .c4 import C4Compressor, C4Decode, c4_decode, c4_extend, c4_max_drafts, c4_ring_bytes, c4_verify
-from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill, plan_prefill_c
+from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill
 from .metadata import MetadataCopy, metadata_copy
 from .speculative import C128Commit, C128Verify, bank_bytes, c128_commit, c128_verify
 from .store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
@@ -24,7 +24,7 @@ __version__ = _lib.dsa_version_string().decode()
 __all__ = ["ABI_VERSION", "DsaError", "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts",
            "c4_ring_bytes", "c4_verify", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Verify", "DevicePlan",
            "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify",
-           "error_count", "kv_page_bytes", "kv_store", "library_path", "metadata_copy", "plan_prefill_c",
+           "error_count", "kv_page_bytes", "kv_store", "library_path", "metadata_copy",
            "reset_error_count", "__version__"]
 
 

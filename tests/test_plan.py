@@ -6,6 +6,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import pydsa
+from pydsa.c128 import plan_prefill_c  # the library's C planner, beside pyplan's
 import pyplan
 from reference import CHUNK, SENTINEL, plan_reference, records
 
@@ -106,7 +107,7 @@ def test_cython_c_and_reference_planners_agree(batch):
     seq, ext = batch
     want_c, want_w = plan_reference(seq.tolist(), ext.tolist())
     got_c, got_w = pyplan.plan_prefill(seq, ext)
-    c_c, c_w, nc, nw = pydsa.plan_prefill_c(seq, ext)
+    c_c, c_w, nc, nw = plan_prefill_c(seq, ext)
     assert records(got_c) == want_c == records(c_c)
     assert records(got_w) == want_w == records(c_w)
     assert (nc, nw) == (len(want_c), len(want_w))
@@ -123,7 +124,7 @@ def test_graph_mode_pads_with_sentinels_and_matches_plain(batch, padding):
     want_c, want_w = plan_reference(seq.tolist(), ext.tolist())
     assert records(c[:nc]) == want_c and records(w[:nw]) == want_w
     assert all(r == SENTINEL for r in records(c[nc:]) + records(w[nw:]))
-    cc, cw, _, _ = pydsa.plan_prefill_c(seq, ext, num_tokens=tokens, graph=True)
+    cc, cw, _, _ = plan_prefill_c(seq, ext, num_tokens=tokens, graph=True)
     assert records(cc) == records(c) and records(cw) == records(w)
 
 
@@ -168,7 +169,7 @@ def test_bad_input_names_argument_and_request(seq, ext, message):
         pyplan.plan_prefill(np.array(seq, np.int64), np.array(ext, np.int64))
     if len(seq) == len(ext):
         with pytest.raises(pydsa.DsaError):
-            pydsa.plan_prefill_c(seq, ext)
+            plan_prefill_c(seq, ext)
 
 
 def test_token_count_must_match_in_plain_mode_and_cover_in_graph_mode():
@@ -179,7 +180,7 @@ def test_token_count_must_match_in_plain_mode_and_cover_in_graph_mode():
     with pytest.raises(ValueError, match="num_tokens is required"):
         pyplan.plan_prefill([300], [200], graph=True)
     with pytest.raises(pydsa.DsaError, match="num_tokens"):
-        pydsa.plan_prefill_c([300], [200], num_tokens=201)
+        plan_prefill_c([300], [200], num_tokens=201)
 
 
 def test_too_small_capacity_is_an_error_and_nothing_is_written():
@@ -189,6 +190,6 @@ def test_too_small_capacity_is_an_error_and_nothing_is_written():
         pyplan.plan_prefill([300], [200], out=(out_c, out_w))
     assert records(out_c) == [(0, 0, 0, 0)] and records(out_w) == [(0, 0, 0, 0)]
     with pytest.raises(pydsa.DsaError, match="compress_capacity is 1"):
-        pydsa.plan_prefill_c([300], [200], capacity=(1, 1))
+        plan_prefill_c([300], [200], capacity=(1, 1))
     with pytest.raises(ValueError, match="whole 16-byte records"):
         pyplan.plan_prefill([300], [200], out=(np.zeros(5, np.uint32), out_w))
