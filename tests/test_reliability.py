@@ -313,7 +313,8 @@ def test_library_can_be_imported_from_several_threads_at_once():
         def imp():
             try:
                 import pydsa, pyplan
-                pydsa.plan_prefill_c([300], [200])
+                pyplan.plan_prefill([300], [200])
+                pydsa.kv_page_bytes(512, 64)
             except Exception as e:
                 errs.append(repr(e))
         ts = [threading.Thread(target=imp) for _ in range(8)]
