@@ -5,8 +5,9 @@ Restrict sglang's plugins with SGLANG_PLUGINS=pydsa.
 
 Hooks: the compressor's two calls per c128 or c4 compressor (`compress_forward`, then
 `compress_norm_rope_store`, made by `CompressorBackendMixin._forward_compress_all_in_one`) become one
-fused launch (a c4 layer's two compressors: two launches, where sglang runs four); the online c128 and
-the c4 plans come from pydsa's planners; the MTP calls and the metadata copies are replaced. Everything
+fused launch (a c4 layer's two compressors: two launches, where sglang runs four); the online c128 plans
+come from pydsa's planners, the c4 plans stay sglang's (one kernel per step; their records are what pydsa's
+c4 kernels read); the MTP calls and the metadata copies are replaced. Everything
 that is not pydsa's configuration (the offline c128 compressor, the fp4 indexer, bf16 or two-pool stores,
 the V4.1 layouts, c128 plans made elsewhere) still runs sglang's own code: those hooks wrap the original
 (sglang's AROUND hooks) and pass such calls through, where a plain REPLACE would break them.
@@ -26,20 +27,6 @@ def _ours(plan) -> bool:
 
 def _c4(plan) -> bool:
     return getattr(plan, "compress_ratio", None) == 4
-
-
-def _decode_plan_c4(original, compress_ratio, *args, **kwargs):
-    from .sglang_v2 import CompressorDecodePlan
-    if compress_ratio != 4:
-        return original(compress_ratio, *args, **kwargs)
-    return CompressorDecodePlan.generate(compress_ratio, *args, **kwargs)
-
-
-def _prefill_plan_c4(original, compress_ratio, *args, **kwargs):
-    from .sglang_v2 import CompressorPrefillPlan
-    if compress_ratio != 4:
-        return original(compress_ratio, *args, **kwargs)
-    return CompressorPrefillPlan.generate(compress_ratio, *args, **kwargs)
 
 
 def _decode_plan(original, *args, **kwargs):
@@ -101,8 +88,6 @@ def hooks() -> list:
     """(target, hook, kind) of every hook the plugin registers; kind is "around" or "replace"."""
     from . import sglang
     return [
-        (f"{_COMPRESS}.CompressorDecodePlan.generate", _decode_plan_c4, "around"),
-        (f"{_COMPRESS}.CompressorPrefillPlan.generate", _prefill_plan_c4, "around"),
         (f"{_COMPRESS}.CompressorDecodePlan.generate_online", _decode_plan, "around"),
         (f"{_COMPRESS}.CompressorPrefillPlan.generate_online", _prefill_plan, "around"),
         (f"{_COMPRESS}.compress_forward", _compress_forward, "around"),
