@@ -70,10 +70,10 @@ __device__ __forceinline__ void ring_store(S* ring, int64_t row, int D, int ch, 
 }
 
 // The entry closed with window values kv, logits z (this thread's 4 channels): written to `out` row
-// `out_row` and stored at cache slot `loc` with rotary row `pos` (o: the store's operands, loaded ahead).
+// `out_row` and stored at cache slot `loc` with rotary row `pos`.
 __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)[kC4Window][4],
                                             const float (&z)[kC4Window][4], int first, int64_t out_row, int64_t loc,
-                                            int64_t pos, StoreOperands<4>& o, uint32_t* error_count) {
+                                            int64_t pos, uint32_t* error_count) {
   const C4Side& c = *t.c;
   Lanes<4> v;
 #pragma unroll
@@ -85,95 +85,74 @@ __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)
   }
   if (c.out != nullptr) store_lanes<4>(c.out + out_row * t.D + t.ch, v);
   if (c.store_kind == 1 + DSA_CACHE_V4) {
+    StoreOperands<4> o;
+    load_weights<4>(o, c.store, t.ch);
+    load_rotary<4>(o, c.store, t.D, t.ch, pos);
     aim_store<4>(o, c.store, loc, pos, t.D);
     store_vector<4>(c.store, v.v, o, t.D, t.ch, t.lanes, error_count, t.row);
   } else if (c.store_kind == 1 + DSA_CACHE_INDEXER) {
-    indexer_store(c.store, v.v, o, loc, pos, t.ch, error_count);
+    indexer_store(c.store, v.v, loc, pos, t.ch, error_count);
   }
 }
 
 __device__ __forceinline__ bool group_ok(int32_t g, int64_t ring_rows) { return g >= 0 && (int64_t)g * 4 < ring_rows; }
 
-// What a launch reads of its side before it knows a row's record: the ape rows (into the logits, to which
-// the scores are added), the store's norm weights.
-__device__ __forceinline__ void load_constants(const C4Thread& t, float (&z)[kC4Window][4], StoreOperands<4>& o) {
-  const C4Side& c = *t.c;
-#pragma unroll
-  for (int j = 0; j < kC4Window; ++j) {
-    const Lanes<4> bias = load_lanes<4>(c.ape + j * t.D + t.ch);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) z[j][k] = bias.v[k];
-  }
-  if (c.store_kind) load_weights<4>(o, c.store, t.ch);
-}
-
 // Decode: one request per row of lanes; its token's row is written, and a closing token's entry is
 // computed from the ring's 8 rows (the token's own from registers when it is the current group's last row,
-// as written: a bf16 ring rounds it). Two dependent trips: the record, the token, the ape rows, the weights
-// and the cache slot; then the ring rows and the rotary pairs.
+// as written: a bf16 ring rounds it).
 template <typename S, int kMode>
 __global__ void __launch_bounds__(kC4Threads) c4_decode_kernel(const __grid_constant__ C4Launch p) {
   const C4Thread t = c4_thread(p);
   wait_for_producers();
   allow_dependents();
   if (t.i >= p.count) return;
-  const C4Side& c = *t.c;
-  const int D = t.D, ch = t.ch;
   C4DecodeRecord r;
   if constexpr (kMode == kC4Records) {
     const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + t.i);
     r = C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
   } else {
     const int32_t seq = __ldg(p.seq_lens + t.i), slot = __ldg(p.slots + t.i);
-    r = seq <= 0 || slot < 0 ? C4DecodeRecord{0u, -1, -1, -1} : c4_decode_record(seq, slot, p.ring_size);
+    if (seq <= 0 || slot < 0) return;
+    r = c4_decode_record(seq, slot, p.ring_size);
+  }
+  if (r.seq_len == 0u || r.seq_len > 0x7FFFFFFFu) return;  // padding
+  const C4Side& c = *t.c;
+  const int D = t.D, ch = t.ch;
+  if (r.write_row < 0 || r.write_row >= c.ring_rows) {
+    if (ch == 0) count_error(p.error_count);
+    return;
   }
   const float* in = c.kv_score + t.i * 4 * D + ch;
   Lanes<4> half[4];
 #pragma unroll
   for (int h = 0; h < 4; ++h) half[h] = load_lanes<4>(in + h * D);
-  float kv[kC4Window][4], z[kC4Window][4];
-  StoreOperands<4> o;
-  load_constants(t, z, o);
-  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0;
-  if (r.seq_len == 0u || r.seq_len > 0x7FFFFFFFu) return;  // padding
-  if (r.write_row < 0 || r.write_row >= c.ring_rows) {
-    if (ch == 0) count_error(p.error_count);
-    return;
-  }
   S* ring = static_cast<S*>(c.ring);
-  const bool closing = r.seq_len % kC4Quartet == 0, overlap = r.seq_len > kC4Quartet;
-  const bool groups = group_ok(r.current_group, c.ring_rows) && (!overlap || group_ok(r.previous_group, c.ring_rows));
-  const int64_t pos = (int64_t)r.seq_len - kC4Quartet;
-  if (closing && groups) {  // the window's ring rows and the rotary pairs, before this token's row is written
-    if (c.store_kind) load_rotary<4>(o, c.store, D, ch, pos);
-    const bool own = r.write_row == 4 * r.current_group + 3;
-#pragma unroll
-    for (int j = 0; j < kC4Window; ++j) {
-      if ((j < 4 && !overlap) || (j == kC4Window - 1 && own)) continue;
-      const int64_t row = 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3);
-      if (row == r.write_row) continue;  // read back below, as written
-      const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
-      const Lanes<4> value = load_state<4, S>(at), score = load_state<4, S>(at + 2 * D);
-#pragma unroll
-      for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] += score.v[k];
-    }
-  }
   ring_store<S>(ring, r.write_row, D, ch, half);
-  if (!closing) return;
-  if (!groups) {
+  if (r.seq_len % kC4Quartet != 0) return;
+  const bool overlap = r.seq_len > kC4Quartet;
+  if (!group_ok(r.current_group, c.ring_rows) || (overlap && !group_ok(r.previous_group, c.ring_rows))) {
     if (ch == 0) count_error(p.error_count);
     return;
   }
+  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0;
+  float kv[kC4Window][4], z[kC4Window][4];
 #pragma unroll
-  for (int j = 0; j < kC4Window; ++j) {  // window rows that are this token's own row: its values as stored
+  for (int j = 0; j < kC4Window; ++j) {
     if (j < 4 && !overlap) continue;
-    const int64_t row = 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3);
-    if (row != r.write_row) continue;
+    const Lanes<4> bias = load_lanes<4>(c.ape + j * D + ch);
+    Lanes<4> value, score;
+    if (j == kC4Window - 1 && r.write_row == 4 * r.current_group + 3) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k)
-      kv[j][k] = as_stored<S>(half[j < 4 ? 0 : 1].v[k]), z[j][k] += as_stored<S>(half[j < 4 ? 2 : 3].v[k]);
+      for (int k = 0; k < 4; ++k) value.v[k] = as_stored<S>(half[1].v[k]), score.v[k] = as_stored<S>(half[3].v[k]);
+    } else {
+      const int64_t row = 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3);
+      const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
+      value = load_state<4, S>(at), score = load_state<4, S>(at + 2 * D);
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
   }
-  close_entry(t, kv, z, overlap ? 0 : 4, t.i, loc, pos, o, p.error_count);
+  close_entry(t, kv, z, overlap ? 0 : 4, t.i, loc, (int64_t)r.seq_len - kC4Quartet, p.error_count);
 }
 
 // What a compress pass reads of record i: the closing position + 1, the closing token's input row, the
@@ -214,23 +193,18 @@ __device__ __forceinline__ bool compress_fits(uint32_t seq_len, int64_t ragged, 
   return ring_rows <= 4 || group_ok(current, ring_size_rows);
 }
 
-// Extend / verify compress pass: one record per row of lanes. Two dependent trips: the record, the ape
-// rows and the weights; then the window rows, the cache slot and the rotary pairs.
+// Extend / verify compress pass: one record per row of lanes.
 template <typename S, int kMode>
 __global__ void __launch_bounds__(kC4Threads) c4_compress_kernel(const __grid_constant__ C4Launch p) {
   const C4Thread t = c4_thread(p);
   wait_for_producers();
   allow_dependents();
   if (t.i >= p.count) return;
-  uint32_t seq_len = 0;
-  int64_t ragged = 0;
-  int ring_rows = 0;
-  int32_t previous = 0, current = 0;
-  const bool live = compress_record<kMode>(p, t.i, &seq_len, &ragged, &ring_rows, &previous, &current);
-  float kv[kC4Window][4], z[kC4Window][4];
-  StoreOperands<4> o;
-  load_constants(t, z, o);
-  if (!live) return;
+  uint32_t seq_len;
+  int64_t ragged;
+  int ring_rows;
+  int32_t previous, current;
+  if (!compress_record<kMode>(p, t.i, &seq_len, &ragged, &ring_rows, &previous, &current)) return;
   const C4Side& c = *t.c;
   const int D = t.D, ch = t.ch;
   if (!compress_fits(seq_len, ragged, ring_rows, previous, current, p.num_tokens, c.ring_rows)) {
@@ -238,13 +212,13 @@ __global__ void __launch_bounds__(kC4Threads) c4_compress_kernel(const __grid_co
     return;
   }
   const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + ragged) : 0;
-  const int64_t pos = (int64_t)seq_len - kC4Quartet;
-  if (c.store_kind) load_rotary<4>(o, c.store, D, ch, pos);
   const bool overlap = seq_len > (uint32_t)kC4Quartet;
   const S* ring = static_cast<const S*>(c.ring);
+  float kv[kC4Window][4], z[kC4Window][4];
 #pragma unroll
   for (int j = 0; j < kC4Window; ++j) {
     if (j < 4 && !overlap) continue;
+    const Lanes<4> bias = load_lanes<4>(c.ape + j * D + ch);
     const int offset = j < 4 ? 0 : D;
     Lanes<4> value, score;
     if (j < ring_rows) {
@@ -255,9 +229,10 @@ __global__ void __launch_bounds__(kC4Threads) c4_compress_kernel(const __grid_co
       value = load_lanes<4>(at), score = load_lanes<4>(at + 2 * D);
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] += score.v[k];
+    for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
   }
-  close_entry(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, loc, pos, o, p.error_count);
+  close_entry(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, loc, (int64_t)seq_len - kC4Quartet,
+              p.error_count);
 }
 
 // Extend / verify write pass: one input row per row of lanes into the ring.

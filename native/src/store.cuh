@@ -240,19 +240,18 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
 }
 // The indexer's store of x (this lane's 4 of 128 channels; one warp per vector): docs/spec.md, "c4
 // stores" (c4_math.h states the order of every operation).
-// o: the thread's operands as for store_vector (load_weights, load_rotary with D = 128, aim_store unused: the
-// entry's place is computed here).
-__device__ __forceinline__ void indexer_store(const StoreLaunch& st, const float (&x)[4], const StoreOperands<4>& o,
-                                              int64_t loc, int64_t pos, int ch, uint32_t* error_count) {
+__device__ __forceinline__ void indexer_store(const StoreLaunch& st, const float (&x)[4], int64_t loc, int64_t pos,
+                                              int ch, uint32_t* error_count) {
   const int check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
   if (check != kStoreWrite) {
     if (check == kStoreCount && ch == 0) count_error(error_count);
     return;
   }
   const int lane = ch / 4;
-  const float(&w)[4] = o.w;
-  const float(&rot)[4] = o.rot;
-  float y[4];
+  float w[4], y[4];
+  load_floats<4>(w, st.norm_weight + ch);
+  float rot[4] = {};
+  if (ch >= kIndexerDim - kStoreGroup) load_floats<4>(rot, st.rotary + pos * kStoreGroup + (ch - kStoreGroup));
   float sum = lane_squares(x[0], x[1], x[2], x[3]);
 #pragma unroll
   for (int m = 16; m >= 1; m >>= 1) sum = add_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, m));
