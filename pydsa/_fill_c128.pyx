@@ -89,6 +89,7 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state_, kv_score, out, ape, ind
     o.data = NULL
     if not (out is None and kv_cache is not None):
         tensor(out, &o, "out", F32, dev, 2, b, d, keep)
+        disjoint(&o, b * d * 4, "out", &kv, b * 2 * d * 4, "kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
     lx.data = NULL
     sl.data = NULL
@@ -222,6 +223,7 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state_, kv_score, out, ape, i
         keep.append(out)
     if not (out is None and kv_cache is not None):
         tensor(out, &o, "out", F32, dev, 2, nc if compact else n, d, keep)
+        disjoint(&o, (nc if compact else n) * d * 4, "out", &kv, n * 2 * d * 4, "kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
     optional_vector(load_indices, &lx, "load_indices", dev, b, keep)
     error_counter(error_count, dev, &errors, keep)

@@ -74,6 +74,9 @@ cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) excep
 cdef int store_arg(object kv_cache, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
                const int64_t** slots, list keep) except -1
 cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1
+# An output must not share memory with an input of the same call: the error naming both, else 0.
+cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
+                  str other_name) except -1
 cdef bint is_store(object x)
 cdef bint is_tensor(object x)
 cdef bint is_device_plan(object x)

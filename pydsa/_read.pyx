@@ -396,6 +396,16 @@ cdef int store_arg(object kv_cache, object cache_slots, int32_t dev, int64_t d, 
     return 0
 
 
+cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
+                  str other_name) except -1:
+    if out.data == NULL or other.data == NULL or out.dev != other.dev:
+        return 0
+    if out.data < other.data + other_bytes and other.data < out.data + out_bytes:
+        raise ValueError(f"{out_name} shares memory with {other_name}: the op writes {out_name} while it reads "
+                         f"{other_name}; pass a buffer of its own")
+    return 0
+
+
 cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1:
     """x an int in low..high (a bool or another type is not), else the error naming it."""
     cdef int overflow = 0

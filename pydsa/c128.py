@@ -76,8 +76,9 @@ class DevicePlan:
     """
 
     def __init__(self, max_tokens: int, max_batch: int, device="cuda"):
-        if max_tokens <= 0 or max_batch <= 0:
-            raise ValueError(f"max_tokens and max_batch must be positive (got {max_tokens}, {max_batch})")
+        for name, v, most in (("max_tokens", max_tokens, 0xFFFFFFFE), ("max_batch", max_batch, 0x7FFFFFFF)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+                raise ValueError(f"{name} must be an int in 1..{most} (got {v!r})")
         device = resolve_device(device)
         self.device = device
         self._dev = -1 if device.type == "cpu" else device.index

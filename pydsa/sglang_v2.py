@@ -357,6 +357,11 @@ def _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_
         raise _not_ours(f"a {kv.dtype} [.., {kv.shape[-1]}] store")
 
 
+def _check_eps(norm_eps) -> None:
+    if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)):
+        raise TypeError(f"norm_eps must be a float (got {type(norm_eps).__name__} {norm_eps!r})")
+
+
 def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
                              use_fp4=False, bf16_store=False, kvcache_scale=None, rope_cache=None,
                              fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None) -> None:
@@ -364,6 +369,7 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
     at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch."""
     _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
                         kvcache_rope)
+    _check_eps(norm_eps)
     c4 = getattr(plan, "compress_ratio", RATIO) == sglang_c4.RATIO
     if not c4 and kv.shape[-1] != HEAD_DIM:
         raise _not_ours(f"a c128 store of head_dim {kv.shape[-1]}")
@@ -386,6 +392,7 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     request; prefill: per query token, by the closing token's row). Returns `out` when given."""
     c4 = compress_ratio == sglang_c4.RATIO
     _check_config(head_dim, compress_ratio, not c4)
+    _check_eps(norm_eps)
     plan = _plan_of(plan)
     try:
         cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size,

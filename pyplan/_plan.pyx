@@ -80,6 +80,9 @@ cdef cnp.ndarray _as_records(object buf, str name):
         buf = buf.numpy()
     if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous or not buf.flags.writeable:
         raise ValueError(f"{name} must be a writable C-contiguous numpy array or CPU tensor")
+    if buf.dtype not in (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.uint32)) and buf.dtype != _SEGMENT:
+        raise ValueError(f"{name} must be a buffer of records: SEGMENT_DTYPE, or uint8 / int32 / uint32 holding "
+                         f"whole 16-byte records (got {buf.dtype})")
     if buf.nbytes % 16 != 0:
         raise ValueError(f"{name} must hold whole 16-byte records (got {buf.nbytes} bytes)")
     return buf.reshape(-1).view(np.uint8).view(SEGMENT_DTYPE)

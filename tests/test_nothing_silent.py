@@ -131,3 +131,24 @@ def test_round_between_drafts_is_a_bf16_flag():
     with pytest.raises(TypeError, match="round_between_drafts must be a bool"):
         pydsa.c128_verify(*args, round_between_drafts="no")
     pydsa.c128_verify(state.to(torch.bfloat16), *args[1:], round_between_drafts=False)
+
+
+def test_more_helpers_and_sglang_arguments_are_judged_by_name():
+    import pyplan
+    from pydsa import sglang_v2
+    with pytest.raises(ValueError, match="max_tokens must be an int in 1"):
+        pydsa.DevicePlan(10 ** 15, 4, device="cpu")
+    with pytest.raises(ValueError, match="out\\[0\\] must be a buffer of records"):
+        pyplan.plan_prefill(np.array([5]), np.array([5]), out=(np.zeros(8), np.zeros(8)))
+    plan = sglang_v2.CompressorDecodePlan(128, torch.zeros(1, 16, dtype=torch.uint8))
+    with pytest.raises(TypeError, match="norm_eps must be a float"):
+        sglang_v2.compress_norm_rope_store(torch.zeros(1, 512), plan, norm_weight=torch.ones(512), norm_eps=None,
+                                           freq_cis=torch.zeros(8, 64), out_loc=torch.zeros(1, dtype=torch.int64),
+                                           kvcache=torch.zeros(1728, dtype=torch.uint8), page_size=2)
+
+
+def test_an_out_that_aliases_kv_score_is_refused():
+    kv = torch.randn(2, 2 * D)
+    with pytest.raises(ValueError, match="out shares memory with kv_score"):
+        pydsa.c128_decode(torch.zeros(8, 1, 3 * D), kv, kv.view(-1)[D:3 * D].view(2, D), torch.randn(128, D),
+                          torch.zeros(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
