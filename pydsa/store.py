@@ -14,7 +14,7 @@ import torch
 
 from . import _abi, _fill_store
 from ._abi import CACHE_INDEXER, CACHE_V4, KvCache, check as _check_status, lib, new, pdl_flag
-from ._tensors import _float32, device_index, ptr
+from ._tensors import _float32, as_tensor, device_index, ptr
 
 __all__ = ["KVCache", "kv_store", "kv_page_bytes", "indexer_page_bytes"]
 
@@ -83,8 +83,11 @@ class KVCache:
             world = rank = None
         if world is None or world < 1 or not 0 <= rank < world or world >= 2 ** 31:
             raise ValueError(f"dcp must be (world, rank) with world >= 1 and 0 <= rank < world (got {dcp!r})")
-        if not isinstance(norm_weight, torch.Tensor) or norm_weight.dim() != 1:
-            raise ValueError("norm_weight must be a 1-D float32 tensor [D]")
+        cache, norm_weight = as_tensor(cache, "cache"), as_tensor(norm_weight, "norm_weight")
+        if not isinstance(rotary, torch.Tensor):
+            rotary = as_tensor(rotary, "rotary")
+        if norm_weight.dim() != 1:
+            raise ValueError(f"norm_weight must be a 1-D float32 tensor [D] (got shape {tuple(norm_weight.shape)})")
         d = norm_weight.shape[0]
         if layout == "indexer":
             if d != 128:
@@ -96,12 +99,14 @@ class KVCache:
             raise ValueError(f"norm_weight has {d} channels; a store needs D a multiple of 64, >= 128")
         if isinstance(rotary, torch.Tensor) and rotary.is_complex():
             rotary = torch.view_as_real(rotary).flatten(-2)
-        if not isinstance(cache, torch.Tensor):
-            raise TypeError(f"cache must be a torch.Tensor (got {type(cache).__name__})")
         dev = device_index(cache)
-        if cache.dtype != torch.uint8 or not cache.is_contiguous() or cache.numel() % page != 0 or cache.numel() == 0:
-            raise ValueError(f"cache must be a contiguous uint8 tensor of whole {page}-byte pages "
-                             f"(got {cache.dtype}, {cache.numel()} bytes)")
+        if cache.dtype != torch.uint8:
+            raise ValueError(f"cache must be a uint8 tensor (got {cache.dtype})")
+        if not cache.is_contiguous():
+            raise ValueError(f"cache must be contiguous (got shape {tuple(cache.shape)}, strides {cache.stride()})")
+        if cache.numel() % page != 0 or cache.numel() == 0:
+            raise ValueError(f"cache holds {cache.numel()} bytes; a cache for D = {d}, page_size {page_size} is whole "
+                             f"{page}-byte pages (the D comes from norm_weight's {d} channels)")
         if not isinstance(rotary, torch.Tensor) or rotary.dim() != 2:
             raise ValueError("rotary must be a 2-D float32 tensor [num_positions, 64]")
         ptr(norm_weight, "norm_weight", _float32, dev, (d,))

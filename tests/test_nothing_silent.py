@@ -152,3 +152,14 @@ def test_an_out_that_aliases_kv_score_is_refused():
     with pytest.raises(ValueError, match="out shares memory with kv_score"):
         pydsa.c128_decode(torch.zeros(8, 1, 3 * D), kv, kv.view(-1)[D:3 * D].view(2, D), torch.randn(128, D),
                           torch.zeros(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32))
+
+
+def test_kv_cache_judges_each_argument_by_name_and_takes_a_dlpack_cache():
+    w = torch.ones(D)
+    rot = torch.zeros(16, 64)
+    with pytest.raises(ValueError, match="the D comes from norm_weight's 256 channels"):
+        pydsa.KVCache(torch.zeros(4, pydsa.kv_page_bytes(D, 2), dtype=torch.uint8), torch.ones(256), rot, page_size=2)
+    with pytest.raises(ValueError, match="cache must be contiguous"):
+        pydsa.KVCache(torch.zeros(4, 2 * pydsa.kv_page_bytes(D, 2), dtype=torch.uint8)[:, ::2], w, rot, page_size=2)
+    cache = pydsa.KVCache(np.zeros((4, pydsa.kv_page_bytes(D, 2)), np.uint8), w, rot, page_size=2)
+    assert cache.num_pages == 4
