@@ -154,11 +154,15 @@ def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_pla
     pinned plan buffers filled in place, M = the token count (sum of extend_lens). Returns the
     record counts, or (M, M) in CUDA-graph mode, where the rest is padded with sentinels."""
     for name, t in (("extend_lens", extend_lens), ("seq_lens", seq_lens)):
-        if getattr(t, "dtype", torch.int64) is not torch.int64:
-            raise RuntimeError(f"{name} must have dtype int64 (got {t.dtype})")
+        dtype = getattr(t, "dtype", None)
+        if dtype is not None and dtype is not torch.int64 and str(dtype) != "int64":
+            raise RuntimeError(f"{name} must have dtype int64 (got {type(t).__module__.split('.')[0]} {dtype})")
     for name, t in (("compress_plan", compress_plan), ("write_plan", write_plan)):
-        if t.dtype is not torch.uint8 or t.dim() != 2 or t.shape[1] != 16:
-            raise ValueError(f"{name} must be a uint8 [M, 16] tensor (got {t.dtype} {list(t.shape)})")
+        shape = tuple(getattr(t, "shape", ()))
+        if str(getattr(t, "dtype", None)) not in ("torch.uint8", "uint8") or len(shape) != 2 or shape[1] != 16:
+            raise ValueError(f"{name} must be a uint8 [M, 16] array, a torch tensor or numpy (got "
+                             f"{type(t).__module__.split('.')[0]} {getattr(t, 'dtype', type(t).__name__)} "
+                             f"{list(shape)})")
     m = compress_plan.shape[0]
     if write_plan.shape[0] != m:
         raise ValueError(f"compress_plan has {m} rows but write_plan has {write_plan.shape[0]}")

@@ -18,9 +18,9 @@ and indexer (D = 128) compressors alike, fp32 or bf16 ring: `CompressorDecodePla
 D = 128 is the indexer's store) run pydsa's c4 ops over sglang's plan records read in place
 (pydsa/sglang_c4.py). pydsa's configurations: online c128 (fp32 vectors, D = 512) and c4, the V4 cache
 layout. The others (the offline c128 compressor, the fp4 indexer, `bf16_store`, the fp8 two-pool store,
-the V4.1 layouts) raise NotImplementedError naming them. Where sglang refuses, pydsa does too, with one
-exception: a prefill plan whose num_q_tokens exceeds the sum of the extends (a padded bucket) is
-accepted; the rows past the real tokens belong to no segment.
+the V4.1 layouts) raise NotImplementedError naming them. Where sglang refuses, pydsa does too: a prefill
+plan's num_q_tokens must equal the sum of the extends, unless use_cuda_graph (a padded bucket: the rows past
+the real tokens belong to no segment).
 """
 from __future__ import annotations
 
@@ -148,6 +148,9 @@ class CompressorPrefillPlan(NamedTuple):
         if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError("req_to_token must be a 2-D int32 tensor")
         total = int(ext.sum())
+        if n != total and not use_cuda_graph:
+            raise RuntimeError(f"num_q_tokens is {n} but the extends sum to {total} (sglang's planner refuses this "
+                               f"too; a padded CUDA-graph bucket passes use_cuda_graph=True)")
         if total > 65536:
             raise RuntimeError(f"sglang's prefill records hold 16-bit ragged rows; row {total - 1} "
                                f"overflows (a prefill this long needs pydsa's own plan: pydsa.c128_prefill)")

@@ -163,3 +163,15 @@ def test_kv_cache_judges_each_argument_by_name_and_takes_a_dlpack_cache():
         pydsa.KVCache(torch.zeros(4, 2 * pydsa.kv_page_bytes(D, 2), dtype=torch.uint8)[:, ::2], w, rot, page_size=2)
     cache = pydsa.KVCache(np.zeros((4, pydsa.kv_page_bytes(D, 2)), np.uint8), w, rot, page_size=2)
     assert cache.num_pages == 4
+
+
+def test_sglang_planners_take_numpy_and_refuse_a_token_count_the_extends_do_not_sum_to():
+    rpi, r2t = torch.arange(2), torch.zeros(2, 64, dtype=torch.int32)
+    c, w = np.zeros((11, 16), np.uint8), np.zeros((11, 16), np.uint8)
+    assert sglang.plan_compress_online_prefill(np.array([5, 6]), np.array([5, 6]), c, w, False) == (0, 2)
+    with pytest.raises(RuntimeError, match="extend_lens must have dtype int64 \\(got numpy int32\\)"):
+        sglang.plan_compress_online_prefill(np.array([5, 6], np.int32), np.array([5, 6]), c, w, False)
+    with pytest.raises(ValueError, match="compress_plan must be a uint8 \\[M, 16\\] array.*got numpy float64"):
+        sglang.plan_compress_online_prefill(np.array([5, 6]), np.array([5, 6]), np.zeros((11, 16)), w, False)
+    with pytest.raises(RuntimeError, match="num_q_tokens is 20 but the extends sum to 11"):
+        sglang.CompressorPrefillPlan.generate_online(torch.tensor([5, 6]), torch.tensor([5, 6]), rpi, r2t, 20)
