@@ -175,3 +175,11 @@ def test_sglang_planners_take_numpy_and_refuse_a_token_count_the_extends_do_not_
         sglang.plan_compress_online_prefill(np.array([5, 6]), np.array([5, 6]), np.zeros((11, 16)), w, False)
     with pytest.raises(RuntimeError, match="num_q_tokens is 20 but the extends sum to 11"):
         sglang.CompressorPrefillPlan.generate_online(torch.tensor([5, 6]), torch.tensor([5, 6]), rpi, r2t, 20)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_bench_host_on_a_cpu_says_no_row_ran():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "pydsa", "bench", "host"], capture_output=True, text=True, timeout=300)
+    assert "no CUDA GPU: the host rows need one and did not run; no row ran" in r.stdout, r.stdout + r.stderr

@@ -102,7 +102,9 @@ def main(argv=None) -> int:
         print("host time per call ...", flush=True)
         bench_host(rows)
     if not gpu and what - {"planner"}:
-        print("no CUDA GPU: only the planner rows run here")
+        skipped = ", ".join(sorted(what - {"planner"}))
+        print(f"no CUDA GPU: the {skipped} rows need one and did not run"
+              + ("; the planner rows ran" if "planner" in what else "; no row ran"))
     side = None
     if args.side_by_side:
         with open(args.side_by_side) as f:
