@@ -180,8 +180,9 @@ def c4(int kind, *, main, kv_score, out=None, indexer=None, indexer_kv_score=Non
     return launch(_C4_OPS[kind], &p, p.device, stream)
 
 
-def prepare(uintptr_t address, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
-            write, seq_lens, slots, ring_size, num_drafts, cache_slots, uint32_t flags, error_count):
+def prepare(uintptr_t address, int kind, *, main, kv_score, out=None, indexer=None, indexer_kv_score=None,
+            indexer_out=None, records=None, write=None, seq_lens=None, slots=None, ring_size=None, num_drafts=None,
+            cache_slots=None, uint32_t flags=0, error_count=None):
     """Fills the params at `address` once (a prepared call): (device, the views the params point into)."""
     cdef list keep = []
     cdef dsa_c4_params* p = <dsa_c4_params*>address

@@ -42,14 +42,14 @@ class Prepared:
 
     _op = None  # an op name of the op table (_read.OPS)
 
-    def _bind(self, fill, *args) -> None:
-        """Fills the params through `fill(address, *args)`, which judges every argument (a wrong one
-        raises, naming it) and returns (device, the buffers the params point into besides `args`)."""
+    def _bind(self, fill, *args, **kwargs) -> None:
+        """Fills the params through `fill(address, *args, **kwargs)`, which judges every argument (a wrong one
+        raises, naming it) and returns (device, the buffers the params point into besides the arguments)."""
         self._buf = C.create_string_buffer(SIZES[self._op])
         self._address = C.addressof(self._buf)
         self._opid = OPS[self._op]
-        self._dev, views = fill(self._address, *args)
-        self._keep = (args, views)
+        self._dev, views = fill(self._address, *args, **kwargs)
+        self._keep = (args, kwargs, views)
         self.device = torch.device("cpu") if self._dev < 0 else torch.device("cuda", self._dev)
 
     def launch(self, stream=None) -> None:

@@ -137,8 +137,10 @@ class C4Decode(Prepared):
     def __init__(self, main: C4Compressor, kv_score, *, indexer: C4Compressor | None = None, indexer_kv_score=None,
                  records=None, seq_lens=None, slots=None, ring_size: int | None = None, out=None, indexer_out=None,
                  cache_slots=None, pdl=None, error_count=None):
-        self._bind(_fill_c4.prepare, _DECODE, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
-                   None, seq_lens, slots, ring_size, None, cache_slots, pdl_flag(pdl), error_count)
+        self._bind(_fill_c4.prepare, _DECODE, main=main, kv_score=kv_score, out=out, indexer=indexer,
+                   indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, records=records, seq_lens=seq_lens,
+                   slots=slots, ring_size=ring_size, cache_slots=cache_slots, flags=pdl_flag(pdl),
+                   error_count=error_count)
 
 
 del C

@@ -330,3 +330,25 @@ def test_standalone_stores_of_c4_records_equal_the_fused_ones(device):
             pydsa.kv_store(v, None, locs, alone.caches[k], records=recs, ratio=4)
     for k in range(2):
         assert torch.equal(fused.caches[k].cache.cpu(), alone.caches[k].cache.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_prepared_decode_replays_what_the_one_shot_decode_does(device):
+    """C4Decode fills the params once; launch() over fresh contents of the same buffers equals c4_decode."""
+    dev = torch.device(device)
+    a, b = Layer(dev, seed=8), Layer(dev, seed=8)
+    slots = torch.tensor([0, 2], dtype=torch.int32, device=dev)
+    seq = torch.zeros(2, dtype=torch.int32, device=dev)
+    kv = [torch.zeros(2, 4 * d, device=dev) for d in a.dims]
+    locs = torch.zeros(2, dtype=torch.int64, device=dev)
+    step = pydsa.C4Decode(b.compressors[0], kv[0], indexer=b.compressors[1], indexer_kv_score=kv[1], seq_lens=seq,
+                          slots=slots, ring_size=8, cache_slots=locs)
+    for s in range(1, 13):
+        seq.fill_(s)
+        locs.copy_(torch.tensor([(s - 1) // 4, 64 + (s - 1) // 4]))
+        for k in range(2):
+            kv[k].copy_(torch.from_numpy(np.stack([a.tokens[k][0, s - 1], a.tokens[k][2, s - 1]])))
+        a.decode([s, s], [0, 2])
+        step.launch()
+    for k in range(2):
+        assert torch.equal(a.caches[k].cache.cpu(), b.caches[k].cache.cpu())
