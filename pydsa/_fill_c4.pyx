@@ -48,30 +48,40 @@ cdef int[3] _C4_OPS = [OP_C4_DECODE, OP_C4_EXTEND, OP_C4_VERIFY]
 REJECT_ALL = DSA_FLAG_C4_REJECT_ALL
 
 cdef enum:
+    ANY_DEVICE = -3  # _ring: the ring's own device decides
     DECODE = 0
     EXTEND = 1
     VERIFY = 2
 
 
-cdef int _side(dsa_c4_params* p, int k, object comp, str name, kv_score, str kv_name, out, str out_name,
+cdef int _ring(object comp, Arg* ring, str name, int32_t dev, list keep) except -1:
+    """A compressor's ring read once: fp32 or bf16 [rows, 4D], contiguous, on `dev` (ANY_DEVICE: any host or
+    CUDA memory); the error naming it otherwise."""
+    read(comp.ring, ring, name, keep)
+    cdef int64_t d = comp.head_dim
+    if ((ring.dtype != F32 and ring.dtype != BF16) or ring.ndim != 2 or not ring.contiguous or ring.shape[1] != 4 * d
+            or ring.dev == OTHER_DEVICE or (dev != ANY_DEVICE and ring.dev != dev)):
+        tensor(comp.ring, ring, name, BF16 if ring.dtype == BF16 else F32, ring.dev if dev == ANY_DEVICE else dev,
+               2, ANY, 4 * d, keep)  # raises, naming it
+    return 0
+
+
+cdef int _side(dsa_c4_params* p, int k, object comp, Arg* ring, str name, kv_score, str kv_name, out, str out_name,
                int64_t rows, int64_t out_rows, cache_slots, int32_t* dev, list keep) except -1:
-    """Compressor k of the call: its ring, ape and store (from the C4Compressor `comp`), input and output."""
-    cdef Arg ring, kv, o, ap
+    """Compressor k of the call: its ring (read already), ape and store (from the C4Compressor `comp`), input
+    and output."""
+    cdef Arg kv, o, ap
     cdef int32_t rdt
     cdef const void* store_address
     cdef const int64_t* slots
-    if not hasattr(comp, "_c4_compressor"):
-        raise TypeError(f"{name} must be a pydsa.C4Compressor (got {type(comp).__name__})")
-    read(comp.ring, &ring, f"{name}.ring", keep)
     cdef int64_t d = comp.head_dim
-    tensor(comp.ring, &ring, f"{name}.ring", BF16 if ring.dtype == BF16 else F32, dev[0], 2, ANY, 4 * d, keep)
     rdt = DSA_STATE_BFLOAT16 if ring.dtype == BF16 else DSA_STATE_FLOAT32
     if k == 0:
         p.ring_dtype = rdt
     elif rdt != p.ring_dtype:
-        raise ValueError(f"{name}.ring is {comp.ring.dtype}; both compressors' rings must have one dtype")
+        raise ValueError(f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have one dtype")
     tensor(kv_score, &kv, kv_name, F32, dev[0], 2, rows, 4 * d, keep)
-    tensor(comp.ape, &ap, f"{name}.ape", F32, dev[0], 2, 8, d, keep)
+    tensor(comp.ape, &ap, name, F32, dev[0], 2, 8, d, keep)
     o.data = NULL
     if out is not None:
         tensor(out, &o, out_name, F32, dev[0], 2, out_rows, d, keep)
@@ -93,7 +103,7 @@ cdef int _side(dsa_c4_params* p, int k, object comp, str name, kv_score, str kv_
 cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
                write, seq_lens, slots, ring_size, num_drafts, cache_slots, uint32_t flags, error_count,
                list keep) except -1:
-    cdef Arg kv, rc, wr, sl, sx
+    cdef Arg kv, rc, wr, sl, sx, ring0, ring1
     cdef int32_t dev = 0
     cdef uint32_t* errors
     cdef int64_t rows, out_rows
@@ -107,8 +117,8 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         raise ValueError("indexer_out is given without indexer=")
     if cache_slots is not None and main.store is None and (indexer is None or indexer.store is None):
         raise ValueError("cache_slots is given but neither compressor has a store")
-    read(main.ring, &kv, "main.ring", keep)
-    dev = kv.dev
+    _ring(main, &ring0, "main.ring", ANY_DEVICE, keep)
+    dev = ring0.dev
     tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, dev, 2, ANY, 4 * main.head_dim, keep)
     rows = kv.shape[0]
     out_rows = rows
@@ -129,12 +139,16 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         out_rows = p.num_compress
     else:
         int_arg(num_drafts, "num_drafts", 1, 16, "")
-    _side(p, 0, main, "main", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows, out_rows,
-          cache_slots, &dev, keep)
+    _side(p, 0, main, &ring0, "main.ape", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows,
+          out_rows, cache_slots, &dev, keep)
     p.num_compressors = 1
     if indexer is not None:
-        _side(p, 1, indexer, "indexer", indexer_kv_score, "indexer_kv_score" if kind != VERIFY else "indexer_drafts",
-              indexer_out, "indexer_out", rows, out_rows, cache_slots, &dev, keep)
+        if not hasattr(indexer, "_c4_compressor"):
+            raise TypeError(f"indexer must be a pydsa.C4Compressor (got {type(indexer).__name__})")
+        _ring(indexer, &ring1, "indexer.ring", dev, keep)
+        _side(p, 1, indexer, &ring1, "indexer.ape", indexer_kv_score,
+              "indexer_kv_score" if kind != VERIFY else "indexer_drafts", indexer_out, "indexer_out", rows, out_rows,
+              cache_slots, &dev, keep)
         p.num_compressors = 2
     if kind == DECODE:
         p.batch_size = rows

@@ -16,7 +16,6 @@ V, refuses more.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from .c4 import C4Compressor, c4_decode, c4_extend
@@ -176,7 +175,3 @@ def layer(main, indexer, plan, out_loc) -> None:
         c4_extend(m, main["kv_score_input"], (plan.plan_c, plan.plan_w), indexer=i,
                   indexer_kv_score=indexer["kv_score_input"], cache_slots=out_loc)
 
-
-def as_numpy_records(plan_c) -> np.ndarray:
-    """A plan's compress records as int32 words [C, 4] (tests, comparisons by ragged row)."""
-    return plan_c.cpu().view(torch.int32).reshape(-1, 4).numpy()

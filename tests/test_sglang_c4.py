@@ -7,12 +7,17 @@ import pytest
 import torch
 
 import pydsa
-from pydsa import sglang, sglang_c4, sglang_plugin, sglang_v2
+from pydsa import sglang, sglang_plugin, sglang_v2
 from c4_reference import entry
 from conftest import DEVICES
 from reference import rel_err
 
 SWA = 256
+
+
+def _words(plan_c) -> np.ndarray:
+    """A plan's compress records as int32 words [C, 4]."""
+    return plan_c.cpu().view(torch.int32).reshape(-1, 4).numpy()
 
 
 def _context(device, b, max_len, ring_size=8, seed=0, bf16=False):
@@ -42,7 +47,7 @@ def test_the_prefill_planner_writes_sglangs_worked_example():
     plan = sglang_v2.CompressorPrefillPlan.generate(4, rpi, torch.tensor([16]), torch.tensor([6]), ctx["r2t"],
                                                     ctx["f2s"], SWA, 8, 6)
     k = 2  # request 1's first full-pool slot is 2 * 256 / 256 = SWA page 2... its ring base is 2 * 8
-    c = sglang_c4.as_numpy_records(plan.plan_c)
+    c = _words(plan.plan_c)
     assert [tuple(int(v) for v in r) for r in c] == [(12, 1 | 6 << 16, 2 * k + 1, 2 * k), (16, 5 | 2 << 16, 2 * k, 2 * k + 1)]
     w = plan.plan_w.view(torch.int32).reshape(-1, 2).tolist()
     assert w == [[2, 8 * k + 4], [3, 8 * k + 5], [4, 8 * k + 6], [5, 8 * k + 7]]
@@ -52,7 +57,7 @@ def test_graph_mode_plans_pad_with_sglangs_invalid_records_and_the_decode_plan_f
     ctx = _context("cpu", 3, 700, ring_size=16)
     plan = sglang_v2.CompressorPrefillPlan.generate(4, ctx["rpi"], torch.tensor([9, 600, 4]), torch.tensor([9, 5, 1]),
                                                     ctx["r2t"], ctx["f2s"], SWA, 16, 15, use_cuda_graph=True)
-    c = sglang_c4.as_numpy_records(plan.plan_c)
+    c = _words(plan.plan_c)
     assert c.shape == (15, 4) and (c[5:] == [-1, 0, -1, -1]).all() and (c[:5, 0] == [4, 8, 596, 600, 4]).all()
     w = plan.plan_w.view(torch.int32).reshape(-1, 2)
     assert w[:, 0].tolist() == list(range(15))  # R = 16 keeps the last 10 positions: every row here

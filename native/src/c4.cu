@@ -95,8 +95,6 @@ __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)
   }
 }
 
-__device__ __forceinline__ bool group_ok(int32_t g, int64_t ring_rows) { return g >= 0 && (int64_t)g * 4 < ring_rows; }
-
 // Decode: one request per row of lanes; its token's row is written, and a closing token's entry is
 // computed from the ring's 8 rows (the token's own from registers when it is the current group's last row,
 // as written: a bf16 ring rounds it).
@@ -178,19 +176,6 @@ __device__ __forceinline__ bool compress_record(const C4Launch& p, int64_t i, ui
   if (r.seq_len == kC4Padding) return false;
   *seq_len = r.seq_len, *ring_rows = r.ring_rows, *previous = r.previous_group, *current = r.current_group;
   return true;
-}
-
-// Whether a compress record fits the call: a closing position, its input rows inside the input, its
-// ring groups inside the ring where read.
-__device__ __forceinline__ bool compress_fits(uint32_t seq_len, int64_t ragged, int ring_rows, int32_t previous,
-                                              int32_t current, int64_t num_tokens, int64_t ring_size_rows) {
-  if (seq_len < (uint32_t)kC4Quartet || seq_len % kC4Quartet != 0 || seq_len > 0x7FFFFFFFu || ring_rows > kC4Window)
-    return false;
-  const int first = seq_len > (uint32_t)kC4Quartet ? 0 : 4;
-  const int from_input = ring_rows > first ? ring_rows : first;
-  if (ragged >= num_tokens || (from_input < kC4Window && ragged - (kC4Window - 1) + from_input < 0)) return false;
-  if (first == 0 && ring_rows > 0 && !group_ok(previous, ring_size_rows)) return false;
-  return ring_rows <= 4 || group_ok(current, ring_size_rows);
 }
 
 // Extend / verify compress pass: one record per row of lanes.
@@ -371,52 +356,26 @@ cudaError_t run(Kernel kernel, dim3 grid, cudaStream_t s, unsigned mode, const C
   return launch(kernel, grid, dim3(kC4Threads), s, mode, a);
 }
 
-dsa_status device_preamble(const dsa_c4_params& p, const char* op) {
-  int sms = 0;
-  return check_device(p.device, op, &sms);
-}
-
-}  // namespace
-}  // namespace dsa
-
-extern "C" int32_t dsa_c4_max_drafts(int32_t ring_size, int32_t zero_acceptance) {
-  if (ring_size < 8 || ring_size % 4 != 0) return 0;
-  const int32_t v = dsa::c4_max_drafts(ring_size, zero_acceptance != 0);
-  return v < DSA_MAX_DRAFTS ? v : DSA_MAX_DRAFTS;
-}
-
-extern "C" dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_c4_decode";
+// Every c4 entry point: the struct and every field checked, nothing to do for an empty call, the host
+// backend for host memory, else `launch(a)` on the device (made current) with the launch parameters.
+template <typename Launch>
+dsa_status c4_entry(const dsa_c4_params* params, C4Op kind, const char* op, void (*host)(const dsa_c4_params&),
+                    Launch&& launch) {
   DSA_TRY(check_struct(params, op));
   const dsa_c4_params& p = *params;
   StoreLaunch stores[2] = {};
   int kinds[2] = {0, 0};
-  DSA_TRY(check_c4(p, kOpDecode, op, stores, kinds));
-  if (p.batch_size == 0) return ok();
+  DSA_TRY(check_c4(p, kind, op, stores, kinds));
+  if (kind == kOpExtend ? p.num_compress == 0 && p.num_write == 0 : p.batch_size == 0) return ok();
   if (p.device == DSA_DEVICE_HOST) {
-    host_c4_decode(p);
+    host(p);
     return ok();
   }
-  DSA_TRY(device_preamble(p, op));
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
   DeviceGuard guard(p.device);
-  C4Launch a = c4_launch(p, stores, kinds);
-  a.records = p.decode_records;
-  const dim3 grid = c4_grid(p, a, p.batch_size);
-  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
-  cudaStream_t s = (cudaStream_t)stream;
-  const cudaError_t err =
-      records ? (bf16 ? run(c4_decode_kernel<Bf16, kC4Records>, grid, s, mode, a)
-                      : run(c4_decode_kernel<float, kC4Records>, grid, s, mode, a))
-              : (bf16 ? run(c4_decode_kernel<Bf16, kC4Requests>, grid, s, mode, a)
-                      : run(c4_decode_kernel<float, kC4Requests>, grid, s, mode, a));
-  DSA_TRY(launch_status(err, op));
-  return ok();
+  return launch(c4_launch(p, stores, kinds));
 }
-
-namespace dsa {
-namespace {
 
 // The compress pass, then the write pass (both compressors in each), in stream order.
 template <int kMode>
@@ -442,42 +401,48 @@ dsa_status launch_passes(const dsa_c4_params& p, C4Launch a, int64_t num_compres
 }  // namespace
 }  // namespace dsa
 
+extern "C" int32_t dsa_c4_max_drafts(int32_t ring_size, int32_t zero_acceptance) {
+  if (ring_size < 8 || ring_size % 4 != 0) return 0;
+  const int32_t v = dsa::c4_max_drafts(ring_size, zero_acceptance != 0);
+  return v < DSA_MAX_DRAFTS ? v : DSA_MAX_DRAFTS;
+}
+
+extern "C" dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c4_decode";
+  return c4_entry(params, kOpDecode, op, host_c4_decode, [&](C4Launch a) {
+    const dsa_c4_params& p = *params;
+    a.records = p.decode_records;
+    const dim3 grid = c4_grid(p, a, p.batch_size);
+    const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+    const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
+    cudaStream_t s = (cudaStream_t)stream;
+    const cudaError_t err =
+        records ? (bf16 ? run(c4_decode_kernel<Bf16, kC4Records>, grid, s, mode, a)
+                        : run(c4_decode_kernel<float, kC4Records>, grid, s, mode, a))
+                : (bf16 ? run(c4_decode_kernel<Bf16, kC4Requests>, grid, s, mode, a)
+                        : run(c4_decode_kernel<float, kC4Requests>, grid, s, mode, a));
+    DSA_TRY(launch_status(err, op));
+    return ok();
+  });
+}
+
 extern "C" dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
   const char* op = "dsa_c4_extend";
-  DSA_TRY(check_struct(params, op));
-  const dsa_c4_params& p = *params;
-  StoreLaunch stores[2] = {};
-  int kinds[2] = {0, 0};
-  DSA_TRY(check_c4(p, kOpExtend, op, stores, kinds));
-  if (p.num_compress == 0 && p.num_write == 0) return ok();
-  if (p.device == DSA_DEVICE_HOST) {
-    host_c4_extend(p);
-    return ok();
-  }
-  DSA_TRY(device_preamble(p, op));
-  DeviceGuard guard(p.device);
-  return launch_passes<kC4Records>(p, c4_launch(p, stores, kinds), p.num_compress, p.num_write, p.compress, p.write,
-                                   (cudaStream_t)stream, op);
+  return c4_entry(params, kOpExtend, op, host_c4_extend, [&](C4Launch a) {
+    const dsa_c4_params& p = *params;
+    return launch_passes<kC4Records>(p, a, p.num_compress, p.num_write, p.compress, p.write, (cudaStream_t)stream, op);
+  });
 }
 
 extern "C" dsa_status dsa_c4_verify(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
   const char* op = "dsa_c4_verify";
-  DSA_TRY(check_struct(params, op));
-  const dsa_c4_params& p = *params;
-  StoreLaunch stores[2] = {};
-  int kinds[2] = {0, 0};
-  DSA_TRY(check_c4(p, kOpVerify, op, stores, kinds));
-  if (p.batch_size == 0) return ok();
-  if (p.device == DSA_DEVICE_HOST) {
-    host_c4_verify(p);
-    return ok();
-  }
-  DSA_TRY(device_preamble(p, op));
-  DeviceGuard guard(p.device);
-  C4Launch a = c4_launch(p, stores, kinds);
-  a.num_tokens = p.batch_size * p.num_drafts;
-  const int64_t rows = p.batch_size * p.num_drafts;
-  return launch_passes<kC4Requests>(p, a, rows, rows, nullptr, nullptr, (cudaStream_t)stream, op);
+  return c4_entry(params, kOpVerify, op, host_c4_verify, [&](C4Launch a) {
+    const dsa_c4_params& p = *params;
+    a.num_tokens = p.batch_size * p.num_drafts;
+    const int64_t rows = p.batch_size * p.num_drafts;
+    return launch_passes<kC4Requests>(p, a, rows, rows, nullptr, nullptr, (cudaStream_t)stream, op);
+  });
 }

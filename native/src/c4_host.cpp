@@ -45,8 +45,6 @@ struct Side {
   }
 };
 
-bool group_fits(int32_t g, int64_t ring_rows) { return g >= 0 && (int64_t)g * 4 < ring_rows; }
-
 void count(const dsa_c4_params& p) {
   if (p.error_count != nullptr) ++*p.error_count;
 }
@@ -94,7 +92,7 @@ void decode_side(const dsa_c4_params& p, const dsa_c4_compressor& c) {
     side.write_row(r.write_row, b);
     if (r.seq_len % kC4Quartet != 0) continue;
     const bool overlap = r.seq_len > (uint32_t)kC4Quartet;
-    if (!group_fits(r.current_group, c.ring_rows) || (overlap && !group_fits(r.previous_group, c.ring_rows))) {
+    if (!group_ok(r.current_group, c.ring_rows) || (overlap && !group_ok(r.previous_group, c.ring_rows))) {
       count(p);
       continue;
     }
@@ -118,18 +116,11 @@ void compress_side(const dsa_c4_params& p, const dsa_c4_compressor& c, int64_t n
     int ring_rows;
     int32_t previous, current;
     if (!record(i, &seq_len, &ragged, &ring_rows, &previous, &current)) continue;
-    if (seq_len < (uint32_t)kC4Quartet || seq_len % kC4Quartet != 0 || seq_len > 0x7FFFFFFFu || ring_rows > kC4Window) {
+    if (!compress_fits(seq_len, ragged, ring_rows, previous, current, num_tokens, c.ring_rows)) {
       count(p);
       continue;
     }
     const int first = seq_len > (uint32_t)kC4Quartet ? 0 : 4;
-    const int from_input = ring_rows > first ? ring_rows : first;
-    if (ragged >= num_tokens || (from_input < kC4Window && ragged - (kC4Window - 1) + from_input < 0) ||
-        (first == 0 && ring_rows > 0 && !group_fits(previous, c.ring_rows)) ||
-        (ring_rows > 4 && !group_fits(current, c.ring_rows))) {
-      count(p);
-      continue;
-    }
     for (int j = first; j < kC4Window; ++j) {
       if (j < ring_rows)
         w.from_ring(side, j, 4 * (int64_t)(j < 4 ? previous : current) + (j & 3));

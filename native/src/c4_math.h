@@ -89,6 +89,22 @@ DSA_HD C4CompressRecord c4_draft_record(int32_t seq, int32_t j, int32_t slot, in
                           (int32_t)(request_ring_row(slot, ring_size, p) / 4)};
 }
 
+// Whether ring group g (rows 4g .. 4g+3) lies inside a ring of ring_rows rows.
+DSA_HD bool group_ok(int32_t g, int64_t ring_rows) { return g >= 0 && (int64_t)g * 4 < ring_rows; }
+
+// Whether a compress record fits the call: a closing position, its input rows inside the input, its
+// ring groups inside the ring where read. Records are data: one that does not fit is skipped and counted.
+DSA_HD bool compress_fits(uint32_t seq_len, int64_t ragged, int ring_rows, int32_t previous, int32_t current,
+                          int64_t num_tokens, int64_t ring_size_rows) {
+  if (seq_len < (uint32_t)kC4Quartet || seq_len % kC4Quartet != 0 || seq_len > 0x7FFFFFFFu || ring_rows > kC4Window)
+    return false;
+  const int first = seq_len > (uint32_t)kC4Quartet ? 0 : 4;
+  const int from_input = ring_rows > first ? ring_rows : first;
+  if (ragged >= num_tokens || (from_input < kC4Window && ragged - (kC4Window - 1) + from_input < 0)) return false;
+  if (first == 0 && ring_rows > 0 && !group_ok(previous, ring_size_rows)) return false;
+  return ring_rows <= 4 || group_ok(current, ring_size_rows);
+}
+
 // The largest V a verify over a ring of R rows serves without overwriting a row the next step reads:
 // the next extend starts at L >= seq (>= seq + 1 when the first draft is always accepted) and reads
 // positions from 4 floor(L / 4) - 4 >= L - 7; the verify's last write, position seq + V - 1, lands on

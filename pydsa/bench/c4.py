@@ -136,8 +136,8 @@ def compare(ref, ctx, run_ours, run_theirs, out_rows) -> dict:
         mine, other = ctx.caches[k], their_state[1][k]
         if k == 0:
             differ = int((mine != other).sum().item())
-            res[f"main_cache_bytes_differing"] = differ
-            res[f"main_cache_fp8_steps"] = _fp8_steps(mine, other)
+            res["main_cache_bytes_differing"] = differ
+            res["main_cache_fp8_steps"] = _fp8_steps(mine, other)
         else:
             codes_m, codes_o = mine[:, :64 * 128], other[:, :64 * 128]
             sc_m = mine[:, 64 * 128:].contiguous().view(torch.float32)
@@ -329,7 +329,7 @@ def step_rows(ref, rounds, layers=30):
                          "sglang_plan_us": plan_theirs, "pydsa_torch_planner_us": plan_torch,
                          "speedup_with_sglang_plan": (t["sglang"] + plan_theirs) / (t["pydsa"] + plan_theirs)})
             print(json.dumps(rows[-1]), flush=True)
-            del cases
+            cases.clear()
             torch.cuda.empty_cache()
     return rows
 
