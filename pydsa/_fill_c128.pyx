@@ -7,6 +7,9 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from pydsa._read cimport *
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    int DSA_STRUCT_DECODE_PARAMS
+    int DSA_STRUCT_PREFILL_PARAMS
+    int DSA_STRUCT_PLAN_UPLOAD_PARAMS
     ctypedef struct dsa_c128_decode_params:
         uint32_t struct_size
         uint32_t flags

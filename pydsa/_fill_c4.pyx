@@ -8,6 +8,7 @@ from libc.string cimport memset
 from pydsa._read cimport *
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    int DSA_STRUCT_C4_PARAMS
     int DSA_FLAG_C4_REJECT_ALL
     ctypedef struct dsa_c4_compressor:
         int32_t head_dim

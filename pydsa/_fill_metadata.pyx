@@ -9,6 +9,7 @@ from libc.string cimport memset
 from pydsa._read cimport *
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    int DSA_STRUCT_METADATA_PARAMS
     ctypedef struct dsa_metadata_sources:
         const int32_t* cache_seqlens
         const int32_t* cu_seqlens_k

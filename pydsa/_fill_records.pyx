@@ -10,6 +10,7 @@ from libc.string cimport memset
 from pydsa._read cimport *
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    int DSA_STRUCT_RECORDS_PARAMS
     ctypedef struct dsa_request_records_params:
         uint32_t struct_size
         uint32_t flags

@@ -7,6 +7,8 @@ from libc.stdlib cimport malloc, free
 from pydsa._read cimport *
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    int DSA_STRUCT_VERIFY_PARAMS
+    int DSA_STRUCT_COMMIT_PARAMS
     ctypedef struct dsa_c128_verify_params:
         uint32_t struct_size
         uint32_t flags

@@ -6,6 +6,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from pydsa._read cimport *
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+    int DSA_STRUCT_KV_STORE_PARAMS
     ctypedef struct dsa_kv_store_params:
         uint32_t struct_size
         uint32_t flags

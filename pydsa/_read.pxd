@@ -16,20 +16,12 @@ cdef extern from "dsa_kernels.h":
     int DSA_OUT_COMPACT
     int DSA_RECORDS_DECODE
     int DSA_RECORDS_PREFILL
+    # the structs filled through ctypes (pydsa/_abi.py); each op's params id is declared by its filler
     int DSA_STRUCT_SEGMENT
     int DSA_STRUCT_PLAN_PARAMS
-    int DSA_STRUCT_DECODE_PARAMS
-    int DSA_STRUCT_PREFILL_PARAMS
     int DSA_STRUCT_METADATA_SOURCES
     int DSA_STRUCT_METADATA_DESTINATION
-    int DSA_STRUCT_METADATA_PARAMS
-    int DSA_STRUCT_PLAN_UPLOAD_PARAMS
-    int DSA_STRUCT_VERIFY_PARAMS
-    int DSA_STRUCT_COMMIT_PARAMS
     int DSA_STRUCT_KV_CACHE
-    int DSA_STRUCT_KV_STORE_PARAMS
-    int DSA_STRUCT_RECORDS_PARAMS
-    int DSA_STRUCT_C4_PARAMS
 
     ctypedef struct dsa_segment:
         pass

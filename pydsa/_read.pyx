@@ -62,13 +62,10 @@ ABI_VERSION = DSA_ABI_VERSION
 """The header's DSA_ABI_VERSION, as these modules were compiled against it."""
 
 STRUCT_IDS = dict(segment=DSA_STRUCT_SEGMENT, plan_params=DSA_STRUCT_PLAN_PARAMS,
-                  decode_params=DSA_STRUCT_DECODE_PARAMS, prefill_params=DSA_STRUCT_PREFILL_PARAMS,
                   metadata_sources=DSA_STRUCT_METADATA_SOURCES, metadata_destination=DSA_STRUCT_METADATA_DESTINATION,
-                  metadata_params=DSA_STRUCT_METADATA_PARAMS, plan_upload_params=DSA_STRUCT_PLAN_UPLOAD_PARAMS,
-                  verify_params=DSA_STRUCT_VERIFY_PARAMS, commit_params=DSA_STRUCT_COMMIT_PARAMS,
-                  kv_cache=DSA_STRUCT_KV_CACHE, kv_store_params=DSA_STRUCT_KV_STORE_PARAMS,
-                  records_params=DSA_STRUCT_RECORDS_PARAMS, c4_params=DSA_STRUCT_C4_PARAMS)
-"""The header's dsa_struct_id values, by the struct's name (DSA_STRUCT_<NAME> in lower case)."""
+                  kv_cache=DSA_STRUCT_KV_CACHE)
+"""The header's dsa_struct_id of each struct pydsa/_abi.py fills through ctypes, by name (DSA_STRUCT_<NAME> in
+lower case); an op's params id is in the op table (PARAMS), declared by its filler."""
 
 cdef enum:
     MAX_OPS = 64
