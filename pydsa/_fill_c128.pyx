@@ -76,21 +76,27 @@ cdef int OP_UPLOAD = declare_op("upload", "dsa_c128_upload_plan", DSA_STRUCT_PLA
 
 # ---- decode -----------------------------------------------------------------------------------
 
-cdef int _fill_decode(dsa_c128_decode_params* p, state_, kv_score, out, ape, indices, seq_lens, uint32_t flags,
-                      error_count, load_indices, kv_cache, cache_slots, list keep) except -1:
+def decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
+           stream=None, uint32_t flags=0, error_count=None, uintptr_t into=0):
+    """The c128 decode (pydsa.c128_decode's arguments, pdl as `flags`): checks every argument (a wrong one
+    raises, naming it) and fills the params, then launches them and returns the library's status; or, with
+    `into` (the address of a params buffer: a prepared call), writes them there and returns (device, the
+    views the params point into) without launching. Nothing is written when an argument is wrong."""
+    cdef dsa_c128_decode_params p
     cdef Arg st, kv, o, ap, ix, sl, lx
     cdef int32_t sdt
     cdef uint32_t* errors
     cdef const void* store_address
     cdef const int64_t* slots
-    state_arg(state_, &st, &sdt, "state", keep)
+    cdef list keep = [] if into else None
+    state_arg(state, &st, &sdt, "state", keep)
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3
     tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
     cdef int64_t b = kv.shape[0]
-    store_arg(kv_cache, cache_slots, dev, d, b, &store_address, &slots, keep)
+    store_arg(store, cache_slots, dev, d, b, &store_address, &slots, keep)
     o.data = NULL
-    if not (out is None and kv_cache is not None):
+    if not (out is None and store is not None):
         tensor(out, &o, "out", F32, dev, 2, b, d, keep)
         disjoint(&o, b * d * 4, "out", &kv, b * 2 * d * 4, "kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
@@ -133,28 +139,10 @@ cdef int _fill_decode(dsa_c128_decode_params* p, state_, kv_score, out, ape, ind
     p.load_indices = <const int32_t*>lx.data
     p.store = store_address
     p.cache_slots = slots
-    return 0
-
-
-def decode(state, kv_score, out, ape, indices, seq_lens, stream, uint32_t flags, error_count, load_indices,
-           kv_cache, cache_slots):
-    """One-shot c128 decode: the library's status (a wrong argument raises, naming it)."""
-    cdef dsa_c128_decode_params p
-    _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices, kv_cache,
-                 cache_slots, None)
-    return launch(OP_DECODE, &p, p.device, stream)
-
-
-def fill_decode(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, uint32_t flags, error_count,
-                load_indices, kv_cache, cache_slots):
-    """Fills the decode params at `address`: (device, the views the params point into); nothing is
-    written when an argument is wrong."""
-    cdef dsa_c128_decode_params p
-    cdef list keep = []
-    _fill_decode(&p, state, kv_score, out, ape, indices, seq_lens, flags, error_count, load_indices, kv_cache,
-                 cache_slots, keep)
-    (<dsa_c128_decode_params*>address)[0] = p
-    return p.device, keep
+    if into:
+        (<dsa_c128_decode_params*>into)[0] = p
+        return dev, keep
+    return launch(OP_DECODE, &p, dev, stream)
 
 
 # ---- prefill ----------------------------------------------------------------------------------
@@ -200,9 +188,13 @@ cdef object _device(int32_t dev):
     return "cpu" if dev < 0 else f"cuda:{dev}"
 
 
-cdef int _fill_prefill(dsa_c128_prefill_params* p, state_, kv_score, out, ape, indices, plan, load_indices,
-                       uint32_t flags, error_count, bint compact, kv_cache, cache_slots, list keep) except -1:
-    """`keep` is a list: a storing prefill on the GPU with out None makes rows of its own there."""
+def prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
+            cache_slots=None, stream=None, uint32_t flags=0, error_count=None, uintptr_t into=0):
+    """The c128 prefill (pydsa.c128_prefill's arguments; pdl and cooperative as `flags`): checks, fills and
+    launches (the library's status), or with `into` fills a prepared call's params there and returns
+    (device, the buffers the params point into besides the arguments: views, a storing prefill's own out
+    rows). Nothing is written when an argument is wrong."""
+    cdef dsa_c128_prefill_params p
     cdef Arg st, kv, o, ap, ix, lx
     cdef const void* store_address
     cdef const int64_t* slots
@@ -210,7 +202,10 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state_, kv_score, out, ape, i
     cdef uint32_t* errors
     cdef uintptr_t cp, wp, counts
     cdef int64_t nc, nw
-    state_arg(state_, &st, &sdt, "state", keep)
+    cdef list keep = []  # a storing prefill on the GPU with out None makes rows of its own there
+    if compact is not True and compact is not False:
+        raise TypeError(f"compact must be a bool (got {compact!r})")
+    state_arg(state, &st, &sdt, "state", keep)
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3
     tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
@@ -219,18 +214,18 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state_, kv_score, out, ape, i
     cdef int64_t b = ix.shape[0]
     _plan(plan, dev, &flags, &cp, &nc, &wp, &nw, &counts, keep)
     o.data = NULL
-    if out is None and kv_cache is not None and dev >= 0 and nc > 0:
+    if out is None and store is not None and dev >= 0 and nc > 0:
         # a storing prefill on the GPU passes its vectors through out: compact rows the call owns
         out = new_rows(kv_score, nc, d)
         compact = True
         keep.append(out)
-    if not (out is None and kv_cache is not None):
+    if not (out is None and store is not None):
         tensor(out, &o, "out", F32, dev, 2, nc if compact else n, d, keep)
         disjoint(&o, (nc if compact else n) * d * 4, "out", &kv, n * 2 * d * 4, "kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
     optional_vector(load_indices, &lx, "load_indices", dev, b, keep)
     error_counter(error_count, dev, &errors, keep)
-    store_arg(kv_cache, cache_slots, dev, d, n, &store_address, &slots, keep)
+    store_arg(store, cache_slots, dev, d, n, &store_address, &slots, keep)
     p.struct_size = sizeof(dsa_c128_prefill_params)
     p.flags = flags
     p.device = dev
@@ -254,34 +249,15 @@ cdef int _fill_prefill(dsa_c128_prefill_params* p, state_, kv_score, out, ape, i
     p.out_layout = DSA_OUT_COMPACT if compact else DSA_OUT_RAGGED
     p.store = store_address
     p.cache_slots = slots
-    return 0
-
-
-def prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, uint32_t flags, error_count,
-            bint compact, kv_cache, cache_slots):
-    """One-shot c128 prefill: the library's status (a wrong argument raises, naming it)."""
-    cdef dsa_c128_prefill_params p
-    cdef list keep = []
-    _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, kv_cache,
-                  cache_slots, keep)
-    return launch(OP_PREFILL, &p, p.device, stream)
-
-
-def fill_prefill(uintptr_t address, state, kv_score, out, ape, indices, plan, load_indices, uint32_t flags,
-                 error_count, bint compact, kv_cache, cache_slots):
-    """Fills the prefill params at `address`: (device, the buffers the params point into besides the
-    arguments: views, a storing prefill's own out rows); nothing is written when an argument is wrong."""
-    cdef dsa_c128_prefill_params p
-    cdef list keep = []
-    _fill_prefill(&p, state, kv_score, out, ape, indices, plan, load_indices, flags, error_count, compact, kv_cache,
-                  cache_slots, keep)
-    (<dsa_c128_prefill_params*>address)[0] = p
-    return p.device, keep
+    if into:
+        (<dsa_c128_prefill_params*>into)[0] = p
+        return dev, keep
+    return launch(OP_PREFILL, &p, dev, stream)
 
 
 # ---- a DevicePlan's upload --------------------------------------------------------------------
 
-def init_upload(uintptr_t address, int32_t dev, uintptr_t compress, uintptr_t write, uintptr_t device_compress,
+def init_upload(uintptr_t address, *, int32_t dev, uintptr_t compress, uintptr_t write, uintptr_t device_compress,
                 uintptr_t device_write, int64_t compress_capacity, int64_t write_capacity, uintptr_t device_counts):
     """The plan-upload params at `address` of a DevicePlan: host arrays, device buffer, capacities."""
     cdef dsa_plan_upload_params* p = <dsa_plan_upload_params*>address

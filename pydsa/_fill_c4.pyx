@@ -186,21 +186,15 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
 
 def c4(int kind, *, main, kv_score, out=None, indexer=None, indexer_kv_score=None, indexer_out=None, records=None,
        write=None, seq_lens=None, slots=None, ring_size=None, num_drafts=None, cache_slots=None, stream=None,
-       uint32_t flags=0, error_count=None):
-    """One-shot c4 op (kind 0 decode, 1 extend, 2 verify): the library's status (a wrong argument raises,
-    naming it)."""
+       uint32_t flags=0, error_count=None, uintptr_t into=0):
+    """A c4 op (kind 0 decode, 1 extend, 2 verify; pydsa.c4_*'s arguments, pdl as `flags`): checks, fills and
+    launches (the library's status), or with `into` fills a prepared call's params there and returns
+    (device, the views the params point into). Nothing is written when an argument is wrong."""
     cdef dsa_c4_params p
+    cdef list keep = [] if into else None
     _fill(&p, kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, write, seq_lens, slots,
-          ring_size, num_drafts, cache_slots, flags, error_count, None)
-    return launch(_C4_OPS[kind], &p, p.device, stream)
-
-
-def prepare(uintptr_t address, int kind, *, main, kv_score, out=None, indexer=None, indexer_kv_score=None,
-            indexer_out=None, records=None, write=None, seq_lens=None, slots=None, ring_size=None, num_drafts=None,
-            cache_slots=None, uint32_t flags=0, error_count=None):
-    """Fills the params at `address` once (a prepared call): (device, the views the params point into)."""
-    cdef list keep = []
-    cdef dsa_c4_params* p = <dsa_c4_params*>address
-    _fill(p, kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, write, seq_lens, slots,
           ring_size, num_drafts, cache_slots, flags, error_count, keep)
-    return p.device, keep
+    if into:
+        (<dsa_c4_params*>into)[0] = p
+        return p.device, keep
+    return launch(_C4_OPS[kind], &p, p.device, stream)

@@ -62,7 +62,7 @@ cdef void _sources(dsa_metadata_copy_params* p, int64_t bs, int64_t rows, int64_
     p.src.flashmla_metadata = <const int32_t*>fm.data
 
 
-def init_metadata(uintptr_t address, uint32_t flags, int32_t dev, int32_t mode, int32_t num_destinations,
+def init_metadata(uintptr_t address, *, uint32_t flags, int32_t dev, int32_t mode, int32_t num_destinations,
                   uintptr_t destinations):
     """The metadata params at `address` for a bound set of destinations: device, mode and the
     destination array; every size and source zero until a step's sources are filled."""
@@ -86,9 +86,9 @@ cdef int64_t _length(object obj, Arg* a, str name, int32_t dev, list keep) excep
     return a.shape[0]
 
 
-def fill_metadata_sources(uintptr_t address, bint decode, bint has_real_page_table, bint has_flashmla,
+def fill_metadata_sources(uintptr_t address, *, bint decode, bint has_real_page_table, bint has_flashmla,
                           cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                          seqlens_expanded, real_page_table, num_splits, flashmla_metadata):
+                          seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None):
     """Writes the sizes (from the sources' shapes) and source pointers of one step into the metadata
     params at `address` (device, mode and destinations set); a wrong source raises, naming it, with
     nothing written. Returns the views the params point into."""
@@ -163,27 +163,30 @@ cdef int _flat(object obj, Arg* a, str name, int32_t dev, int64_t need) except -
     return 0
 
 
-def fill_flat_sources(uintptr_t address, bint decode, bint has_real_page_table, bint has_flashmla, tuple names,
-                      bs_, max_len_, max_seqlen_k_, expanded_, cache_seqlens, cu_seqlens_k, page_indices,
-                      dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k, real_page_table, num_splits,
-                      flashmla_metadata):
-    """Sizes given (bs, max_len, max_seqlen_k, expanded), every source read flat and holding at least
-    what is copied, seqlens_expanded ignored in DECODE; `names` are the caller's names of the nine
-    sources and four sizes, in this order. Writes the sizes and source pointers into the metadata
-    params at `address`; a wrong one raises, naming it, with nothing written."""
+def fill_flat_sources(uintptr_t address, *, bint decode, bint has_real_page_table, bint has_flashmla, tuple names,
+                      tuple sizes, tuple sources):
+    """Sizes given (`sizes`: bs, max_len, max_seqlen_k, expanded), every source read flat and holding at
+    least what is copied, seqlens_expanded ignored in DECODE; `sources`: the nine sources in the order
+    cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k,
+    real_page_table, num_splits, flashmla_metadata; `names`: the caller's names of the nine sources and
+    the four sizes, in these orders. Writes the sizes and source pointers into the metadata params at
+    `address`; a wrong one raises, naming it, with nothing written."""
     cdef dsa_metadata_copy_params* p = <dsa_metadata_copy_params*>address
     cdef int32_t dev = p.device
     cdef Arg cs, cu, pi, se, dc, du, rp, ns, fm
     cdef int64_t rows, width, n, real_cols = 0, meta = 0, bs, max_len, max_seqlen_k, expanded
     cdef int i
-    sizes = (bs_, max_len_, max_seqlen_k_, expanded_)
+    if len(sizes) != 4 or len(sources) != 9 or len(names) != 13:
+        raise ValueError("fill_flat_sources takes 4 sizes, 9 sources and their 13 names")
+    cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k, \
+        real_page_table, num_splits, flashmla_metadata = sources
     for i in range(4):
         if type(sizes[i]) is not int:
             raise TypeError(f"{names[9 + i]} must be an int (got {type(sizes[i]).__name__} {sizes[i]!r})")
         if not 0 <= sizes[i] < 2**31:
             raise ValueError(f"{', '.join(names[9:12])} and {names[12]} must be in 0..2**31-1 (got "
                              f"{', '.join(map(str, sizes))})")
-    bs, max_len, max_seqlen_k, expanded = bs_, max_len_, max_seqlen_k_, expanded_
+    bs, max_len, max_seqlen_k, expanded = sizes
     if (real_page_table is not None) != has_real_page_table:
         raise ValueError("real_page_table: must be given exactly when the destinations carry real_page_table")
     if ((num_splits is not None or flashmla_metadata is not None) != has_flashmla

@@ -79,7 +79,7 @@ cdef int _head(dsa_request_records_params* p, int kind, req_pool_indices, object
     return 0
 
 
-def decode_records(seq_lens, req_pool_indices, state_slot_offset, records, stream, uint32_t flags):
+def decode_records(seq_lens, req_pool_indices, *, state_slot_offset, plan_d, stream=None, uint32_t flags=0):
     """Request records [B, 16] {seq_len, slot, load slot, -1} of a decode, in one launch: the library's
     status. A seq_len outside 0..2^31-1 becomes a padding record and is counted."""
     cdef dsa_request_records_params p
@@ -92,15 +92,15 @@ def decode_records(seq_lens, req_pool_indices, state_slot_offset, records, strea
     if sq.dev != rid.dev:
         raise RuntimeError(f"seq_lens and req_pool_indices must be on one device (got {seq_lens.device} and "
                            f"{req_pool_indices.device})")
-    tensor(records, &pd, "plan_d", U8, rid.dev, 2, p.batch_size, 16, None)
+    tensor(plan_d, &pd, "plan_d", U8, rid.dev, 2, p.batch_size, 16, None)
     error_counter(None, rid.dev, &p.error_count, None)
     p.seq_lens = <const int64_t*>sq.data
     p.plan_d = <uint8_t*>pd.data
     return launch(OP_RECORDS, &p, p.device, stream)
 
 
-def prefill_records(compress, write, req_pool_indices, state_slot_offset, plan_c, plan_w, slots, load_slots,
-                    stream, uint32_t flags):
+def prefill_records(compress, write, req_pool_indices, *, state_slot_offset, plan_c, plan_w, slots, load_slots,
+                    stream=None, uint32_t flags=0):
     """A prefill's segment records {position + 1, ragged row | window_len << 16, slot, load slot} into
     plan_c / plan_w (uint8 [rows, 16], padded past the records) and its slots [B], in one launch: the
     library's status."""

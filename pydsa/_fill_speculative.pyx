@@ -60,22 +60,26 @@ cdef enum:
     STACK_LAYERS = 256  # a one-shot copying commit's layer pointers live on the C stack up to this many
 
 
-cdef int _fill_verify(dsa_c128_verify_params* p, state_, kv_score, out, ape, indices, seq_lens, bank_indices,
-                      object stride, verify_lens, uint32_t flags, error_count, kv_cache, cache_slots,
-                      list keep, bint empty_ok) except -1:
-    """0 when filled; 1 for B = 0 where `empty_ok` (a one-shot call with nothing to do)."""
+def verify(state, kv_score, out, ape, indices, seq_lens, *, bank_indices, bank_stride=1, verify_lens=None,
+           store=None, cache_slots=None, stream=None, uint32_t flags=0, error_count=None, uintptr_t into=0):
+    """The c128 verify (pydsa.c128_verify's arguments; pdl and round_between_drafts as `flags`): checks, fills
+    and launches (the library's status; B = 0 is a no-op), or with `into` fills a prepared call's params
+    there and returns (device, the views the params point into). Nothing is written when an argument is
+    wrong."""
+    cdef dsa_c128_verify_params p
+    cdef list keep = [] if into else None
     cdef Arg st, kv, o, ap, ix, sl, bk, vl
     cdef const void* store_address
     cdef const int64_t* slots
     cdef int32_t sdt
     cdef uint32_t* errors
-    state_arg(state_, &st, &sdt, "state", keep)
+    state_arg(state, &st, &sdt, "state", keep)
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3
     tensor(seq_lens, &sl, "seq_lens", I32, dev, 1, ANY, ANY, keep)
     cdef int64_t b = sl.shape[0]
-    if b == 0 and empty_ok:
-        return 1
+    if b == 0 and not into:  # a one-shot call with nothing to do
+        return 0
     tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
     cdef int64_t rows = kv.shape[0]
     if b == 0 or rows % b != 0 or not 1 <= rows // b <= MAX_DRAFTS:
@@ -88,10 +92,10 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state_, kv_score, out, ape, ind
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
     vector(indices, &ix, "indices", I32, dev, b, keep)
     vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep)
-    int_arg(stride, "bank_stride", 1, 2**31 - 1, "")
+    int_arg(bank_stride, "bank_stride", 1, 2**31 - 1, "")
     optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep)
     error_counter(error_count, dev, &errors, keep)
-    store_arg(kv_cache, cache_slots, dev, d, rows, &store_address, &slots, keep)
+    store_arg(store, cache_slots, dev, d, rows, &store_address, &slots, keep)
     p.struct_size = sizeof(dsa_c128_verify_params)
     p.flags = flags
     p.device = dev
@@ -108,32 +112,14 @@ cdef int _fill_verify(dsa_c128_verify_params* p, state_, kv_score, out, ape, ind
     p.verify_lens = <const int32_t*>vl.data
     p.indices = <const int32_t*>ix.data
     p.bank_indices = <const int32_t*>bk.data
-    p.bank_stride = <int64_t>stride
+    p.bank_stride = <int64_t>bank_stride
     p.error_count = errors
     p.store = store_address
     p.cache_slots = slots
-    return 0
-
-
-def verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, stream,
-           uint32_t flags, error_count, kv_cache, cache_slots):
-    """One-shot c128 verify: the library's status (a wrong argument raises, naming it); B = 0 is a no-op."""
-    cdef dsa_c128_verify_params p
-    if _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
-                    error_count, kv_cache, cache_slots, None, True):
-        return 0
-    return launch(OP_VERIFY, &p, p.device, stream)
-
-
-def fill_verify(uintptr_t address, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride,
-                verify_lens, uint32_t flags, error_count, kv_cache, cache_slots):
-    """Fills the verify params at `address`: (device, the views the params point into)."""
-    cdef dsa_c128_verify_params p
-    cdef list keep = []
-    _fill_verify(&p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, flags,
-                 error_count, kv_cache, cache_slots, keep, False)
-    (<dsa_c128_verify_params*>address)[0] = p
-    return p.device, keep
+    if into:
+        (<dsa_c128_verify_params*>into)[0] = p
+        return dev, keep
+    return launch(OP_VERIFY, &p, dev, stream)
 
 
 cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity, seq_lens, accepted, indices,
@@ -207,34 +193,32 @@ cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity
     return 0
 
 
-def commit(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots, num_drafts, bank_stride,
-           verify_lens, stream, uint32_t flags, error_count):
-    """One-shot c128 commit, either form: the library's status (a wrong argument raises, naming it)."""
+def commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
+           load_indices=None, num_slots=2**31 - 1, states=None, stream=None, uint32_t flags=0, error_count=None,
+           uintptr_t into=0, uintptr_t layers=0, int64_t capacity=0):
+    """The c128 commit, either form (pydsa.c128_commit's arguments, pdl as `flags`): load_indices (the slots
+    to resolve; num_slots bounds them) or states (a list of state buffers alike). Checks, fills and launches
+    (the library's status), or with `into` fills a prepared call's params there (a copying commit's layer
+    pointers into `layers`, room for `capacity`) and returns (device, the views the params point into).
+    Nothing is written when an argument is wrong."""
     cdef dsa_c128_commit_params p
     cdef void* stack[STACK_LAYERS]
-    cdef void** layers = stack
-    cdef int64_t capacity = STACK_LAYERS
-    if (type(states) is list or type(states) is tuple) and len(states) > STACK_LAYERS:
-        capacity = len(states)
-        layers = <void**>malloc(capacity * sizeof(void*))
-        if layers == NULL:
-            raise MemoryError()
+    cdef void** table = <void**>layers
+    cdef list keep = [] if into else None
+    if not into:  # one-shot: the layer pointers on the C stack, or on the heap past STACK_LAYERS
+        table, capacity = stack, STACK_LAYERS
+        if (type(states) is list or type(states) is tuple) and len(states) > STACK_LAYERS:
+            capacity = len(states)
+            table = <void**>malloc(capacity * sizeof(void*))
+            if table == NULL:
+                raise MemoryError()
     try:
-        _fill_commit(&p, layers, capacity, seq_lens, accepted, indices, bank_indices, load_indices, states,
-                     num_slots, num_drafts, bank_stride, verify_lens, flags, error_count, None)
+        _fill_commit(&p, table, capacity, seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots,
+                     num_drafts, bank_stride, verify_lens, flags, error_count, keep)
+        if into:
+            (<dsa_c128_commit_params*>into)[0] = p
+            return p.device, keep
         return launch(OP_COMMIT, &p, p.device, stream)
     finally:
-        if layers != stack:
-            free(layers)
-
-
-def fill_commit(uintptr_t address, uintptr_t layers, int64_t capacity, seq_lens, accepted, indices, bank_indices,
-                load_indices, states, num_slots, num_drafts, bank_stride, verify_lens, uint32_t flags, error_count):
-    """Fills the commit params at `address` (a copying commit's layer pointers into `layers`, room for
-    `capacity`): (device, the views the params point into)."""
-    cdef dsa_c128_commit_params p
-    cdef list keep = []
-    _fill_commit(&p, <void**>layers, capacity, seq_lens, accepted, indices, bank_indices, load_indices, states,
-                 num_slots, num_drafts, bank_stride, verify_lens, flags, error_count, keep)
-    (<dsa_c128_commit_params*>address)[0] = p
-    return p.device, keep
+        if table != stack and not into:
+            free(table)

@@ -27,13 +27,16 @@ cdef int OP_STORE = declare_op("store", "dsa_kv_store", DSA_STRUCT_KV_STORE_PARA
 
 
 
-def store(vectors, positions, cache_slots, cache, stream, uint32_t flags, error_count, records, bint extend,
-          int32_t ratio=0):
-    """One-shot store of vectors [N, D] into a KVCache: the library's status (a wrong argument
-    raises, naming it). With records (uint8 [M, 16], M <= N), positions and slots come from them."""
+def store(vectors, positions, cache_slots, cache, *, records=None, extend=False, int32_t ratio=128, stream=None,
+          uint32_t flags=0, error_count=None):
+    """One-shot store of vectors [N, D] into a KVCache (pydsa.kv_store's arguments, pdl as `flags`): the
+    library's status (a wrong argument raises, naming it). With records (uint8 [M, 16], M <= N), positions
+    and slots come from them."""
     cdef dsa_kv_store_params p
     cdef Arg v, ps, cs, rc
     cdef uint32_t* errors
+    if extend is not True and extend is not False:
+        raise TypeError(f"extend must be a bool (got {extend!r})")
     if not is_store(cache):
         raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
     cdef int32_t dev = cache.device

@@ -38,17 +38,19 @@ _launch = _read.launch_prepared
 
 
 class Prepared:
-    """A validated call: params filled once by the compiled filler; launch() runs them again."""
+    """A validated call: params filled once by the op's compiled call (its `into=` form); launch() runs
+    them again. A subclass names its op (`_op`, a row of the op table) and its compiled call (`_fill`)."""
 
     _op = None  # an op name of the op table (_read.OPS)
+    _fill = None  # staticmethod(the op's compiled call), which fills instead of launching when given `into`
 
-    def _bind(self, fill, *args, **kwargs) -> None:
-        """Fills the params through `fill(address, *args, **kwargs)`, which judges every argument (a wrong one
-        raises, naming it) and returns (device, the buffers the params point into besides the arguments)."""
+    def _bind(self, *args, **kwargs) -> None:
+        """Fills the params through the op's compiled call with `into` set: it judges every argument (a wrong
+        one raises, naming it) and returns (device, the buffers the params point into besides the arguments)."""
         self._buf = C.create_string_buffer(SIZES[self._op])
         self._address = C.addressof(self._buf)
         self._opid = OPS[self._op]
-        self._dev, views = fill(self._address, *args, **kwargs)
+        self._dev, views = self._fill(*args, into=self._address, **kwargs)
         self._keep = (args, kwargs, views)
         self.device = torch.device("cpu") if self._dev < 0 else torch.device("cuda", self._dev)
 

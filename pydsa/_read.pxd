@@ -63,7 +63,7 @@ cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64
 cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep) except -1
 cdef int state_arg(object obj, Arg* a, int32_t* state_dtype, str name, list keep) except -1
 cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) except -1
-cdef int store_arg(object kv_cache, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
+cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
                const int64_t** slots, list keep) except -1
 cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1
 # An output must not share memory with an input of the same call: the error naming both, else 0.

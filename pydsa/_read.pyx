@@ -368,27 +368,27 @@ cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) excep
     return 0
 
 
-cdef int store_arg(object kv_cache, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
+cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
                const int64_t** slots, list keep) except -1:
     """A call's optional store: the KVCache's descriptor and its int64 cache_slots [rows]."""
     cdef Arg cs
     address[0] = NULL
     slots[0] = NULL
-    if kv_cache is None:
+    if store is None:
         if cache_slots is not None:
             raise ValueError("cache_slots is given without store=")
         return 0
-    if type(kv_cache) is not _store_type:
-        raise TypeError(f"store must be a pydsa.KVCache (got {type(kv_cache).__name__})")
-    if kv_cache.device != dev:
-        raise ValueError(f"store's cache is on {kv_cache.cache.device} but the other tensors are on "
+    if type(store) is not _store_type:
+        raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
+    if store.device != dev:
+        raise ValueError(f"store's cache is on {store.cache.device} but the other tensors are on "
                          f"{_messages.device_name(dev)}")
-    if kv_cache.head_dim != d:
-        raise ValueError(f"store is for D = {kv_cache.head_dim} but the op's head dim is {d}")
+    if store.head_dim != d:
+        raise ValueError(f"store is for D = {store.head_dim} but the op's head dim is {d}")
     if cache_slots is None:
         raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
     vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep)
-    address[0] = <const void*><uintptr_t>kv_cache.address
+    address[0] = <const void*><uintptr_t>store.address
     slots[0] = <const int64_t*>cs.data
     return 0
 

@@ -42,9 +42,8 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
     vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
     launches with programmatic dependent launch where every compiled architecture supports it."""
-    flags = pdl_flag(pdl)
-    status = _decode(state, kv_score, out, ape, indices, seq_lens, stream, flags, error_count, load_indices, store,
-                     cache_slots)
+    status = _decode(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
+                     cache_slots=cache_slots, stream=stream, flags=pdl_flag(pdl), error_count=error_count)
     if status:
         _check_status(status)  # raises
 
@@ -53,12 +52,12 @@ class C128Decode(Prepared):
     """A validated decode call over fixed buffers; launch() re-runs it (e.g. for CUDA-graph
     capture or replay) with no re-validation. Contents of the buffers may change between launches."""
 
-    _op = "decode"
+    _op, _fill = "decode", staticmethod(_fill_c128.decode)
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None,
                  cache_slots=None, pdl=None, error_count=None):
-        self._bind(_fill_c128.fill_decode, state, kv_score, out, ape, indices, seq_lens, pdl_flag(pdl), error_count,
-                   load_indices, store, cache_slots)
+        self._bind(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
+                   cache_slots=cache_slots, flags=pdl_flag(pdl), error_count=error_count)
 
 
 class DevicePlan:
@@ -102,9 +101,10 @@ class DevicePlan:
                       np.empty(self.write_capacity, pyplan.SEGMENT_DTYPE))
         self._upload = C.create_string_buffer(SIZES["upload"])
         self._upload_address = C.addressof(self._upload)
-        _fill_c128.init_upload(self._upload_address, self._dev, self._host[0].ctypes.data, self._host[1].ctypes.data,
-                           self.compress_ptr, self.write_ptr, self.compress_capacity, self.write_capacity,
-                           self.counts_ptr)
+        _fill_c128.init_upload(self._upload_address, dev=self._dev, compress=self._host[0].ctypes.data,
+                               write=self._host[1].ctypes.data, device_compress=self.compress_ptr,
+                               device_write=self.write_ptr, compress_capacity=self.compress_capacity,
+                               write_capacity=self.write_capacity, device_counts=self.counts_ptr)
 
     def plan(self, seq_lens, extend_lens, *, num_tokens=None, stream=None) -> "DevicePlan":
         """Plans on the host and enqueues the upload of the plan on `stream` (raw handle) or the
@@ -143,11 +143,17 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     vector into a pydsa.KVCache as well, in the same call (on the GPU by a store launch behind the
     prefill's own, reading the vectors from out); `out` may then be None (the call then takes out rows
     of its own from torch's allocator)."""
-    flags = pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
-    status = _prefill(state, kv_score, out, ape, indices, plan, load_indices, stream, flags, error_count, compact,
-                      store, cache_slots)
+    status = _prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact,
+                      store=store, cache_slots=cache_slots, stream=stream, flags=_prefill_flags(pdl, cooperative),
+                      error_count=error_count)
     if status:
         _check_status(status)  # raises
+
+
+def _prefill_flags(pdl, cooperative) -> int:
+    if cooperative is not True and cooperative is not False:
+        raise TypeError(f"cooperative must be a bool (got {cooperative!r})")
+    return pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
 
 
 _upload = _fill_c128.upload
@@ -162,13 +168,12 @@ class C128Prefill(Prepared):
     out=...) and launch again), or a DevicePlan (read in place on the device: re-plan, then launch
     or replay a graph that captured this call)."""
 
-    _op = "prefill"
+    _op, _fill = "prefill", staticmethod(_fill_c128.prefill)
 
     def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
                  cache_slots=None, pdl=None, error_count=None, cooperative=True):
-        self._bind(_fill_c128.fill_prefill, state, kv_score, out, ape, indices, plan, load_indices,
-                   pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE), error_count, bool(compact), store,
-                   cache_slots)
+        self._bind(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact, store=store,
+                   cache_slots=cache_slots, flags=_prefill_flags(pdl, cooperative), error_count=error_count)
 
 
 def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None):

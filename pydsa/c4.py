@@ -132,12 +132,12 @@ class C4Decode(Prepared):
     """A c4 decode with its arguments checked once (CUDA-graph replay, or a step loop over fixed
     buffers): launch() runs it again on the same tensors, whatever they hold then."""
 
-    _op = "c4_decode"
+    _op, _fill = "c4_decode", staticmethod(_fill_c4.c4)
 
     def __init__(self, main: C4Compressor, kv_score, *, indexer: C4Compressor | None = None, indexer_kv_score=None,
                  records=None, seq_lens=None, slots=None, ring_size: int | None = None, out=None, indexer_out=None,
                  cache_slots=None, pdl=None, error_count=None):
-        self._bind(_fill_c4.prepare, _DECODE, main=main, kv_score=kv_score, out=out, indexer=indexer,
+        self._bind(_DECODE, main=main, kv_score=kv_score, out=out, indexer=indexer,
                    indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, records=records, seq_lens=seq_lens,
                    slots=slots, ring_size=ring_size, cache_slots=cache_slots, flags=pdl_flag(pdl),
                    error_count=error_count)

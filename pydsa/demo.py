@@ -375,8 +375,8 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
                         load=torch.zeros(bucket, **i32), bank=torch.zeros(bucket, **i32),
                         lens=torch.zeros(bucket, **i32), accepted=torch.zeros(bucket, **i32),
                         locs=torch.full((bucket * DRAFTS,), -1, dtype=torch.int64, device=device))
-            verify = C128Verify(state, bufs["drafts"], bufs["out"], ape, bufs["load"], bufs["seq"], bufs["bank"],
-                                verify_lens=bufs["lens"], store=entries.cache, cache_slots=bufs["locs"])
+            verify = C128Verify(state, bufs["drafts"], bufs["out"], ape, bufs["load"], bufs["seq"],
+                                bank_indices=bufs["bank"], verify_lens=bufs["lens"], store=entries.cache, cache_slots=bufs["locs"])
             commit = C128Commit(bufs["seq"], bufs["accepted"], bufs["load"], bufs["bank"], num_drafts=DRAFTS,
                                 verify_lens=bufs["lens"], load_indices=bufs["load"], num_slots=num_slots)
             verify_ops[bucket] = (bufs, verify, commit)

@@ -114,7 +114,8 @@ class MetadataCopy:
         self._dests_address = C.addressof(self._dests)
         self._params = C.create_string_buffer(SIZES["metadata"])
         self._address = C.addressof(self._params)
-        _fill_metadata.init_metadata(self._address, self._flags, self._dev, self.mode, len(destinations), self._dests_address)
+        _fill_metadata.init_metadata(self._address, flags=self._flags, dev=self._dev, mode=self.mode,
+                                     num_destinations=len(destinations), destinations=self._dests_address)
         self._last = (None,) * 9  # the source tensors the params were last built from
 
     def _check_dest(self, t, name, kind):
@@ -143,16 +144,20 @@ class MetadataCopy:
         if not (cache_seqlens is last[0] and cu_seqlens_k is last[1] and page_indices is last[2]
                 and dsa_cache_seqlens is last[3] and dsa_cu_seqlens_k is last[4] and seqlens_expanded is last[5]
                 and real_page_table is last[6] and num_splits is last[7] and flashmla_metadata is last[8]):
-            self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                          seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+            self._prepare(cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k, page_indices=page_indices,
+                          dsa_cache_seqlens=dsa_cache_seqlens, dsa_cu_seqlens_k=dsa_cu_seqlens_k,
+                          seqlens_expanded=seqlens_expanded, real_page_table=real_page_table, num_splits=num_splits,
+                          flashmla_metadata=flashmla_metadata)
         self.launch(stream)
 
     def bind(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
              seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None) -> "MetadataCopy":
         """Checks and binds static source buffers (refilled in place each step); launch() then
         copies them with no per-call argument handling. Returns self."""
-        self._prepare(cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
-                      seqlens_expanded, real_page_table, num_splits, flashmla_metadata)
+        self._prepare(cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k, page_indices=page_indices,
+                      dsa_cache_seqlens=dsa_cache_seqlens, dsa_cu_seqlens_k=dsa_cu_seqlens_k,
+                      seqlens_expanded=seqlens_expanded, real_page_table=real_page_table, num_splits=num_splits,
+                      flashmla_metadata=flashmla_metadata)
         return self
 
     def launch(self, stream=None) -> None:
@@ -163,22 +168,25 @@ class MetadataCopy:
         if status:
             _check_status(status)
 
-    def fill_flat(self, names: tuple, bs: int, max_len: int, max_seqlen_k: int, expanded: int, *sources) -> None:
-        """Sizes given, every source taken flat (the convention pydsa.sglang speaks): fills one step's
+    def fill_flat(self, names: tuple, *, sizes: tuple, sources: tuple) -> None:
+        """Sizes given (bs, max_len, max_seqlen_k, expanded), every source taken flat (the convention
+        pydsa.sglang speaks; `sources` in _fill_metadata.fill_flat_sources's order): fills one step's
         sources through the compiled filler, which names a wrong one by `names` (the caller's names of
         the nine sources and four sizes); on success they are bound (launch() may run; the next
         __call__ re-checks its sources), on failure nothing is."""
         self._last = (None,) * 9
-        _fill_metadata.fill_flat_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, names,
-                                         bs, max_len, max_seqlen_k, expanded, *sources)
+        _fill_metadata.fill_flat_sources(self._address, decode=self.decode,
+                                         has_real_page_table=self.has_real_page_table, has_flashmla=self.has_flashmla,
+                                         names=names, sizes=sizes, sources=sources)
         self._last = (True,) + (None,) * 8
 
-    def _prepare(self, *sources) -> None:
+    def _prepare(self, **sources) -> None:
         """Judges the sources (an error names the one that is wrong) and fills the params with them through
         the compiled filler; on success they become the bound sources, on failure nothing stays bound."""
         self._last = (None,) * 9
-        self._views = _fill_sources(self._address, self.decode, self.has_real_page_table, self.has_flashmla, *sources)
-        self._last = sources
+        self._views = _fill_sources(self._address, decode=self.decode, has_real_page_table=self.has_real_page_table,
+                                    has_flashmla=self.has_flashmla, **sources)
+        self._last = tuple(sources.values())
 
 
 def metadata_copy(sources: dict, destinations, *, mode="decode", stream=None, pdl=False) -> None:

@@ -84,8 +84,8 @@ def _bind(mode: int, groups) -> MetadataCopy:
 _FLAT_NAMES = _SOURCE_NAMES + ("bs", "max_len", "max_seqlen_k", "seqlens_expanded_size")
 
 
-def _copy(copy: MetadataCopy, mode: int, sources, bs: int, max_len: int, max_seqlen_k: int, expanded: int) -> None:
-    copy.fill_flat(_FLAT_NAMES, bs, max_len, max_seqlen_k, expanded, *sources)
+def _copy(copy: MetadataCopy, sources, sizes) -> None:
+    copy.fill_flat(_FLAT_NAMES, sizes=sizes, sources=sources)
     copy.launch()
 
 
@@ -105,7 +105,7 @@ def fused_metadata_copy_cuda(cache_seqlens_src, cu_seqlens_k_src, page_indices_s
     dests = (cache_seqlens_dst, cu_seqlens_k_dst, page_table_1_dst, nsa_cache_seqlens_dst,
              None if decode else seqlens_expanded_dst, nsa_cu_seqlens_k_dst, real_page_table_dst,
              flashmla_num_splits_dst, flashmla_metadata_dst)
-    _copy(_bind(forward_mode, (dests,)), forward_mode, sources, bs, max_len, max_seqlen_k, seqlens_expanded_size)
+    _copy(_bind(forward_mode, (dests,)), sources, (bs, max_len, max_seqlen_k, seqlens_expanded_size))
 
 
 def fused_metadata_copy_multi_cuda(cache_seqlens_src, cu_seqlens_k_src, page_indices_src, nsa_cache_seqlens_src,
@@ -131,7 +131,7 @@ def fused_metadata_copy_multi_cuda(cache_seqlens_src, cu_seqlens_k_src, page_ind
          real_page_table_dst1, flashmla_num_splits_dst1, flashmla_metadata_dst1),
         (cache_seqlens_dst2, cu_seqlens_k_dst2, page_table_1_dst2, nsa_cache_seqlens_dst2, nsa_cu_seqlens_k_dst2,
          real_page_table_dst2, flashmla_num_splits_dst2, flashmla_metadata_dst2)))
-    _copy(_bind(MODE_DECODE, groups), MODE_DECODE, sources, bs, max_len, 0, seqlens_expanded_size)
+    _copy(_bind(MODE_DECODE, groups), sources, (bs, max_len, 0, seqlens_expanded_size))
 
 
 def c128_online_decode(kv_score_buffer, kv_score_input, out, ape, indices, seq_lens, extra=None) -> None:
@@ -221,7 +221,7 @@ def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indic
         raise ValueError(f"head_dim is {head_dim} but state rows hold {state.shape[-1]} = 3 * {state.shape[-1] // 3}")
     req = _slots(req_pool_indices, batch_size)
     c128_verify(_state_rows(state), kv_score_input[:batch_size * num_verify_tokens], None, ape, req,
-                _slots(seq_lens, batch_size), req, bank_stride=state_slot_stride,
+                _slots(seq_lens, batch_size), bank_indices=req, bank_stride=state_slot_stride,
                 round_between_drafts=state.dtype != torch.bfloat16)
 
 

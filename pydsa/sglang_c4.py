@@ -16,6 +16,8 @@ V, refuses more.
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from .c4 import C4Compressor, c4_decode, c4_extend
@@ -26,12 +28,20 @@ _INVALID_C = (-1, 0, -1, -1)  # {0xFFFFFFFF, u16 0 | u16 0, -1, -1} as int32 wor
 _INVALID_W = (-1, -1)
 
 
-def _rows(positions, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring):
-    """Ring rows (int64) of positions (int64, >= 0) of requests rid, as sglang addresses them."""
-    if use_req_ring:
-        return rid * ring_size + positions % ring_size
-    swa = full_to_state[req_to_token[rid, positions].to(torch.int64)]
-    return torch.div(swa, swa_page_size, rounding_mode="floor") * ring_size + swa % ring_size
+class _Ring(NamedTuple):
+    """How sglang addresses a c4 ring: per SWA page (req_to_token, full_to_state) or per request."""
+    req_to_token: torch.Tensor
+    full_to_state: torch.Tensor
+    swa_page_size: int
+    ring_size: int
+    use_req_ring: bool
+
+    def rows(self, positions, rid):
+        """Ring rows (int64) of positions (int64, >= 0) of requests rid."""
+        if self.use_req_ring:
+            return rid * self.ring_size + positions % self.ring_size
+        swa = self.full_to_state[self.req_to_token[rid, positions].to(torch.int64)]
+        return torch.div(swa, self.swa_page_size, rounding_mode="floor") * self.ring_size + swa % self.ring_size
 
 
 def _check_ring(compress_ratio, swa_page_size, ring_size):
@@ -57,8 +67,8 @@ def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_pag
     rid = req_pool_indices
     p1 = (seq - 1).clamp_min(0)
     p0 = (p1 - RATIO).clamp_min(0)
-    write = _rows(p1, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
-    first = _rows(p0, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    ring = _Ring(req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    write, first = ring.rows(p1, rid), ring.rows(p0, rid)
     plan = torch.stack([seq.clamp_min(0), write, torch.div(first, 4, rounding_mode="floor"),
                         torch.div(write, 4, rounding_mode="floor")], dim=1).to(torch.int32)
     return plan.view(torch.uint8).reshape(-1, 16)
@@ -110,8 +120,8 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     p1 = torch.where(closes | kept, pos, torch.zeros_like(pos))  # rows past the tokens address nothing
     p0 = (p1 - RATIO).clamp_min(0)
     from_ring = ring_rows > 0
-    row1 = _rows(p1, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
-    row0 = _rows(p0, rid, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    ring = _Ring(req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    row1, row0 = ring.rows(p1, rid), ring.rows(p0, rid)
     g0 = torch.where(from_ring, torch.div(row0, 4, rounding_mode="floor"), torch.full_like(row0, -1))
     g1 = torch.where(from_ring, torch.div(row1, 4, rounding_mode="floor"), b)
     comp = torch.stack([pos + 1, t | (ring_rows << 16), g0, g1], dim=1).to(torch.int32)

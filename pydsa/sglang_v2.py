@@ -69,7 +69,8 @@ class CompressorDecodePlan(NamedTuple):
         if compress_ratio != sglang_c4.RATIO:
             raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
         return CompressorDecodePlan(sglang_c4.RATIO, sglang_c4.plan_decode(
-            req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring))
+            req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size=swa_page_size, ring_size=ring_size,
+            use_req_ring=use_req_ring))
 
     @staticmethod
     def generate_online(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
@@ -88,7 +89,8 @@ class CompressorDecodePlan(NamedTuple):
             raise RuntimeError(f"seq_lens must lie in 0..2^31-1 (sglang's record holds 32 bits; got "
                                f"{int(seq_lens.min())}..{int(seq_lens.max())})")
         plan_d = torch.empty((seq_lens.shape[0], 16), dtype=torch.uint8, device=req_pool_indices.device)
-        status = _decode_records(seq_lens, req_pool_indices, state_slot_offset, plan_d, None, DEFAULT_PDL_FLAG)
+        status = _decode_records(seq_lens, req_pool_indices, state_slot_offset=state_slot_offset, plan_d=plan_d,
+                                 flags=DEFAULT_PDL_FLAG)
         if status:
             _check_status(status)
         return CompressorDecodePlan(RATIO, plan_d)
@@ -126,7 +128,9 @@ class CompressorPrefillPlan(NamedTuple):
         if compress_ratio != sglang_c4.RATIO:
             raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
         plan_c, plan_w = sglang_c4.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
-                                                swa_page_size, ring_size, num_q_tokens, use_cuda_graph, use_req_ring)
+                                                swa_page_size=swa_page_size, ring_size=ring_size,
+                                                num_q_tokens=num_q_tokens, use_cuda_graph=use_cuda_graph,
+                                                use_req_ring=use_req_ring)
         return CompressorPrefillPlan(sglang_c4.RATIO, plan_c, plan_w)
 
     @staticmethod
@@ -170,11 +174,11 @@ class CompressorPrefillPlan(NamedTuple):
         plan_w = torch.empty((rows_w, 16), dtype=torch.uint8, device=dev)
         indices, load = torch.empty(b, dtype=torch.int32, device=dev), torch.empty(b, dtype=torch.int32, device=dev)
         rid = req_pool_indices if req_pool_indices.dtype == torch.int64 else req_pool_indices.to(torch.int64)
-        status = _prefill_records(compress, write, rid, state_slot_offset, plan_c, plan_w, indices, load, None,
-                                  DEFAULT_PDL_FLAG)
+        status = _prefill_records(compress, write, rid, state_slot_offset=state_slot_offset, plan_c=plan_c,
+                                  plan_w=plan_w, slots=indices, load_slots=load, flags=DEFAULT_PDL_FLAG)
         if status:
             _check_status(status)
-        return CompressorPrefillPlan(RATIO, plan_c, plan_w, None, records, indices, load)
+        return CompressorPrefillPlan(RATIO, plan_c, plan_w, records=records, indices=indices, load_indices=load)
 
     @property
     def is_decode(self) -> bool:
@@ -283,7 +287,7 @@ def _run(kv_score_buffer, kv_score_input, ape, plan, out, store=None, cache_slot
     try:
         state = kv_score_buffer.view(-1, 1, kv_score_buffer.shape[-1])
         a = ape if ape.dtype == kv_score_input.dtype else ape.to(dtype=kv_score_input.dtype)
-        _ops(state, kv_score_input, a.view(-1, HEAD_DIM), plan, out, store, cache_slots)
+        _ops(state, kv_score_input, a.view(-1, HEAD_DIM), plan, out, store=store, cache_slots=cache_slots)
     except Exception as exc:
         if not _explained(exc):
             raise
@@ -291,7 +295,7 @@ def _run(kv_score_buffer, kv_score_input, ape, plan, out, store=None, cache_slot
         raise _caller_words(exc, _COMPRESS_NAMES) from None
 
 
-def _ops(state, kv_score_input, ape, plan, out, store, cache_slots):
+def _ops(state, kv_score_input, ape, plan, out, *, store, cache_slots):
     if plan.is_decode:
         c128_decode(state, kv_score_input, out, ape, plan.plan_d, None, store=store, cache_slots=cache_slots)
         return
@@ -349,8 +353,8 @@ def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout="v4") 
     return memo(_caches, key, make, 4096)
 
 
-def _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
-                        kvcache_rope):
+def _check_store_config(kv, *, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout,
+                        fp8_2buff, kvcache_rope):
     reason = outside_pydsa(indexer=bool(use_fp4) or fp4_k_write_metadata is not None or kvcache_scale is not None
                            or rope_cache is not None, bf16_store=bool(bf16_store),
                            two_pool=bool(fp8_2buff) or kvcache_rope is not None, layout=layout)
@@ -370,8 +374,9 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
                              fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None) -> None:
     """sglang's store of a c128 layer's vectors: decode (row b stored when its seq_len closes a chunk,
     at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch."""
-    _check_store_config(kv, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout, fp8_2buff,
-                        kvcache_rope)
+    _check_store_config(kv, use_fp4=use_fp4, bf16_store=bf16_store, kvcache_scale=kvcache_scale, rope_cache=rope_cache,
+                        fp4_k_write_metadata=fp4_k_write_metadata, layout=layout, fp8_2buff=fp8_2buff,
+                        kvcache_rope=kvcache_rope)
     _check_eps(norm_eps)
     c4 = getattr(plan, "compress_ratio", RATIO) == sglang_c4.RATIO
     if not c4 and kv.shape[-1] != HEAD_DIM:

@@ -70,9 +70,9 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     round_between_drafts False (bf16 state only): the running state stays fp32 from draft to draft,
     each bank entry rounded once, as sglang 0.5.23 keeps it; by default it is rounded as a decode's
     store rounds it, so a verified token leaves exactly the state a decoded one would."""
-    flags = _verify_flags(pdl, round_between_drafts, state)
-    status = _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, stream,
-                     flags, error_count, store, cache_slots)
+    status = _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices=bank_indices, bank_stride=bank_stride,
+                     verify_lens=verify_lens, store=store, cache_slots=cache_slots, stream=stream,
+                     flags=_verify_flags(pdl, round_between_drafts, state), error_count=error_count)
     if status:
         _check_status(status)  # raises
 
@@ -80,15 +80,14 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
 class C128Verify(Prepared):
     """A validated verify over fixed buffers; launch() re-runs it (CUDA-graph capture or replay)."""
 
-    _op = "verify"
+    _op, _fill = "verify", staticmethod(_fill_speculative.verify)
 
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1,
                  verify_lens=None, store=None, cache_slots=None, pdl=None, error_count=None,
                  round_between_drafts: bool = True):
-        self._bind(_fill_speculative.fill_verify, state, kv_score, out, ape, indices, seq_lens, bank_indices,
-                   bank_stride, verify_lens,
-                   _verify_flags(pdl, round_between_drafts, state), error_count, store,
-                   cache_slots)
+        self._bind(state, kv_score, out, ape, indices, seq_lens, bank_indices=bank_indices, bank_stride=bank_stride,
+                   verify_lens=verify_lens, store=store, cache_slots=cache_slots,
+                   flags=_verify_flags(pdl, round_between_drafts, state), error_count=error_count)
 
 
 def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
@@ -101,9 +100,9 @@ def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_s
     layer at once (num_slots: rows of the state buffers, for the range check); or states, a list of
     state buffers alike: the accepted bank entry is copied onto indices[b] in every one, in one
     launch per 64 layers."""
-    flags = pdl_flag(pdl)
-    status = _commit(seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots, num_drafts,
-                     bank_stride, verify_lens, stream, flags, error_count)
+    status = _commit(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
+                     verify_lens=verify_lens, load_indices=load_indices, num_slots=num_slots, states=states,
+                     stream=stream, flags=pdl_flag(pdl), error_count=error_count)
     if status:
         _check_status(status)  # raises
 
@@ -112,13 +111,12 @@ class C128Commit(Prepared):
     """A validated commit over fixed buffers (c128_commit's arguments); launch() re-runs it, e.g.
     inside the CUDA graph of a speculative step."""
 
-    _op = "commit"
+    _op, _fill = "commit", staticmethod(_fill_speculative.commit)
 
     def __init__(self, seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
                  load_indices=None, num_slots=2**31 - 1, states=None, pdl=False, error_count=None):
         n = len(states) if isinstance(states, (list, tuple)) else 0
         self._layers = (C.c_void_p * max(1, n))()
-
-        self._bind(_fill_speculative.fill_commit, C.addressof(self._layers), n, seq_lens, accepted, indices,
-                   bank_indices, load_indices, states, num_slots, num_drafts, bank_stride, verify_lens,
-                   pdl_flag(pdl), error_count)
+        self._bind(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
+                   verify_lens=verify_lens, load_indices=load_indices, num_slots=num_slots, states=states,
+                   flags=pdl_flag(pdl), error_count=error_count, layers=C.addressof(self._layers), capacity=n)

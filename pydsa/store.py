@@ -153,8 +153,8 @@ def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, e
     A cache of layout "indexer" takes the c4 indexer's store (D = 128)."""
     if ratio not in (4, 128) or isinstance(ratio, bool):
         raise ValueError(f"ratio must be 128 (c128 records) or 4 (c4 records) (got {ratio!r})")
-    flags = pdl_flag(pdl)
-    status = _store(vectors, positions, cache_slots, cache, stream, flags, error_count, records, bool(extend), ratio)
+    status = _store(vectors, positions, cache_slots, cache, records=records, extend=extend, ratio=ratio, stream=stream,
+                    flags=pdl_flag(pdl), error_count=error_count)
     if status:
         _check_status(status)  # raises
 

@@ -22,19 +22,18 @@ POISON = b"\xab"
 for _dev in [-1] + list(range(torch.cuda.device_count())):
     error_counter(_dev)  # the default counters exist (the first call of a process makes them)
 
-DECODE_ORDER = ("state", "kv_score", "out", "ape", "indices", "seq_lens", "flags", "error_count", "load_indices",
-                "kv_cache", "cache_slots")
-PREFILL_ORDER = ("state", "kv_score", "out", "ape", "indices", "plan", "load_indices", "flags", "error_count",
-                 "compact", "kv_cache", "cache_slots")
+DECODE_NAMES = ("state", "kv_score", "out", "ape", "indices", "seq_lens", "flags", "error_count", "load_indices",
+                "store", "cache_slots")
+PREFILL_NAMES = ("state", "kv_score", "out", "ape", "indices", "plan", "load_indices", "flags", "error_count",
+                 "compact", "store", "cache_slots")
 
 
 def _fill(op, args):
     """(params bytes, error or None) of the op's filler over `args` into a poisoned buffer."""
-    fill, order = {"decode": (_fill_c128.fill_decode, DECODE_ORDER), "prefill": (_fill_c128.fill_prefill, PREFILL_ORDER)}[op]
+    fill = {"decode": _fill_c128.decode, "prefill": _fill_c128.prefill}[op]
     buf = C.create_string_buffer(POISON * SIZES[op], SIZES[op])
-    full = dict(dict(flags=0, error_count=None, load_indices=None, kv_cache=None, cache_slots=None, compact=False), **args)
     try:
-        fill(C.addressof(buf), *(full[k] for k in order))
+        fill(**args, into=C.addressof(buf))
     except (TypeError, ValueError) as exc:
         return buf.raw, exc
     return buf.raw, None
@@ -161,16 +160,13 @@ _SOURCE_ORDER = ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seq
                  "seqlens_expanded", "real_page_table", "num_splits", "flashmla_metadata")
 
 
-_SOURCE_ORDER = ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k",
-                 "seqlens_expanded", "real_page_table", "num_splits", "flashmla_metadata")
-
-
 def _compiled_metadata(copy, src):
     """(params before, error or None, params after) of the sources' filler."""
     before = bytes(copy._params)
     try:
-        _fill_metadata.fill_metadata_sources(copy._address, copy.decode, copy.has_real_page_table, copy.has_flashmla,
-                                             *(src.get(k) for k in _SOURCE_ORDER))
+        _fill_metadata.fill_metadata_sources(copy._address, decode=copy.decode,
+                                             has_real_page_table=copy.has_real_page_table,
+                                             has_flashmla=copy.has_flashmla, **src)
     except (TypeError, ValueError) as exc:
         return before, exc, bytes(copy._params)
     return before, None, bytes(copy._params)
@@ -228,7 +224,7 @@ def _judged(op, name, args):
     said = str(err)
     # the changed argument, or one it no longer fits (a longer kv_score leaves out one row short)
     named = name in said or "head dim" in said or "tensors must be on" in said
-    assert named or said.split(" ")[0].split("[")[0] in (DECODE_ORDER + PREFILL_ORDER), (name, said)
+    assert named or said.split(" ")[0].split("[")[0] in (DECODE_NAMES + PREFILL_NAMES), (name, said)
     assert raw == POISON * SIZES[op], (name, said)
     return True
 

@@ -83,7 +83,8 @@ def test_the_library_pads_and_counts_a_seq_len_its_record_would_wrap():
     plan = torch.full((4, 16), 0xAB, dtype=torch.uint8)
     pydsa.error_count("cpu")
     pydsa.reset_error_count("cpu")
-    assert _fill_records.decode_records(seq, torch.arange(4), 0, plan, None, DEFAULT_PDL_FLAG) == 0
+    assert _fill_records.decode_records(seq, torch.arange(4), state_slot_offset=0, plan_d=plan,
+                                        flags=DEFAULT_PDL_FLAG) == 0
     assert plan.view(torch.int32)[:, 0].tolist() == [5, 0, 0, 128]
     assert pydsa.error_count("cpu") == 2
 

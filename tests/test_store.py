@@ -513,8 +513,8 @@ def test_a_storing_prefill_on_the_gpu_needs_out():
     kvc = make_cache(d, 2, 200, 400, "cuda")
     out = torch.empty(300, d, device="cuda")
     buf = (C.c_char * C.sizeof(PrefillParams))()
-    assert _fill_c128.fill_prefill(C.addressof(buf), state, kv, out, ape, idx, plan, None, 0, None, False, kvc,
-                                   slots)[0] == 0
+    assert _fill_c128.prefill(state, kv, out, ape, idx, plan, store=kvc, cache_slots=slots,
+                              into=C.addressof(buf))[0] == 0
     PrefillParams.from_buffer(buf).out = None
     status = _read.launch_prepared(_read.OPS["prefill"], C.addressof(buf), 0, None)
     with pytest.raises(pydsa.DsaError, match="out is null; a storing prefill on the GPU"):
@@ -625,9 +625,10 @@ def test_storing_calls_through_every_reader_write_the_same_bytes():
     # cache_slots without a store, or of the wrong dtype: refused by name, nothing written
     before = cache.cache.clone()
     with pytest.raises(ValueError, match="cache_slots is given without store="):
-        _fill_c128.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, None, slots)
+        _fill_c128.decode(state, kv, None, ape, idx, seq, error_count=errors, cache_slots=slots)
     with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
-        _fill_c128.decode(state, kv, None, ape, idx, seq, None, 0, errors, None, cache, slots.int())
+        _fill_c128.decode(state, kv, None, ape, idx, seq, error_count=errors, store=cache,
+                          cache_slots=slots.int())
     with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
-        _fill_store.store(vectors, positions, slots.int(), cache, None, 0, errors, None, False)
+        _fill_store.store(vectors, positions, slots.int(), cache, error_count=errors)
     assert torch.equal(cache.cache, before)

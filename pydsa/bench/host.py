@@ -8,9 +8,10 @@ import torch
 
 import pyplan
 
+from ..c4 import C4Compressor, C4Decode, c4_decode
 from ..c128 import C128Decode, C128Prefill, c128_decode, c128_prefill
 from ..speculative import C128Verify, c128_commit, c128_verify
-from ..store import KVCache, kv_page_bytes, kv_store
+from ..store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
 from .harness import host_vs_empty
 
 B, V, DH = 32, 4, 512
@@ -44,13 +45,28 @@ def host_calls() -> dict:
     accepted = torch.randint(0, V + 1, (B,), generator=gen, dtype=torch.int32).to(dev)
     load = idx.clone()
     positions = torch.arange(B, **i32) * 128
+    # a c4 layer: both compressors over request-scoped rings of 8 rows, both stores
+    rotary = torch.randn(8192, 64, generator=gen).to(dev)
+    main = C4Compressor(torch.randn(B * 8, 4 * d, generator=gen).to(dev), torch.randn(8, d, generator=gen).to(dev),
+                        store=KVCache(torch.zeros(B, kv_page_bytes(d, 64), dtype=torch.uint8, device=dev),
+                                      (torch.rand(d, generator=gen) + 0.5).to(dev), rotary, page_size=64,
+                                      layout="v4"))
+    indexer = C4Compressor(torch.randn(B * 8, 512, generator=gen).to(dev), torch.randn(8, 128, generator=gen).to(dev),
+                           store=KVCache(torch.zeros(B, indexer_page_bytes(128, 64), dtype=torch.uint8, device=dev),
+                                         (torch.rand(128, generator=gen) + 0.5).to(dev), rotary, page_size=64,
+                                         layout="indexer"))
+    c4_kv, c4_ikv = torch.randn(B, 4 * d, generator=gen).to(dev), torch.randn(B, 512, generator=gen).to(dev)
+    c4_seq = torch.randint(1, 5000, (B,), generator=gen, dtype=torch.int32).to(dev)
+    c4_args = dict(indexer=indexer, indexer_kv_score=c4_ikv, seq_lens=c4_seq, slots=idx, ring_size=8,
+                   cache_slots=slots)
     prepared = dict(
         decode=C128Decode(state, kv, out, ape, idx, seq_lens),
         decode_store=C128Decode(state, kv, None, ape, idx, seq_lens, store=cache, cache_slots=slots),
         prefill=C128Prefill(state, kvp, outp, ape, pidx, plan),
         prefill_store=C128Prefill(state, kvp, None, ape, pidx, plan, store=cache, cache_slots=pslots),
         verify=C128Verify(state, drafts, out_drafts, ape, idx, seq_lens, bank),
-        verify_store=C128Verify(state, drafts, None, ape, idx, seq_lens, bank, store=cache, cache_slots=dslots))
+        verify_store=C128Verify(state, drafts, None, ape, idx, seq_lens, bank, store=cache, cache_slots=dslots),
+        c4_decode=C4Decode(main, c4_kv, **c4_args))
     return {
         "decode": lambda: c128_decode(state, kv, out, ape, idx, seq_lens),
         "decode + store": lambda: c128_decode(state, kv, None, ape, idx, seq_lens, store=cache, cache_slots=slots),
@@ -61,7 +77,9 @@ def host_calls() -> dict:
                                               cache_slots=dslots),
         "commit (load slots)": lambda: c128_commit(seq_lens, accepted, idx, bank, load_indices=load, num_drafts=V),
         "kv_store": lambda: kv_store(out, positions, slots, cache),
-        **{f"prepared {name.replace('_', ' + ')}": call.launch for name, call in prepared.items()},
+        "c4 decode (both compressors + stores)": lambda: c4_decode(main, c4_kv, **c4_args),
+        **{f"prepared {name.replace('_store', ' + store').replace('_', ' ')}": call.launch
+           for name, call in prepared.items()},
     }
 
 

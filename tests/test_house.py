@@ -1,0 +1,85 @@
+"""The shape of the call path, held by tests: every op's arguments cross from Python into the compiled layer by
+keyword past the documented tensors (no call with more than 6 positional arguments), and each argument has one
+name in every layer: the public function, its prepared form, the compiled call and the header's params struct."""
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+import c_structs
+import pydsa
+from pydsa import _fill_c4, _fill_c128, _fill_speculative, _fill_store
+
+ROOT = Path(__file__).resolve().parents[1]
+MOST_POSITIONAL = 6
+
+
+def _calls_with_many_positionals(path: Path):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            plain = [a for a in node.args if not isinstance(a, ast.Starred)]
+            if len(plain) > MOST_POSITIONAL:
+                yield f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)} ({len(plain)} positional)"
+
+
+def test_no_call_in_the_package_passes_more_than_six_positional_arguments():
+    files = [p for p in sorted((ROOT / "pydsa").rglob("*.py")) + sorted((ROOT / "pyplan").rglob("*.py"))
+             if "bench" not in p.parts]
+    assert len(files) > 10
+    found = [hit for path in files for hit in _calls_with_many_positionals(path)]
+    assert not found, found
+
+
+def test_the_check_itself_finds_a_long_positional_call(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("f(1, 2, 3, 4, 5, 6, 7)\ng(1, 2, 3, 4, 5, 6, *rest, k=8)\n")
+    global ROOT
+    saved, ROOT = ROOT, tmp_path
+    try:
+        assert [h.split(" ")[1] for h in _calls_with_many_positionals(src)] == ["f"]
+    finally:
+        ROOT = saved
+
+
+def _names(fn) -> list:
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+
+
+# (public one-shot, prepared class or None, compiled call, header struct, the public arguments that cross as
+# launch flags, the compiled call's prepared-call plumbing)
+OPS = [
+    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.DecodeParams, {"pdl"}, {"into"}),
+    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.PrefillParams, {"pdl", "cooperative"},
+     {"into"}),
+    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.VerifyParams,
+     {"pdl", "round_between_drafts"}, {"into"}),
+    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.CommitParams, {"pdl"},
+     {"into", "layers", "capacity"}),
+    (pydsa.kv_store, None, _fill_store.store, c_structs.KvStoreParams, {"pdl"}, set()),
+]
+# public arguments that the params struct holds in another form (a plan as its record pointers, compact as the
+# output layout, extend as a flag)
+HELD_ELSEWHERE = {"plan", "compact", "extend", "stream"}
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op[0].__name__)
+def test_each_argument_has_one_name_in_every_layer(op):
+    public, prepared, compiled, struct, as_flags, plumbing = op
+    outer = _names(public)
+    inner = _names(compiled)
+    assert [n for n in outer if n not in as_flags] == [n for n in inner if n not in plumbing | {"flags"}]
+    if prepared is not None:
+        assert _names(prepared) == [n for n in outer if n != "stream"]
+    fields = {f[0] for f in struct._fields_}
+    missing = [n for n in outer if n not in as_flags | HELD_ELSEWHERE and n not in fields
+               and not (n == "cache" and "cache" in fields)]
+    assert not missing, f"{public.__name__}: {missing} are not fields of {struct.__name__}"
+
+
+def test_c4_ops_cross_by_keyword_with_the_names_of_the_public_calls():
+    inner = set(_names(_fill_c4.c4))
+    for public in (pydsa.c4_decode, pydsa.c4_extend, pydsa.c4_verify):
+        outer = set(_names(public)) - {"pdl", "reject_all", "plan", "drafts", "indexer_drafts"}
+        assert outer <= inner, (public.__name__, outer - inner)
+    assert _names(pydsa.C4Decode) == [n for n in _names(pydsa.c4_decode) if n != "stream"]
