@@ -49,78 +49,121 @@ cdef int[3] _C4_OPS = [OP_C4_DECODE, OP_C4_EXTEND, OP_C4_VERIFY]
 REJECT_ALL = DSA_FLAG_C4_REJECT_ALL
 
 cdef enum:
-    ANY_DEVICE = -3  # _ring: the ring's own device decides
     DECODE = 0
     EXTEND = 1
     VERIFY = 2
 
 
-cdef int _ring(object comp, Arg* ring, str name, int32_t dev, list keep) except -1:
-    """A compressor's ring read once: fp32 or bf16 [rows, 4D], contiguous, on `dev` (ANY_DEVICE: any host or
-    CUDA memory); the error naming it otherwise."""
-    read(comp.ring, ring, name, keep)
-    cdef int64_t d = comp.head_dim
-    if ((ring.dtype != F32 and ring.dtype != BF16) or ring.ndim != 2 or not ring.contiguous or ring.shape[1] != 4 * d
-            or ring.dev == OTHER_DEVICE or (dev != ANY_DEVICE and ring.dev != dev)):
-        tensor(comp.ring, ring, name, BF16 if ring.dtype == BF16 else F32, ring.dev if dev == ANY_DEVICE else dev,
-               2, ANY, 4 * d, keep)  # raises, naming it
-    return 0
+cdef class C4Compressor:
+    """One compressor of a c4 layer, described once: its ring (fp32 or bf16 [rows, 4D], rows a multiple of 4,
+    contiguous, on the host or a CUDA device), its ape (fp32 [8, D] on the ring's device: rows 0..3 bias the
+    A halves, 4..7 the B halves) and an optional store (a KVCache on that device: layout "v4" for the main
+    compressor, "indexer" for the indexer's). D is 128, 256 or 512. The three are judged and read when the
+    compressor is made (a wrong one raises, naming it); each call then reads only its own tensors. They are
+    read-only attributes: a compressor stands for these buffers, whatever they hold."""
 
-
-cdef int _side(dsa_c4_params* p, int k, object comp, Arg* ring, str name, kv_score, str kv_name, out, str out_name,
-               int64_t rows, int64_t out_rows, cache_slots, int32_t* dev, list keep) except -1:
-    """Compressor k of the call: its ring (read already), ape and store (from the C4Compressor `comp`), input
-    and output."""
-    cdef Arg kv, o, ap
-    cdef int32_t rdt
+    cdef readonly object ring, ape, store
+    cdef readonly int head_dim
+    cdef int32_t dev, ring_dtype
+    cdef void* ring_data
+    cdef int64_t ring_rows
+    cdef const float* ape_data
     cdef const void* store_address
-    cdef const int64_t* slots
-    cdef int64_t d = comp.head_dim
-    rdt = DSA_STATE_BFLOAT16 if ring.dtype == BF16 else DSA_STATE_FLOAT32
+    cdef list views  # DLPack views of arrays of another framework, alive as long as the compressor
+
+    def __init__(self, ring, ape, *, store=None):
+        cdef Arg r, a
+        cdef list views = []
+        shape = getattr(ring, "shape", None)
+        if shape is None or len(shape) != 2 or shape[1] % 4 or shape[1] // 4 not in (128, 256, 512):
+            raise ValueError(f"ring must be a 2-D tensor [rows, 4D] with D 128, 256 or 512 (got shape "
+                             f"{None if shape is None else tuple(shape)})")
+        if shape[0] < 4 or shape[0] % 4:
+            raise ValueError(f"ring has {shape[0]} rows; expected a positive multiple of 4 (groups of a quartet)")
+        cdef int64_t d = shape[1] // 4
+        read(ring, &r, "ring", views)
+        if r.dev == OTHER_DEVICE or (r.dtype != F32 and r.dtype != BF16):
+            tensor(ring, &r, "ring", F32, -1 if r.dev == OTHER_DEVICE else r.dev, 2, ANY, 4 * d, views)  # raises
+        tensor(ring, &r, "ring", r.dtype, r.dev, 2, ANY, 4 * d, views)  # contiguous
+        tensor(ape, &a, "ape", F32, r.dev, 2, 8, d, views)
+        self.store_address = NULL
+        if store is not None:
+            if not is_store(store):
+                raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
+            if store.head_dim != d:
+                raise ValueError(f"store is for D = {store.head_dim} but the ring's D is {d}")
+            if store.device != r.dev:
+                raise ValueError(f"store's cache is on {store.cache.device} but the ring is on {_device(r.dev)}")
+            self.store_address = <const void*><uintptr_t>store.address
+        self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>d
+        self.dev = r.dev
+        self.ring_dtype = DSA_STATE_BFLOAT16 if r.dtype == BF16 else DSA_STATE_FLOAT32
+        self.ring_data = r.data
+        self.ring_rows = r.shape[0]
+        self.ape_data = <const float*>a.data
+        self.views = views
+
+    @property
+    def device(self):
+        """The device of the ring (and of everything a call passes with it)."""
+        return self.ring.device if hasattr(self.ring, "device") else _device(self.dev)
+
+    def __repr__(self):
+        return (f"C4Compressor(D={self.head_dim}, ring={tuple(self.ring.shape)} {self.ring.dtype}, "
+                f"store={self.store!r})")
+
+
+cdef object _device(int32_t dev):
+    return "cpu" if dev < 0 else f"cuda:{dev}"
+
+
+cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv_name, out, str out_name,
+               int64_t rows, int64_t out_rows, int32_t dev, list keep) except -1:
+    """Compressor k of the call (`name`: main or indexer): its described ring, ape and store, and this call's
+    input and output."""
+    cdef Arg kv, o
+    if type(comp_) is not C4Compressor:
+        raise TypeError(f"{name} must be a pydsa.C4Compressor (got {type(comp_).__name__})")
+    cdef C4Compressor comp = <C4Compressor>comp_
+    if comp.dev != dev:
+        raise ValueError(f"{name}'s ring is on {_device(comp.dev)} but {kv_name} is on {_device(dev)}")
     if k == 0:
-        p.ring_dtype = rdt
-    elif rdt != p.ring_dtype:
+        p.ring_dtype = comp.ring_dtype
+    elif comp.ring_dtype != p.ring_dtype:
         raise ValueError(f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have one dtype")
-    tensor(kv_score, &kv, kv_name, F32, dev[0], 2, rows, 4 * d, keep)
-    tensor(comp.ape, &ap, name, F32, dev[0], 2, 8, d, keep)
+    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep)
     o.data = NULL
     if out is not None:
-        tensor(out, &o, out_name, F32, dev[0], 2, out_rows, d, keep)
-    store_arg(comp.store, cache_slots if comp.store is not None else None, dev[0], d, rows, &store_address, &slots,
-              keep)
-    if comp.store is not None:
-        p.cache_slots = slots
-    p.compressors[k].head_dim = <int32_t>d
+        tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep)
+    p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
-    p.compressors[k].ring = ring.data
-    p.compressors[k].ring_rows = ring.shape[0]
+    p.compressors[k].ring = comp.ring_data
+    p.compressors[k].ring_rows = comp.ring_rows
     p.compressors[k].kv_score = <const float*>kv.data
-    p.compressors[k].ape = <const float*>ap.data
+    p.compressors[k].ape = comp.ape_data
     p.compressors[k].out = <float*>o.data
-    p.compressors[k].store = store_address
+    p.compressors[k].store = comp.store_address
     return 0
 
 
 cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
                write, seq_lens, slots, ring_size, num_drafts, cache_slots, uint32_t flags, error_count,
                list keep) except -1:
-    cdef Arg kv, rc, wr, sl, sx, ring0, ring1
+    cdef Arg kv, rc, wr, sl, sx, cs
     cdef int32_t dev = 0
     cdef uint32_t* errors
     cdef int64_t rows, out_rows
     memset(p, 0, sizeof(dsa_c4_params))
     p.struct_size = sizeof(dsa_c4_params)
-    if not hasattr(main, "_c4_compressor"):
+    if type(main) is not C4Compressor:
         raise TypeError(f"main must be a pydsa.C4Compressor (got {type(main).__name__})")
     if (indexer is None) != (indexer_kv_score is None):
         raise ValueError("indexer and indexer_kv_score go together: give both or neither")
     if indexer is None and indexer_out is not None:
         raise ValueError("indexer_out is given without indexer=")
-    if cache_slots is not None and main.store is None and (indexer is None or indexer.store is None):
-        raise ValueError("cache_slots is given but neither compressor has a store")
-    _ring(main, &ring0, "main.ring", ANY_DEVICE, keep)
-    dev = ring0.dev
-    tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, dev, 2, ANY, 4 * main.head_dim, keep)
+    dev = (<C4Compressor>main).dev
+    tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, dev, 2, ANY,
+           4 * (<C4Compressor>main).head_dim, keep)
     rows = kv.shape[0]
     out_rows = rows
     if kind == DECODE:
@@ -140,17 +183,20 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         out_rows = p.num_compress
     else:
         int_arg(num_drafts, "num_drafts", 1, 16, "")
-    _side(p, 0, main, &ring0, "main.ape", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows,
-          out_rows, cache_slots, &dev, keep)
+    _side(p, 0, main, "main", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows, out_rows, dev,
+          keep)
     p.num_compressors = 1
     if indexer is not None:
-        if not hasattr(indexer, "_c4_compressor"):
-            raise TypeError(f"indexer must be a pydsa.C4Compressor (got {type(indexer).__name__})")
-        _ring(indexer, &ring1, "indexer.ring", dev, keep)
-        _side(p, 1, indexer, &ring1, "indexer.ape", indexer_kv_score,
-              "indexer_kv_score" if kind != VERIFY else "indexer_drafts", indexer_out, "indexer_out", rows, out_rows,
-              cache_slots, &dev, keep)
+        _side(p, 1, indexer, "indexer", indexer_kv_score, "indexer_kv_score" if kind != VERIFY else "indexer_drafts",
+              indexer_out, "indexer_out", rows, out_rows, dev, keep)
         p.num_compressors = 2
+    if p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL):
+        if cache_slots is None:
+            raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
+        vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep)
+        p.cache_slots = <const int64_t*>cs.data
+    elif cache_slots is not None:
+        raise ValueError("cache_slots is given but neither compressor has a store")
     if kind == DECODE:
         p.batch_size = rows
         if records is not None:

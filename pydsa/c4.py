@@ -21,7 +21,6 @@ import ctypes as C
 from . import _fill_c4
 from ._abi import check as _check_status, lib, pdl_flag
 from ._op import Prepared
-from .store import KVCache
 
 __all__ = ["C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_verify", "c4_max_drafts", "c4_ring_bytes"]
 
@@ -43,36 +42,7 @@ def c4_ring_bytes(head_dim: int, ring_size: int, *, bf16: bool = False) -> int:
     return ring_size * 4 * head_dim * (2 if bf16 else 4)
 
 
-class C4Compressor:
-    """One compressor of a c4 layer, described once: its ring (fp32 or bf16 [rows, 4D], rows a multiple
-    of 4), its ape (fp32 [8, D]: rows 0..3 bias the A halves, 4..7 the B halves) and an optional store
-    (a KVCache: layout "v4" for the main compressor, "indexer" for the indexer's). D is 128, 256 or 512."""
-
-    _c4_compressor = True
-
-    def __init__(self, ring, ape, *, store: KVCache | None = None):
-        shape = getattr(ring, "shape", None)
-        if shape is None or len(shape) != 2 or shape[1] % 4 or shape[1] // 4 not in (128, 256, 512):
-            raise ValueError(f"ring must be a 2-D tensor [rows, 4D] with D 128, 256 or 512 (got shape "
-                             f"{None if shape is None else tuple(shape)})")
-        if shape[0] < 4 or shape[0] % 4:
-            raise ValueError(f"ring has {shape[0]} rows; expected a positive multiple of 4 (groups of a quartet)")
-        if store is not None and not isinstance(store, KVCache):
-            raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
-        self.head_dim = shape[1] // 4
-        if store is not None and store.head_dim != self.head_dim:
-            raise ValueError(f"store is for D = {store.head_dim} but the ring's D is {self.head_dim}")
-        self.ring, self.ape, self.store = ring, ape, store
-
-    def __repr__(self) -> str:
-        return (f"C4Compressor(D={self.head_dim}, ring={tuple(self.ring.shape)} {self.ring.dtype}, "
-                f"store={self.store!r})")
-
-
-def _run(kind, stream, **kw) -> None:
-    status = _c4(kind, stream=stream, **kw)
-    if status:
-        _check_status(status)  # raises
+C4Compressor = _fill_c4.C4Compressor
 
 
 def c4_decode(main: C4Compressor, kv_score, *, indexer: C4Compressor | None = None, indexer_kv_score=None,
@@ -86,9 +56,11 @@ def c4_decode(main: C4Compressor, kv_score, *, indexer: C4Compressor | None = No
     Rows: records= (uint8 [B, 16], sglang's decode records: seq_len, write row, previous and current
     group; seq_len 0 is padding), or seq_lens= (int32 [B], with the new token; <= 0 padding), slots=
     (int32 [B]; negative: not held here) and ring_size= for pydsa's request-scoped ring."""
-    _run(_DECODE, stream, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
+    status = _c4(_DECODE, stream=stream, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
          indexer_out=indexer_out, records=records, seq_lens=seq_lens, slots=slots, ring_size=ring_size,
          cache_slots=cache_slots, flags=pdl_flag(pdl), error_count=error_count)
+    if status:
+        _check_status(status)  # raises
 
 
 def c4_extend(main: C4Compressor, kv_score, plan, *, indexer: C4Compressor | None = None, indexer_kv_score=None,
@@ -98,9 +70,11 @@ def c4_extend(main: C4Compressor, kv_score, plan, *, indexer: C4Compressor | Non
     record i closes an entry: out [C, D] row i (optional) and stored at cache_slots[its ragged row]
     (int64 [N]); then each write record copies its input row into the ring."""
     compress, write = _plan_pair(plan)
-    _run(_EXTEND, stream, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
+    status = _c4(_EXTEND, stream=stream, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
          indexer_out=indexer_out, records=compress, write=write, cache_slots=cache_slots, flags=pdl_flag(pdl),
          error_count=error_count)
+    if status:
+        _check_status(status)  # raises
 
 
 def c4_verify(main: C4Compressor, drafts, seq_lens, slots, *, num_drafts: int, ring_size: int,
@@ -115,9 +89,11 @@ def c4_verify(main: C4Compressor, drafts, seq_lens, slots, *, num_drafts: int, r
     if not isinstance(reject_all, bool):
         raise TypeError(f"reject_all must be a bool (got {reject_all!r})")
     flags = pdl_flag(pdl) | (_fill_c4.REJECT_ALL if reject_all else 0)
-    _run(_VERIFY, stream, main=main, kv_score=drafts, out=out, indexer=indexer, indexer_kv_score=indexer_drafts,
+    status = _c4(_VERIFY, stream=stream, main=main, kv_score=drafts, out=out, indexer=indexer, indexer_kv_score=indexer_drafts,
          indexer_out=indexer_out, seq_lens=seq_lens, slots=slots, ring_size=ring_size, num_drafts=num_drafts,
          cache_slots=cache_slots, flags=flags, error_count=error_count)
+    if status:
+        _check_status(status)  # raises
 
 
 def _plan_pair(plan):

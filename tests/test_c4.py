@@ -306,6 +306,24 @@ def test_arguments_are_judged_by_name():
         pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, ring_size=8)
     with pytest.raises(ValueError, match="ring has 6 rows"):
         pydsa.C4Compressor(torch.zeros(6, 512), torch.zeros(8, 128))
+    # the compressor judges its ring, ape and store once, when made, and stands for them
+    with pytest.raises(ValueError, match=r"ape must have shape \[8, 128\]"):
+        pydsa.C4Compressor(torch.randn(8, 512), torch.randn(8, 64))
+    with pytest.raises(TypeError, match="ring must have dtype torch.float32"):
+        pydsa.C4Compressor(torch.ones(8, 512, dtype=torch.int32), torch.randn(8, 128))
+    with pytest.raises(ValueError, match="ring must be contiguous"):
+        pydsa.C4Compressor(torch.randn(512, 8).t(), torch.randn(8, 128))
+    with pytest.raises(ValueError, match="store is for D = 512 but the ring's D is 128"):
+        pydsa.C4Compressor(torch.randn(8, 512), torch.randn(8, 128), store=main.store)
+    with pytest.raises(TypeError, match="store must be a pydsa.KVCache"):
+        pydsa.C4Compressor(torch.randn(8, 512), torch.randn(8, 128), store=object())
+    with pytest.raises(AttributeError):
+        main.ring = torch.randn(8, 2048)
+    with pytest.raises(TypeError, match="indexer must be a pydsa.C4Compressor"):
+        pydsa.c4_decode(main, kv, indexer=object(), indexer_kv_score=kv, seq_lens=seq, slots=seq, ring_size=8)
+    with pytest.raises(ValueError, match="cache_slots is given but neither compressor has a store"):
+        bare = pydsa.C4Compressor(torch.randn(8, 2048), torch.randn(8, 512))
+        pydsa.c4_decode(bare, kv, seq_lens=seq, slots=seq, ring_size=8, cache_slots=torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match="an indexer cache needs D = 128"):
         pydsa.KVCache(torch.zeros(8448, dtype=torch.uint8), torch.ones(512), torch.zeros(8, 64), page_size=64,
                       layout="indexer")
