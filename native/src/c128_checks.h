@@ -53,7 +53,7 @@ template <typename P>
 dsa_status check_speculative(const P& p, const char* op) {
   if (p.num_drafts < 1 || p.num_drafts > DSA_MAX_DRAFTS)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_drafts is %d; expected 1..%d", op, p.num_drafts, DSA_MAX_DRAFTS);
-  if (p.bank_stride < 1 || p.bank_stride > INT32_MAX)
+  if ((p.bank_stride) < 1 || (p.bank_stride) > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: bank_stride is %lld; expected 1..%d", op, (long long)p.bank_stride,
                 INT32_MAX);
   if (p.batch_size > 0 && (p.seq_lens == nullptr || p.bank_indices == nullptr))

@@ -10,10 +10,10 @@
 #include "c128_math.h"
 #include "common.h"
 #include "cuda_launch.cuh"
+#include "launch_policy.h"
 
 namespace dsa {
 
-constexpr int kDecodeThreads = 128;
 // The head size the storing decode is also compiled for with D a constant (DeepSeek-V4's compressed
 // KV): its address arithmetic and the store's group sums fold; other sizes read D from the launch.
 constexpr int kCompiledHeadDim = 512;
@@ -115,21 +115,13 @@ __device__ __forceinline__ void count_error(uint32_t* error_count) {
   if (error_count != nullptr) atomicAdd(error_count, 1u);
 }
 
-// The geometry of the per-request kernels (decode, verify, copying commit): D / vec threads per
-// request in column tiles of at most kDecodeThreads (blockIdx.y), as many requests per block as
-// fill it (threadIdx.y), `layers` along blockIdx.z.
-inline dsa_status request_grid(int head_dim, int vec, int64_t batch_size, int layers, dim3* grid, dim3* block, const char* op,
-                        int max_lanes = kDecodeThreads) {
-  const int lanes = head_dim / vec;
-  const int tiles = (lanes + max_lanes - 1) / max_lanes;
-  const int tile_lanes = (lanes + tiles - 1) / tiles;
-  const int rows = (int)std::max<int64_t>(1, std::min<int64_t>(kDecodeThreads / tile_lanes, batch_size));
-  const int64_t blocks = (batch_size + rows - 1) / rows;
-  if (batch_size > INT32_MAX || tiles > 65535)
-    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
-  *grid = dim3((unsigned)blocks, (unsigned)tiles, (unsigned)layers);
-  *block = dim3((unsigned)tile_lanes, (unsigned)rows);
-  return DSA_STATUS_OK;
+// A policy shape (launch_policy.h) as the launch's grid and block.
+inline dim3 grid_of(const Shape& s) { return dim3((unsigned)s.grid_x, (unsigned)s.grid_y, (unsigned)s.grid_z); }
+inline dim3 block_of(const Shape& s) { return dim3((unsigned)s.block_x, (unsigned)s.block_y); }
+
+// A shape too large for one launch (request_grid's fits false), refused naming the sizes.
+inline dsa_status too_large(const char* op) {
+  return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size or head_dim too large for one launch", op);
 }
 
 }  // namespace dsa

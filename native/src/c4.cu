@@ -12,8 +12,6 @@ DSA_DECLARE_STRUCT(DSA_STRUCT_C4_PARAMS, dsa_c4_params);
 namespace dsa {
 namespace {
 
-constexpr int kC4Threads = 128;  // threads per block; a request row is D / 4 of them (4 channels each)
-
 // One compressor inside a launch.
 struct C4Side {
   int32_t head_dim;
@@ -254,7 +252,16 @@ __global__ void __launch_bounds__(kC4Threads) c4_write_kernel(const __grid_const
 
 enum C4Op { kOpDecode, kOpExtend, kOpVerify };
 
-dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, StoreLaunch (&stores)[2], int (&kinds)[2]) {
+// What the check hands on: each compressor's store launch and store kind.
+struct C4Checked {
+  bool nothing;
+  StoreLaunch stores[2];
+  int kinds[2];
+};
+
+dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked* checked) {
+  StoreLaunch (&stores)[2] = checked->stores;
+  int (&kinds)[2] = checked->kinds;
   if (p.num_compressors < 1 || p.num_compressors > 2)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_compressors is %d; expected 1 or 2", op, p.num_compressors);
   if (p.ring_dtype != DSA_STATE_FLOAT32 && p.ring_dtype != DSA_STATE_BFLOAT16)
@@ -323,6 +330,7 @@ dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, StoreLaun
   }
   if (kind == kOpDecode && gpu && !aligned(p.decode_records, 16))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, decode_records must be 16-byte aligned", op);
+  checked->nothing = kind == kOpExtend ? p.num_compress == 0 && p.num_write == 0 : p.batch_size == 0;
   return DSA_STATUS_OK;
 }
 
@@ -342,8 +350,7 @@ dim3 c4_grid(const dsa_c4_params& p, C4Launch& a, int64_t count) {
   a.count = count;
   int64_t blocks = 0;
   for (int k = 0; k < p.num_compressors; ++k) {
-    const int rows = kC4Threads / (p.compressors[k].head_dim / 4);
-    const int64_t n = (count + rows - 1) / rows;
+    const int64_t n = c4_blocks(p.compressors[k].head_dim, count);
     if (k == 0) a.blocks0 = (uint32_t)n;
     blocks += n;
   }
@@ -356,25 +363,17 @@ cudaError_t run(Kernel kernel, dim3 grid, cudaStream_t s, unsigned mode, const C
   return launch(kernel, grid, dim3(kC4Threads), s, mode, a);
 }
 
-// Every c4 entry point: the struct and every field checked, nothing to do for an empty call, the host
-// backend for host memory, else `launch(a)` on the device (made current) with the launch parameters.
+// Every c4 entry point: dispatch (check, then host or device) with the op's kind; `launch(a)` runs on the
+// device with the launch parameters.
 template <typename Launch>
-dsa_status c4_entry(const dsa_c4_params* params, C4Op kind, const char* op, void (*host)(const dsa_c4_params&),
-                    Launch&& launch) {
-  DSA_TRY(check_struct(params, op));
-  const dsa_c4_params& p = *params;
-  StoreLaunch stores[2] = {};
-  int kinds[2] = {0, 0};
-  DSA_TRY(check_c4(p, kind, op, stores, kinds));
-  if (kind == kOpExtend ? p.num_compress == 0 && p.num_write == 0 : p.batch_size == 0) return ok();
-  if (p.device == DSA_DEVICE_HOST) {
-    host(p);
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
-  DeviceGuard guard(p.device);
-  return launch(c4_launch(p, stores, kinds));
+dsa_status c4_entry(const dsa_c4_params* params, void* stream, C4Op kind, const char* op,
+                    void (*host)(const dsa_c4_params&), Launch&& launch) {
+  return dispatch<C4Checked>(
+      params, stream, op, [kind](const dsa_c4_params& p, const char* name, C4Checked* c) { return check_c4(p, kind, name, c); },
+      [host](const dsa_c4_params& p, const C4Checked&) { host(p); },
+      [&launch](const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t, const char*) {
+        return launch(c4_launch(p, c.stores, c.kinds));
+      });
 }
 
 // The compress pass, then the write pass (both compressors in each), in stream order.
@@ -410,7 +409,7 @@ extern "C" int32_t dsa_c4_max_drafts(int32_t ring_size, int32_t zero_acceptance)
 extern "C" dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
   const char* op = "dsa_c4_decode";
-  return c4_entry(params, kOpDecode, op, host_c4_decode, [&](C4Launch a) {
+  return c4_entry(params, stream, kOpDecode, op, host_c4_decode, [&](C4Launch a) {
     const dsa_c4_params& p = *params;
     a.records = p.decode_records;
     const dim3 grid = c4_grid(p, a, p.batch_size);
@@ -430,7 +429,7 @@ extern "C" dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream) {
 extern "C" dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
   const char* op = "dsa_c4_extend";
-  return c4_entry(params, kOpExtend, op, host_c4_extend, [&](C4Launch a) {
+  return c4_entry(params, stream, kOpExtend, op, host_c4_extend, [&](C4Launch a) {
     const dsa_c4_params& p = *params;
     return launch_passes<kC4Records>(p, a, p.num_compress, p.num_write, p.compress, p.write, (cudaStream_t)stream, op);
   });
@@ -439,7 +438,7 @@ extern "C" dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream) {
 extern "C" dsa_status dsa_c4_verify(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
   const char* op = "dsa_c4_verify";
-  return c4_entry(params, kOpVerify, op, host_c4_verify, [&](C4Launch a) {
+  return c4_entry(params, stream, kOpVerify, op, host_c4_verify, [&](C4Launch a) {
     const dsa_c4_params& p = *params;
     a.num_tokens = p.batch_size * p.num_drafts;
     const int64_t rows = p.batch_size * p.num_drafts;

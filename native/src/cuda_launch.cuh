@@ -57,6 +57,30 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// Every entry point is its argument check, then host or device:
+//   check(p, op, &checked)              judges every field (DSA_STATUS_OK, or the error naming the field) and
+//                                       fills what both backends need; checked.nothing: an empty call, done;
+//   host(p, checked)                    the host backend, for host memory, on the caller's thread;
+//   device(p, checked, sms, stream, op) the device's own checks and the launches (shapes from
+//                                       launch_policy.h), with p.device made current.
+// Each op's Checked holds `bool nothing` and whatever its check hands on (store launches, ...).
+template <typename Checked, typename Params, typename Check, typename Host, typename Device>
+dsa_status dispatch(const Params* params, void* stream, const char* op, Check&& check, Host&& host, Device&& device) {
+  DSA_TRY(check_struct(params, op));
+  const Params& p = *params;
+  Checked checked = {};
+  DSA_TRY(check(p, op, &checked));
+  if (checked.nothing) return ok();
+  if (p.device == DSA_DEVICE_HOST) {
+    host(p, checked);
+    return ok();
+  }
+  int sms = 0;
+  DSA_TRY(check_device(p.device, op, &sms));
+  DeviceGuard guard(p.device);
+  return device(p, checked, sms, (cudaStream_t)stream, op);
+}
+
 inline dsa_status launch_status(cudaError_t err, const char* op) {
   if (err == cudaSuccess) return DSA_STATUS_OK;
   return fail(DSA_STATUS_CUDA_ERROR, "%s: kernel launch failed: %s", op, cudaGetErrorString(err));

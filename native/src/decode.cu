@@ -139,22 +139,15 @@ cudaError_t launch_decode(int head_dim, int rows, int vec, bool bf16, dim3 grid,
   return launch_decode<kStore, 0>(rows, vec, bf16, grid, block, s, mode, a);
 }
 
-}  // namespace
-}  // namespace dsa
+struct DecodeChecked {
+  bool nothing;
+  StoreLaunch store;
+};
 
-// A grid of at least this many blocks per SM lets the next kernel launch only as its blocks finish;
-// a smaller one lets it launch once its first loads are issued (docs/performance.md, "c128 decode":
-// measured at 1 / 32 / 256 / 512 / 1024 blocks on 132 SMs, the crossing lies between 256 and 512).
-constexpr int kLateDependentsBlocksPerSm = 3;
-
-extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_c128_decode";
-  DSA_TRY(check_struct(params, op));
-  const dsa_c128_decode_params& p = *params;
+dsa_status check_decode(const dsa_c128_decode_params& p, const char* op, DecodeChecked* c) {
   if (p.batch_size < 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
-  if (p.batch_size == 0) return ok();
+  if (p.batch_size == 0) return c->nothing = true, DSA_STATUS_OK;
   DSA_TRY(check_common(p, op));
   const bool records = (p.flags & DSA_FLAG_DECODE_RECORDS) != 0;
   if (records ? (p.seq_lens != nullptr || p.load_indices != nullptr) : p.seq_lens == nullptr)
@@ -163,49 +156,43 @@ extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void
                         : "seq_lens must be non-null");
   if (p.out == nullptr && p.store == nullptr)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out must be non-null unless there is a store", op);
-  StoreLaunch st = {};
-  if (p.store != nullptr) DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &st));
-  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
-  if (p.device == DSA_DEVICE_HOST) {
-    host_decode(p);
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
+  if (p.store != nullptr) DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &c->store));
+  return DSA_STATUS_OK;
+}
+
+dsa_status decode_device(const dsa_c128_decode_params& p, const DecodeChecked& c, int sms, cudaStream_t s,
+                         const char* op) {
+  const bool records = (p.flags & DSA_FLAG_DECODE_RECORDS) != 0;
   if (records && !aligned(p.indices, 16))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: decode records must be 16-byte aligned on the GPU", op);
-  // Large bf16-state batches: 8 channels per thread, so state accesses stay 16 bytes wide
-  // (docs/performance.md, "Decode"). A storing decode keeps a request's channels in one block.
-  const int vec4 = vector_width(p);
-  int vec = bf16 && vec4 == 4 && aligned(p.state, 16) && p.head_dim % 8 == 0 && p.batch_size >= 4096 ? 8 : vec4;
-  // A storing decode keeps a request's channels in one block: 4 per thread, or, for a batch that
-  // leaves the GPU half idle, 2 per thread (256 threads per request at D = 512; more warps per SM for
-  // the same bytes: P24 1.48 -> 1.58 at B = 256 fp32, but 1.31 -> 1.09 at B = 1024 with every row
-  // closing; docs/performance.md, "c128 decode").
-  const bool wide = p.store != nullptr && p.batch_size < (int64_t)kLateDependentsBlocksPerSm * sms;
-  if (p.store != nullptr) {
-    vec = store_vector_width(p.head_dim, vec4);
-    if (wide && vec == 4 && p.head_dim / 2 <= 2 * kDecodeThreads) vec = 2;
-    if (vec == 0 || p.head_dim / vec > (vec == 2 ? 2 : 1) * kDecodeThreads)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing decode on the GPU needs 16-byte aligned buffers and "
-                  "head_dim <= %d (got %d)", op, 4 * kDecodeThreads, p.head_dim);
-  }
-  dim3 grid, block;
-  DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op,
-                       p.store != nullptr && vec == 2 ? 2 * kDecodeThreads : kDecodeThreads));
-  DeviceGuard guard(p.device);
-  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const cudaStream_t s = (cudaStream_t)stream;
+  const DecodeShape shape = decode_shape(p, sms);
+  if (!shape.store_ok)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing decode on the GPU needs 16-byte aligned buffers and "
+                "head_dim <= %d (got %d)", op, 4 * kDecodeThreads, p.head_dim);
+  if (!shape.fits) return too_large(op);
   DecodeLaunch a = {};
   a.head_dim = (uint32_t)p.head_dim, a.batch_size = (uint32_t)p.batch_size;
   a.slot_count = (uint32_t)p.num_slots;  // 1..INT32_MAX (check_common)
-  a.early_dependents = (int64_t)grid.x * grid.y < (int64_t)kLateDependentsBlocksPerSm * sms;
+  a.early_dependents = shape.early_dependents;
   a.kv_score = p.kv_score, a.seq_lens = records ? p.indices : p.seq_lens, a.indices = p.indices;
   a.state = p.state, a.ape = p.ape, a.out = p.out, a.error_count = p.error_count;
-  a.load_indices = p.load_indices, a.store = st;
+  a.load_indices = p.load_indices, a.store = c.store;
   const int rows = records ? kRecords : p.load_indices != nullptr ? kLoad : kPacked;
-  const cudaError_t err = p.store != nullptr ? launch_decode<true>(p.head_dim, rows, vec, bf16, grid, block, s, mode, a)
-                                             : launch_decode<false>(p.head_dim, rows, vec, bf16, grid, block, s, mode, a);
-  DSA_TRY(launch_status(err, op));
-  return ok();
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const dim3 grid = grid_of(shape.shape), block = block_of(shape.shape);
+  const cudaError_t err =
+      p.store != nullptr ? launch_decode<true>(p.head_dim, rows, shape.vec, bf16, grid, block, s, mode, a)
+                         : launch_decode<false>(p.head_dim, rows, shape.vec, bf16, grid, block, s, mode, a);
+  return launch_status(err, op);
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<DecodeChecked>(params, stream, "dsa_c128_decode", check_decode,
+                                 [](const dsa_c128_decode_params& p, const DecodeChecked&) { host_decode(p); },
+                                 decode_device);
 }

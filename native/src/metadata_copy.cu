@@ -386,37 +386,43 @@ cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStr
   return launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
 }
 
-}  // namespace
-}  // namespace dsa
-
-extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, void* stream) {
-  using namespace dsa;
-  DSA_TRY(check_struct(params, kOp));
-  const dsa_metadata_copy_params& p = *params;
-  if (p.bs == 0) return ok();
+// What the check hands on: the copy jobs built from the params.
+struct MetadataChecked {
+  bool nothing;
   Jobs jobs;
-  DSA_TRY(build_plan(p, jobs));
+};
+
+dsa_status check_metadata(const dsa_metadata_copy_params& p, const char*, MetadataChecked* c) {
+  if (p.bs == 0) return c->nothing = true, DSA_STATUS_OK;
+  DSA_TRY(build_plan(p, c->jobs));
+  c->nothing = c->jobs.plan.num_jobs == 0;
+  return DSA_STATUS_OK;
+}
+
+dsa_status metadata_device(const dsa_metadata_copy_params& p, const MetadataChecked& c, int sms, cudaStream_t s,
+                           const char* op) {
+  Jobs jobs = c.jobs;
   const CopyPlan<0>& plan = jobs.plan;
-  if (plan.num_jobs == 0) return ok();
-  if (p.device == DSA_DEVICE_HOST) {
-    host_copy(jobs);
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, kOp, &sms));
-  DeviceGuard guard(p.device);
   // Large tiles once the small ones would number over 2 per resident block.
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
   if (large)  // fewer tiles than the small ones: cannot fail
     for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kThreads, kLargeUnroll));
   set_device_fields(jobs);
-  const cudaStream_t s = (cudaStream_t)stream;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   // In the layout for its destination count (plan_for: K = 1, 2, 3; any count: the plan as built).
   const cudaError_t err = plan.num_dst == 1   ? launch_copy(plan_for<1>(plan), large, sms, s, mode)
                           : plan.num_dst == 2 ? launch_copy(plan_for<2>(plan), large, sms, s, mode)
                           : plan.num_dst == 3 ? launch_copy(plan_for<3>(plan), large, sms, s, mode)
                                               : launch_copy(plan, large, sms, s, mode);
-  DSA_TRY(launch_status(err, kOp));
-  return ok();
+  return launch_status(err, op);
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_metadata_copy(const dsa_metadata_copy_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<MetadataChecked>(params, stream, kOp, check_metadata,
+                                   [](const dsa_metadata_copy_params&, const MetadataChecked& c) { host_copy(c.jobs); },
+                                   metadata_device);
 }

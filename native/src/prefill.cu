@@ -18,11 +18,8 @@ namespace cg = cooperative_groups;
 
 constexpr int kPrefillThreads = 256;
 constexpr int kPrefillWarps = kPrefillThreads / 32;
-constexpr int kPrefillBlocksPerSm = 4;
-constexpr int kVec = 4;          // prefill channels per thread: one 16-byte access
-constexpr int kBatch = 4;        // prefill tokens per thread whose loads are in flight together
-// Prefill tile layouts: log2 of the threads across a tile (4 channels each); see prefill_lanes_log2.
-constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
+constexpr int kVec = kPrefillVec;  // prefill channels per thread: one 16-byte access (launch_policy.h)
+constexpr int kBatch = 4;          // prefill tokens per thread whose loads are in flight together
 
 // ---------------------------------------------------------------------------------------------
 // Prefill: one work item = one segment x one tile of channels, taken by one block of 256
@@ -342,25 +339,7 @@ __global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm)
   }
 }
 
-// Tile layout for a pass of `records` segments, from the blocks (items) each layout gives:
-//   tiny   (2 threads x 4 = 8 channels, 128 token rows)  while 16-channel tiles leave half the SMs idle;
-//   narrow (4 threads = 16 channels, 64 rows)            while 64-channel tiles leave half the SMs idle;
-//   wide   (32 threads = 128 channels, 8 rows)           once its items fill 1.5 x the resident blocks;
-//   mid    (16 threads = 64 channels, 16 rows)           between.
-// Small tiles load a segment in one or two round trips over many SMs; wide ones do the least work per
-// token (figures: docs/performance.md, "c128 prefill").
-// Work items (blocks' worth of work) of `records` segments in the layout lanes_log2.
-int64_t layout_items(int64_t records, int head_dim, int lanes_log2) {
-  return records * (head_dim / (kVec << lanes_log2));
-}
-
-int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
-  auto items = [&](int lanes_log2) { return layout_items(records, head_dim, lanes_log2); };
-  if (items(kNarrow) < sms / 2) return kTiny;
-  if (items(kMid) < sms / 2) return kNarrow;
-  if (head_dim % (kVec << kWide) == 0 && 2 * items(kWide) >= 3 * (int64_t)sms * kPrefillBlocksPerSm) return kWide;
-  return kMid;
-}
+// Tile layouts (prefill_lanes_log2) and the route of a call's records (prefill_route): launch_policy.h.
 
 // Host plans launch one block per item (the hardware hands the next item to whichever SM frees
 // first, which balances segments of unequal length); device plans are sized from their capacity,
@@ -507,30 +486,13 @@ dsa_status prefill_pass(const dsa_c128_prefill_params& p, int64_t count, Prefill
   return DSA_STATUS_OK;
 }
 
-// Both lists in one cooperative launch, for eager calls of host plans whose records fit one
-// launch and whose items fit the blocks resident at once (one block per item, no grid stride).
-// Captured calls (a graph pays the launch cost once), device plans, larger plans and calls with
-// DSA_FLAG_NO_COOPERATIVE take the split (prefill_split) or two passes (figures: docs/performance.md,
-// "c128 prefill"). Returns false (nothing launched) when it does not apply.
+// Both lists in one cooperative launch (prefill_route's "at once", layout prefill_at_once_lanes): returns
+// false, with nothing launched, when the device refuses a cooperative grid of that size.
 template <typename S>
 bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
                      cudaStream_t stream, dsa_status* status, const char* op) {
-  const int64_t records = num_compress + num_write;
-  if (!(p.flags & DSA_FLAG_HOST_PLAN) || (p.flags & DSA_FLAG_NO_COOPERATIVE) || records > DSA_INLINE_RECORDS) return false;
   PrefillLaunch a = prefill_launch(p);
-  const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
-  a.lanes_log2 = prefill_lanes_log2(records, p.head_dim, sms);
-  // Too many items for one wave in the layout two passes would take: the wide layout, if its
-  // items fit (a layout wider than the one chosen has fewer, larger items).
-  if (layout_items(records, p.head_dim, a.lanes_log2) > resident && p.head_dim % (kVec << kWide) == 0)
-    a.lanes_log2 = kWide;
-  if (layout_items(records, p.head_dim, a.lanes_log2) > resident) return false;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  if (capture != cudaStreamCaptureStatusNone) return false;
+  a.lanes_log2 = prefill_at_once_lanes(num_compress + num_write, p.head_dim, sms);
   a.num_compress = num_compress, a.num_write = num_write;
   a.sync = kSyncAtStart;
   const cudaError_t err = launch_inline<kBothPasses, S>(a, p.compress, p.write, sms, stream, p.flags & DSA_FLAG_PDL);
@@ -542,26 +504,20 @@ bool prefill_at_once(const dsa_c128_prefill_params& p, int64_t num_compress, int
   return true;
 }
 
-// Host plans with both lists in two launches split by state reads rather than by list: first the
-// compress records that continue a chunk (the only reads of state that a write record's store must
-// follow), then every other record, write records included, launched with PDL: its blocks start as
-// the first launch's blocks pass their wait, and wait for that launch to complete only before their
-// first state store (kSyncBeforeStore). So the write records wait for the short continuing records
-// only, not for the whole compress list; without continuing records the plan is one launch that
-// waits for nothing more. Taken when the compress records that start a chunk outnumber those that
-// continue one (with few of them, the compress list's time is set by the continuing ones anyway,
-// and moving them behind the first launch only delays them), the compress list is at most
-// kMaxScan records and each launch's records fit one launch. Returns false (nothing launched)
-// when it does not apply (figures: docs/performance.md, "c128 prefill").
-constexpr int64_t kMaxScan = 2 * DSA_INLINE_RECORDS;
-// A record's list position (below kMaxScan) fits the 16 bits InlineRecords gives it, so a packed
-// record never matches the sentinel.
-static_assert(kMaxScan <= 0xFFFF, "list positions must fit 16 bits below 0xFFFF");
-template <typename S>
-bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write, int sms,
-                   cudaStream_t stream, dsa_status* status, const char* op) {
-  if (!(p.flags & DSA_FLAG_HOST_PLAN) || num_compress > kMaxScan) return false;
-  uint16_t continuing[kMaxScan], fresh[kMaxScan];
+// Whether `stream` is capturing a graph (a graph pays the launch cost once: no cooperative launch); true when
+// the runtime cannot say.
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return capture != cudaStreamCaptureStatusNone;
+}
+
+// A host plan's compress records split into those that continue a chunk and those that start one (list
+// positions); the count of continuing ones.
+int64_t split_scan(const dsa_c128_prefill_params& p, int64_t num_compress, uint16_t* continuing, uint16_t* fresh) {
   int64_t num_continuing = 0, num_fresh = 0;
   for (int64_t i = 0; i < num_compress; ++i) {
     const dsa_segment& g = p.compress[i];
@@ -569,29 +525,40 @@ bool prefill_split(const dsa_c128_prefill_params& p, int64_t num_compress, int64
     continuing[num_continuing] = fresh[num_fresh] = (uint16_t)i;
     num_continuing += continues, num_fresh += !continues;
   }
-  if (num_fresh <= num_continuing || num_continuing > DSA_INLINE_RECORDS || num_fresh + num_write > DSA_INLINE_RECORDS)
-    return false;
+  return num_continuing;
+}
+
+// Host plans with both lists in two launches split by state reads rather than by list: first the
+// compress records that continue a chunk (the only reads of state that a write record's store must
+// follow), then every other record, write records included, launched with PDL: its blocks start as
+// the first launch's blocks pass their wait, and wait for that launch to complete only before their
+// first state store (kSyncBeforeStore). So the write records wait for the short continuing records
+// only, not for the whole compress list; without continuing records the plan is one launch that
+// waits for nothing more (when it applies: prefill_route; figures: docs/performance.md, "c128 prefill").
+static_assert(kMaxScan <= 0xFFFF, "list positions must fit 16 bits below 0xFFFF");
+
+template <typename S>
+dsa_status prefill_split(const dsa_c128_prefill_params& p, int64_t num_continuing, const uint16_t* continuing,
+                         const uint16_t* fresh, int64_t num_fresh, int64_t num_write, int sms, cudaStream_t stream,
+                         const char* op) {
   PrefillLaunch a = prefill_launch(p);
-  *status = DSA_STATUS_OK;
   if (num_continuing > 0) {
     a.num_compress = num_continuing;
     a.lanes_log2 = prefill_lanes_log2(num_continuing, p.head_dim, sms);
     a.sync = kSyncAtStart;
-    *status = launch_status(launch_inline<kCompressPass, S>(a, p.compress, nullptr, sms, stream, p.flags & DSA_FLAG_PDL,
-                                                            continuing), op);
-    if (*status != DSA_STATUS_OK) return true;
+    DSA_TRY(launch_status(launch_inline<kCompressPass, S>(a, p.compress, nullptr, sms, stream, p.flags & DSA_FLAG_PDL,
+                                                          continuing), op));
   }
   a.num_compress = num_fresh, a.num_write = num_write;
   a.lanes_log2 = prefill_lanes_log2(num_fresh + num_write, p.head_dim, sms);
   a.sync = num_continuing > 0 ? kSyncBeforeStore : kSyncAtStart;
-  *status = launch_status(launch_inline<kSplitPass, S>(a, p.compress, p.write, sms, stream,
-                                                       num_continuing > 0 || (p.flags & DSA_FLAG_PDL), fresh), op);
-  return true;
+  return launch_status(launch_inline<kSplitPass, S>(a, p.compress, p.write, sms, stream,
+                                                    num_continuing > 0 || (p.flags & DSA_FLAG_PDL), fresh), op);
 }
 
-// The prefill's launches (one, a split or two passes), then for a storing prefill the store of the
-// compress records' vectors from out, launched with PDL (store_prefill_vectors). A store inside the
-// compress pass was slower: docs/performance.md, "c128 prefill".
+// The prefill's launches on the route launch_policy.h picks (one, a split or two passes), then for a storing
+// prefill the store of the compress records' vectors from out, launched with PDL (store_prefill_vectors). A
+// store inside the compress pass was slower: docs/performance.md, "c128 prefill".
 template <typename S>
 dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_t stream, const char* op,
                           const StoreLaunch* store) {
@@ -601,11 +568,22 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
     num_compress = std::max<int64_t>(0, std::min(num_compress, p.counts[0]));
     num_write = std::max<int64_t>(0, std::min(num_write, p.counts[1]));
   }
+  PrefillRoute route = prefill_route(p, num_compress, num_write, -1, sms, !(p.flags & DSA_FLAG_NO_COOPERATIVE));
   dsa_status status = DSA_STATUS_OK;
-  if (num_compress > 0 && num_write > 0 && prefill_at_once<S>(p, num_compress, num_write, sms, stream, &status, op)) {
+  if (route == kPrefillAtOnce &&
+      (capturing(stream) || !prefill_at_once<S>(p, num_compress, num_write, sms, stream, &status, op)))
+    route = prefill_route(p, num_compress, num_write, -1, sms, false);
+  uint16_t continuing[kMaxScan], fresh[kMaxScan];
+  int64_t num_continuing = -1;
+  if (route == kPrefillPasses && host_plan && num_write > 0 && num_compress > 0 && num_compress <= kMaxScan) {
+    num_continuing = split_scan(p, num_compress, continuing, fresh);
+    route = prefill_route(p, num_compress, num_write, num_continuing, sms, false);
+  }
+  if (route == kPrefillAtOnce) {
     DSA_TRY(status);
-  } else if (num_compress > 0 && num_write > 0 && prefill_split<S>(p, num_compress, num_write, sms, stream, &status, op)) {
-    DSA_TRY(status);
+  } else if (route == kPrefillSplit) {
+    DSA_TRY(prefill_split<S>(p, num_continuing, continuing, fresh, num_compress - num_continuing, num_write, sms,
+                             stream, op));
   } else {
     if (num_compress > 0) DSA_TRY((prefill_pass<false, S>(p, num_compress, kSyncAtStart, sms, stream, op)));
     if (num_write > 0)
@@ -615,14 +593,12 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
   return DSA_STATUS_OK;
 }
 
-}  // namespace
-}  // namespace dsa
+struct PrefillChecked {
+  bool nothing;
+  StoreLaunch store;
+};
 
-extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_c128_prefill";
-  DSA_TRY(check_struct(params, op));
-  const dsa_c128_prefill_params& p = *params;
+dsa_status check_prefill(const dsa_c128_prefill_params& p, const char* op, PrefillChecked* c) {
   if (p.batch_size < 0 || p.num_tokens < 0 || p.compress_capacity < 0 || p.write_capacity < 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT,
                 "%s: batch_size, num_tokens, compress_capacity and write_capacity must be >= 0 "
@@ -633,29 +609,36 @@ extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, vo
   if (p.out_layout != DSA_OUT_RAGGED && p.out_layout != DSA_OUT_COMPACT)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out_layout is %d; expected %d (ragged) or %d (compact)", op,
                 p.out_layout, DSA_OUT_RAGGED, DSA_OUT_COMPACT);
-  if (p.compress_capacity + p.write_capacity == 0 || p.batch_size == 0 || p.num_tokens == 0) return ok();
+  if (p.compress_capacity + p.write_capacity == 0 || p.batch_size == 0 || p.num_tokens == 0)
+    return c->nothing = true, DSA_STATUS_OK;
   DSA_TRY(check_common(p, op));
   DSA_TRY(check_host_plan(p, op));
   if (p.out == nullptr && p.store == nullptr && p.compress_capacity > 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out is null but the plan has compress records", op);
-  StoreLaunch st = {};
-  if (p.store != nullptr) DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &st));
-  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
-  if (p.device == DSA_DEVICE_HOST) {
-    host_prefill(p);
-    return ok();
-  }
+  if (p.store != nullptr) DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &c->store));
+  return DSA_STATUS_OK;
+}
+
+dsa_status prefill_on_device(const dsa_c128_prefill_params& p, const PrefillChecked& c, int sms, cudaStream_t s,
+                             const char* op) {
   if (p.store != nullptr && p.out == nullptr && p.compress_capacity > 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: out is null; a storing prefill on the GPU writes its vectors to out "
                 "and stores them from there", op);
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
   if (vector_width(p) != 4)
     return fail(DSA_STATUS_INVALID_ARGUMENT,
                 "%s: on the GPU, kv_score, out and ape must be 16-byte aligned and state %d-byte aligned", op,
                 4 * state_bytes(p.state_dtype));
-  DeviceGuard guard(p.device);
-  const cudaStream_t s = (cudaStream_t)stream;
-  const StoreLaunch* store = p.store != nullptr ? &st : nullptr;
-  return bf16 ? prefill_device<Bf16>(p, sms, s, op, store) : prefill_device<float>(p, sms, s, op, store);
+  const StoreLaunch* store = p.store != nullptr ? &c.store : nullptr;
+  return p.state_dtype == DSA_STATE_BFLOAT16 ? prefill_device<Bf16>(p, sms, s, op, store)
+                                             : prefill_device<float>(p, sms, s, op, store);
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<PrefillChecked>(params, stream, "dsa_c128_prefill", check_prefill,
+                                  [](const dsa_c128_prefill_params& p, const PrefillChecked&) { host_prefill(p); },
+                                  prefill_on_device);
 }

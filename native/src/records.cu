@@ -159,31 +159,25 @@ dsa_status check_plan(const dsa_request_records_params& p, const char* op) {
   return check_records(p, op);
 }
 
-}  // namespace
-}  // namespace dsa
+struct RecordsChecked {
+  bool nothing;
+};
 
-extern "C" dsa_status dsa_request_records(const dsa_request_records_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_request_records";
-  DSA_TRY(check_struct(params, op));
-  const dsa_request_records_params& p = *params;
-  DSA_TRY(check_plan(p, op));
-  const bool prefill = p.kind == DSA_RECORDS_PREFILL;
-  const int64_t records = prefill ? p.num_compress + p.num_write : 0;
-  if (p.device == DSA_DEVICE_HOST) {
-    for (int64_t j = 0; j < records; ++j) {
-      const dsa_segment& s = plan_record(p.compress, p.write, p.num_compress, j);
-      const Record r = prefill_record(s, p.req_pool_indices[s.batch_id], p.state_slot_offset);
-      j < p.num_compress ? put(p.plan_c, j, r) : put(p.plan_w, j - p.num_compress, r);
-    }
-    for (int64_t i = 0, n = request_items(p); i < n; ++i) request_item(p, i);
-    return ok();
+// The host backend: every record, then every request's part, on the caller's thread.
+void host_records(const dsa_request_records_params& p) {
+  const int64_t records = p.kind == DSA_RECORDS_PREFILL ? p.num_compress + p.num_write : 0;
+  for (int64_t j = 0; j < records; ++j) {
+    const dsa_segment& s = plan_record(p.compress, p.write, p.num_compress, j);
+    const Record r = prefill_record(s, p.req_pool_indices[s.batch_id], p.state_slot_offset);
+    j < p.num_compress ? put(p.plan_c, j, r) : put(p.plan_w, j - p.num_compress, r);
   }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
-  DeviceGuard guard(p.device);
+  for (int64_t i = 0, n = request_items(p); i < n; ++i) request_item(p, i);
+}
+
+dsa_status records_device(const dsa_request_records_params& p, const RecordsChecked&, int, cudaStream_t s,
+                          const char* op) {
+  const int64_t records = p.kind == DSA_RECORDS_PREFILL ? p.num_compress + p.num_write : 0;
   PlanLaunch a = {p, 0, 0, 1};
-  const cudaStream_t s = (cudaStream_t)stream;
   do {  // at least one launch: the per-request part
     a.count = (int32_t)std::min<int64_t>(DSA_UPLOAD_RECORDS, records - a.first);
     const bool pdl = (p.flags & DSA_FLAG_PDL) || a.first > 0;
@@ -191,5 +185,16 @@ extern "C" dsa_status dsa_request_records(const dsa_request_records_params* para
     a.requests = 0;
     a.first += a.count;
   } while (a.first < records);
-  return ok();
+  return DSA_STATUS_OK;
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_request_records(const dsa_request_records_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<RecordsChecked>(
+      params, stream, "dsa_request_records",
+      [](const dsa_request_records_params& p, const char* op, RecordsChecked*) { return check_plan(p, op); },
+      [](const dsa_request_records_params& p, const RecordsChecked&) { host_records(p); }, records_device);
 }

@@ -169,7 +169,6 @@ struct CommitStates {
   void* s[kLayers];
 };
 
-constexpr int kCommitThreads = 128;
 
 __global__ void __launch_bounds__(kCommitThreads) c128_commit_slots_kernel(const __grid_constant__ CommitLaunch p) {
   const uint32_t b = blockIdx.x * kCommitThreads + threadIdx.x;
@@ -225,50 +224,38 @@ __global__ void __launch_bounds__(kDecodeThreads)
   dst[0] = x0, dst[step] = x1, dst[2 * step] = x2;
 }
 
-}  // namespace
-}  // namespace dsa
+struct VerifyChecked {
+  bool nothing;
+  StoreLaunch store;
+};
 
-extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_c128_verify";
-  DSA_TRY(check_struct(params, op));
-  const dsa_c128_verify_params& p = *params;
+dsa_status check_verify(const dsa_c128_verify_params& p, const char* op, VerifyChecked* c) {
   if (p.batch_size < 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
   DSA_TRY(check_speculative(p, op));
-  if (p.batch_size == 0) return ok();
+  if (p.batch_size == 0) return c->nothing = true, DSA_STATUS_OK;
   DSA_TRY(check_common(p, op));
-  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
-  if (p.device == DSA_DEVICE_HOST) {
-    host_verify(p);
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
-  // Channels per thread and drafts per load batch by batch size: small batches are bound by each
-  // thread's serial chain of drafts, large ones by requests in flight (docs/performance.md,
-  // "Speculative verify and commit").
-  int vec = p.batch_size < 128 ? 1 : std::min(vector_width(p), bf16 ? 4 : 2);
-  StoreLaunch st = {};
-  if (p.store != nullptr) {
-    DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &st));
-    vec = store_vector_width(p.head_dim, p.batch_size < 128 ? std::min(vector_width(p), 2) : vector_width(p));
-    if (vec == 0 || p.head_dim / vec > 512)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing verify on the GPU needs 8-byte aligned buffers and "
-                  "head_dim <= 1024 (got %d)", op, p.head_dim);
-  }
-  dim3 grid, block;
-  DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, 1, &grid, &block, op,
-                       p.store != nullptr ? p.head_dim / vec : kDecodeThreads));
-  DeviceGuard guard(p.device);
+  if (p.store != nullptr) DSA_TRY(store_launch(p.store, p.cache_slots, p.head_dim, p.device, op, &c->store));
+  return DSA_STATUS_OK;
+}
+
+dsa_status verify_device(const dsa_c128_verify_params& p, const VerifyChecked& c, int, cudaStream_t s,
+                         const char* op) {
+  const VerifyShape shape = verify_shape(p);
+  if (!shape.store_ok)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a storing verify on the GPU needs 8-byte aligned buffers and "
+                "head_dim <= 1024 (got %d)", op, p.head_dim);
+  if (!shape.fits) return too_large(op);
   VerifyLaunch a = {};
   a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size, a.num_drafts = p.num_drafts;
   a.kv_score = p.kv_score, a.seq_lens = p.seq_lens, a.indices = p.indices, a.bank_indices = p.bank_indices;
   a.verify_lens = p.verify_lens, a.state = p.state, a.ape = p.ape, a.bank_stride = p.bank_stride;
-  a.num_slots = p.num_slots, a.out = p.out, a.error_count = p.error_count, a.store = st;
+  a.num_slots = p.num_slots, a.out = p.out, a.error_count = p.error_count, a.store = c.store;
   a.fp32_between_drafts = (p.flags & DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS) != 0;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const cudaStream_t s = (cudaStream_t)stream;
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
+  const int vec = shape.vec;
+  const dim3 grid = grid_of(shape.shape), block = block_of(shape.shape);
   const cudaError_t err =
       p.store != nullptr
           ? (vec == 4 ? (bf16 ? launch(c128_verify_kernel<4, Bf16, 4, true>, grid, block, s, mode, a)
@@ -280,15 +267,14 @@ extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void
       : vec == 4 ? launch(c128_verify_kernel<4, Bf16, 4, false>, grid, block, s, mode, a)
                  : (bf16 ? launch(c128_verify_kernel<2, Bf16, 4, false>, grid, block, s, mode, a)
                          : launch(c128_verify_kernel<2, float, 4, false>, grid, block, s, mode, a));
-  DSA_TRY(launch_status(err, op));
-  return ok();
+  return launch_status(err, op);
 }
 
-extern "C" dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_c128_commit";
-  DSA_TRY(check_struct(params, op));
-  const dsa_c128_commit_params& p = *params;
+struct CommitChecked {
+  bool nothing;
+};
+
+dsa_status check_commit(const dsa_c128_commit_params& p, const char* op, CommitChecked* c) {
   if (p.batch_size < 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected >= 0", op, (long long)p.batch_size);
   DSA_TRY(check_speculative(p, op));
@@ -310,42 +296,53 @@ extern "C" dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void
       if (p.states[i] == nullptr || !aligned(p.states[i], 2 * sb))
         return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: states[%d] is null or not %d-byte aligned", op, i, 2 * sb);
   }
-  if (p.batch_size == 0) return ok();
-  if (p.device == DSA_DEVICE_HOST) {
-    host_commit(p);
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
-  DeviceGuard guard(p.device);
+  c->nothing = p.batch_size == 0;
+  return DSA_STATUS_OK;
+}
+
+dsa_status commit_device(const dsa_c128_commit_params& p, const CommitChecked&, int, cudaStream_t s, const char* op) {
   CommitLaunch a = {};
   a.head_dim = p.head_dim, a.batch_size = (uint32_t)p.batch_size, a.num_drafts = p.num_drafts;
   a.seq_lens = p.seq_lens, a.accepted = p.accepted, a.verify_lens = p.verify_lens, a.indices = p.indices;
   a.bank_indices = p.bank_indices, a.bank_stride = p.bank_stride, a.num_slots = p.num_slots;
   a.load_indices = p.load_indices, a.error_count = p.error_count;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const cudaStream_t s = (cudaStream_t)stream;
-  if (!copying) {
+  if (p.num_layers == 0) {
     const unsigned blocks = (unsigned)((p.batch_size + kCommitThreads - 1) / kCommitThreads);
-    DSA_TRY(launch_status(launch(c128_commit_slots_kernel, blocks, kCommitThreads, s, mode, a), op));
-    return ok();
+    return launch_status(launch(c128_commit_slots_kernel, blocks, kCommitThreads, s, mode, a), op);
   }
-  bool wide = true;
-  for (int32_t i = 0; i < p.num_layers; ++i) wide = wide && aligned(p.states[i], 4 * sb);
-  const int vec = wide ? 4 : 2;
+  const int vec = commit_copy_vector_width(p);
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
   for (int32_t first = 0; first < p.num_layers; first += DSA_COMMIT_LAYERS) {
     const int layers = std::min<int32_t>(DSA_COMMIT_LAYERS, p.num_layers - first);
-    dim3 grid, block;
-    DSA_TRY(request_grid(p.head_dim, vec, p.batch_size, layers, &grid, &block, op));
+    const Shape shape = request_grid(p.head_dim, vec, p.batch_size, layers);
+    if (!shape.fits) return too_large(op);
+    const dim3 grid = grid_of(shape), block = block_of(shape);
     CommitStates<DSA_COMMIT_LAYERS> states = {};
     for (int i = 0; i < layers; ++i) states.s[i] = p.states[first + i];
     a.first_layer = first;
-    const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
     const cudaError_t err = vec == 4 ? (bf16 ? launch(c128_commit_copy_kernel<4, Bf16>, grid, block, s, mode, a, states)
                                              : launch(c128_commit_copy_kernel<4, float>, grid, block, s, mode, a, states))
                                      : (bf16 ? launch(c128_commit_copy_kernel<2, Bf16>, grid, block, s, mode, a, states)
                                              : launch(c128_commit_copy_kernel<2, float>, grid, block, s, mode, a, states));
     DSA_TRY(launch_status(err, op));
   }
-  return ok();
+  return DSA_STATUS_OK;
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<VerifyChecked>(params, stream, "dsa_c128_verify", check_verify,
+                                 [](const dsa_c128_verify_params& p, const VerifyChecked&) { host_verify(p); },
+                                 verify_device);
+}
+
+extern "C" dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<CommitChecked>(params, stream, "dsa_c128_commit", check_commit,
+                                 [](const dsa_c128_commit_params& p, const CommitChecked&) { host_commit(p); },
+                                 commit_device);
 }

@@ -159,11 +159,14 @@ cudaError_t launch_store(int vec, dim3 grid, dim3 block, cudaStream_t s, unsigne
 }
 
 // Channels per thread for D and the vectors' alignment, and the grid of `count` vectors.
-dsa_status store_shape(int head_dim, const float* vectors, int64_t count, int* vec, dim3* grid, dim3* block,
-                       const char* op) {
-  *vec = store_vector_width(head_dim, aligned(vectors, 16) ? 4 : aligned(vectors, 8) ? 2 : 0);
+// The standalone store's shape (launch_policy.h), refused when the vectors are not 8-byte aligned.
+dsa_status store_launch_shape(int head_dim, const float* vectors, int64_t count, int* vec, dim3* grid, dim3* block,
+                              const char* op) {
+  const Shape shape = store_shape(head_dim, vectors, count, vec);
   if (*vec == 0) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be 8-byte aligned on the GPU", op);
-  return request_grid(head_dim, *vec, count, 1, grid, block, op, head_dim / *vec);
+  if (!shape.fits) return too_large(op);
+  *grid = grid_of(shape), *block = block_of(shape);
+  return DSA_STATUS_OK;
 }
 
 }  // namespace
@@ -180,13 +183,13 @@ dsa_status store_prefill_vectors(const dsa_c128_prefill_params& p, const StoreLa
   dim3 grid, block;
   if (!(p.flags & DSA_FLAG_HOST_PLAN)) {
     a.num_vectors = (uint32_t)num_compress, a.segments = p.compress, a.counts = p.counts;
-    DSA_TRY(store_shape(p.head_dim, p.out, num_compress, &vec, &grid, &block, op));
+    DSA_TRY(store_launch_shape(p.head_dim, p.out, num_compress, &vec, &grid, &block, op));
     return launch_status(launch_store<true, 0>(vec, grid, block, stream, kLaunchPdl, a, SegmentBlock<0>{}), op);
   }
   for (int64_t first = 0; first < num_compress; first += DSA_INLINE_RECORDS) {
     const int64_t n = std::min<int64_t>(DSA_INLINE_RECORDS, num_compress - first);
     a.num_vectors = (uint32_t)n, a.first_record = first;
-    DSA_TRY(store_shape(p.head_dim, p.out, n, &vec, &grid, &block, op));
+    DSA_TRY(store_launch_shape(p.head_dim, p.out, n, &vec, &grid, &block, op));
     DSA_TRY(launch_status(with_records<DSA_INLINE_RECORDS>(
                               n, [&](int64_t i) { return p.compress[first + i]; },
                               [&](const auto& list) {
@@ -210,11 +213,15 @@ extern "C" int64_t dsa_indexer_page_bytes(int32_t head_dim, int32_t page_size) {
   return dsa::indexer_page_bytes(head_dim, page_size);
 }
 
-extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_kv_store";
-  DSA_TRY(check_struct(params, op));
-  const dsa_kv_store_params& p = *params;
+namespace dsa {
+namespace {
+
+struct StoreChecked {
+  bool nothing;
+  StoreLaunch store;
+};
+
+dsa_status check_store(const dsa_kv_store_params& p, const char* op, StoreChecked* c) {
   if (p.num_vectors < 0 || p.num_vectors > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_vectors is %lld; expected 0..%d", op, (long long)p.num_vectors,
                 INT32_MAX);
@@ -225,9 +232,8 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
   if (p.ratio != 0 && p.ratio != DSA_CHUNK && p.ratio != 4)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ratio is %d; expected 0 or 128 (c128 records) or 4 (c4 records)", op,
                 p.ratio);
-  StoreLaunch st = {};
-  DSA_TRY(store_launch(p.cache, p.cache_slots, p.head_dim, p.device, op, &st, p.cache->layout));
-  if (p.num_vectors == 0) return ok();
+  DSA_TRY(store_launch(p.cache, p.cache_slots, p.head_dim, p.device, op, &c->store, p.cache->layout));
+  if (p.num_vectors == 0) return c->nothing = true, DSA_STATUS_OK;
   const uint32_t kinds = p.flags & (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS);
   if (kinds == (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: at most one of the decode and extend record flags", op);
@@ -235,28 +241,34 @@ extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stre
                                      : (p.positions == nullptr || p.records != nullptr)))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be non-null, and positions non-null without records or "
                 "null with records (then records non-null, num_cache_slots >= 0)", op);
-  if (kinds && p.device != DSA_DEVICE_HOST && !aligned(p.records, 16))
+  return DSA_STATUS_OK;
+}
+
+dsa_status store_device(const dsa_kv_store_params& p, const StoreChecked& c, int, cudaStream_t s, const char* op) {
+  const uint32_t kinds = p.flags & (DSA_FLAG_STORE_DECODE_RECORDS | DSA_FLAG_STORE_EXTEND_RECORDS);
+  if (kinds && !aligned(p.records, 16))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: records must be 16-byte aligned on the GPU", op);
-  if (p.device == DSA_DEVICE_HOST) {
-    host_store(p);
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
   int vec = 0;
   dim3 grid, block;
-  DSA_TRY(store_shape(p.head_dim, p.vectors, p.num_vectors, &vec, &grid, &block, op));
-  if (st.layout == DSA_CACHE_INDEXER && vec != 4)
+  DSA_TRY(store_launch_shape(p.head_dim, p.vectors, p.num_vectors, &vec, &grid, &block, op));
+  if (c.store.layout == DSA_CACHE_INDEXER && vec != 4)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: vectors must be 16-byte aligned on the GPU for an indexer cache", op);
-  DeviceGuard guard(p.device);
   StoreOpLaunch a = {};
   a.head_dim = p.head_dim, a.num_vectors = (uint32_t)p.num_vectors, a.vectors = p.vectors;
-  a.positions = p.positions, a.error_count = p.error_count, a.store = st;
+  a.positions = p.positions, a.error_count = p.error_count, a.store = c.store;
   a.records = kinds ? p.records : nullptr, a.num_cache_slots = p.num_cache_slots;
   a.extend = (p.flags & DSA_FLAG_STORE_EXTEND_RECORDS) != 0;
   a.ratio = p.ratio ? (uint32_t)p.ratio : (uint32_t)DSA_CHUNK;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  const cudaError_t err = launch_store<false, 0>(vec, grid, block, (cudaStream_t)stream, mode, a, SegmentBlock<0>{});
-  DSA_TRY(launch_status(err, op));
-  return ok();
+  return launch_status(launch_store<false, 0>(vec, grid, block, s, mode, a, SegmentBlock<0>{}), op);
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<StoreChecked>(params, stream, "dsa_kv_store", check_store,
+                                [](const dsa_kv_store_params& p, const StoreChecked&) { host_store(p); },
+                                store_device);
 }

@@ -42,12 +42,6 @@ dsa_status store_launch(const dsa_kv_cache* cache, const int64_t* cache_slots, i
 dsa_status store_prefill_vectors(const dsa_c128_prefill_params& p, const StoreLaunch& st, int64_t num_compress,
                                  cudaStream_t stream, const char* op);
 
-// Channels per thread of a storing kernel, and whether D / vec threads of one request fit a block in
-// whole warps: 4 with 16-byte aligned buffers and D a multiple of 128, else 2 (8-byte alignment).
-inline int store_vector_width(int head_dim, int aligned_vec) {
-  return aligned_vec >= 4 && head_dim % 128 == 0 ? 4 : aligned_vec >= 2 ? 2 : 0;
-}
-
 #if defined(__CUDACC__)
 // Always true for a launch from store_launch (non-null slots, page_log2 >= 0). A storing kernel tests
 // it before its grid-dependency wait: the test reads the store's parameters, so the constant lines

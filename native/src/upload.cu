@@ -50,14 +50,11 @@ cudaError_t launch_upload(const UploadLaunch& a, const dsa_segment* compress, co
       });
 }
 
-}  // namespace
-}  // namespace dsa
+struct UploadChecked {
+  bool nothing;
+};
 
-extern "C" dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, void* stream) {
-  using namespace dsa;
-  const char* op = "dsa_c128_upload_plan";
-  DSA_TRY(check_struct(params, op));
-  const dsa_plan_upload_params& p = *params;
+dsa_status check_upload(const dsa_plan_upload_params& p, const char* op, UploadChecked*) {
   if (p.num_compress < 0 || p.num_write < 0 || p.compress_capacity < 0 || p.write_capacity < 0)
     return fail(DSA_STATUS_INVALID_ARGUMENT,
                 "%s: num_compress, num_write, compress_capacity and write_capacity must be >= 0 (got %lld, %lld, "
@@ -76,23 +73,34 @@ extern "C" dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params,
   if (p.num_write > 0 && (p.write == nullptr || p.device_write == nullptr))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_write is %lld but write or device_write is null", op,
                 (long long)p.num_write);
-  if (p.device == DSA_DEVICE_HOST) {
-    if (p.num_compress > 0) std::memcpy(p.device_compress, p.compress, p.num_compress * sizeof(dsa_segment));
-    if (p.num_write > 0) std::memcpy(p.device_write, p.write, p.num_write * sizeof(dsa_segment));
-    p.device_counts[0] = p.num_compress, p.device_counts[1] = p.num_write;
-    return ok();
-  }
-  int sms = 0;
-  DSA_TRY(check_device(p.device, op, &sms));
-  DeviceGuard guard(p.device);
+  return DSA_STATUS_OK;
+}
+
+// The host backend: the records and counts copied into the (host) buffer.
+void host_upload(const dsa_plan_upload_params& p) {
+  if (p.num_compress > 0) std::memcpy(p.device_compress, p.compress, p.num_compress * sizeof(dsa_segment));
+  if (p.num_write > 0) std::memcpy(p.device_write, p.write, p.num_write * sizeof(dsa_segment));
+  p.device_counts[0] = p.num_compress, p.device_counts[1] = p.num_write;
+}
+
+dsa_status upload_device(const dsa_plan_upload_params& p, const UploadChecked&, int, cudaStream_t s, const char* op) {
   const int64_t total = p.num_compress + p.num_write;
   UploadLaunch a = {p.device_compress, p.device_write, p.device_counts, p.num_compress, p.num_write, 0, 0};
   do {  // at least one launch: the counts are written even for an empty plan
     a.count = (int32_t)std::min<int64_t>(DSA_UPLOAD_RECORDS, total - a.first);
-    const cudaStream_t s = (cudaStream_t)stream;
     DSA_TRY(launch_status(launch_upload(a, p.compress, p.write, s), op));
     a.counts = nullptr;
     a.first += a.count;
   } while (a.first < total);
-  return ok();
+  return DSA_STATUS_OK;
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, void* stream) {
+  using namespace dsa;
+  return dispatch<UploadChecked>(params, stream, "dsa_c128_upload_plan", check_upload,
+                                 [](const dsa_plan_upload_params& p, const UploadChecked&) { host_upload(p); },
+                                 upload_device);
 }

@@ -1,0 +1,205 @@
+// Launch policy: every launch-shape choice of the GPU backend, as pure functions of an op's params and the
+// device's multiprocessor count. Host code with no CUDA in it: the entry points call these, and
+// tests/test_policy.py compiles them alone and checks them from a table. The figures behind each choice are in
+// docs/performance.md, by op.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "c128_checks.h"
+#include "dsa_kernels.h"
+
+namespace dsa {
+
+constexpr int kDecodeThreads = 128;  // the per-request kernels' column tile (threads of one request row)
+// A decode grid under this many blocks per SM lets the next kernel launch (PDL) once its first loads are issued;
+// a larger one lets it launch only as its blocks finish (measured at 1 / 32 / 256 / 512 / 1024 blocks on 132
+// SMs, the crossing lies between 256 and 512).
+constexpr int kLateDependentsBlocksPerSm = 3;
+constexpr int kC4Threads = 128;      // c4 kernels: threads per block; a request row is D / 4 of them
+constexpr int kCommitThreads = 128;  // the slot-resolving commit: one request per thread
+constexpr int kPrefillBlocksPerSm = 4;
+constexpr int kPrefillVec = 4;       // prefill channels per thread: one 16-byte access
+// Prefill tile layouts: lanes_log2 of the threads sharing one segment's channels.
+constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
+
+// A launch's grid (x, y, z) and block (x, y); fits false: too large for one launch.
+struct Shape {
+  int64_t grid_x = 0;
+  int grid_y = 0, grid_z = 0, block_x = 0, block_y = 0;
+  bool fits = false;
+  int64_t blocks() const { return grid_x * grid_y * grid_z; }
+};
+
+// The geometry of the per-request kernels (decode, verify, copying commit, store): D / vec threads per
+// request in column tiles of at most max_lanes (grid y), as many requests per block as fill
+// kDecodeThreads threads (block y), `layers` along grid z.
+inline Shape request_grid(int head_dim, int vec, int64_t batch_size, int layers, int max_lanes = kDecodeThreads) {
+  Shape s;
+  const int lanes = head_dim / vec;
+  const int tiles = (lanes + max_lanes - 1) / max_lanes;
+  const int tile_lanes = (lanes + tiles - 1) / tiles;
+  const int rows = (int)std::max<int64_t>(1, std::min<int64_t>(kDecodeThreads / tile_lanes, batch_size));
+  s.grid_x = (batch_size + rows - 1) / rows;
+  s.grid_y = tiles, s.grid_z = layers, s.block_x = tile_lanes, s.block_y = rows;
+  s.fits = batch_size <= INT32_MAX && tiles <= 65535;
+  return s;
+}
+
+// Channels per thread of a storing kernel, and whether D / vec threads of one request fit a block in
+// whole warps: 4 with 16-byte aligned buffers and D a multiple of 128, else 2 (8-byte alignment), 0: none.
+inline int store_vector_width(int head_dim, int aligned_vec) {
+  return aligned_vec >= 4 && head_dim % 128 == 0 ? 4 : aligned_vec >= 2 ? 2 : 0;
+}
+
+// ---- c128 decode ----------------------------------------------------------------------------------
+// Channels per thread: the widest the buffers allow (4, 16-byte accesses), 8 for large bf16-state batches
+// (state accesses stay 16 bytes wide). A storing decode keeps a request's channels in one block: 4 per
+// thread, or 2 (D / 2 threads per request) for a batch that leaves the GPU half idle (more warps per SM
+// for the same bytes). store_ok false: a storing decode needs 16-byte aligned buffers and D <= 512;
+// fits false: too large for one launch.
+struct DecodeShape {
+  int vec = 0;
+  Shape shape;
+  bool early_dependents = false;
+  bool store_ok = true;
+  bool fits = false;
+};
+
+inline DecodeShape decode_shape(const dsa_c128_decode_params& p, int sms) {
+  DecodeShape d;
+  const int vec4 = vector_width(p);
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
+  d.vec = bf16 && vec4 == 4 && aligned(p.state, 16) && p.head_dim % 8 == 0 && p.batch_size >= 4096 ? 8 : vec4;
+  int max_lanes = kDecodeThreads;
+  if (p.store != nullptr) {
+    const bool wide = p.batch_size < (int64_t)kLateDependentsBlocksPerSm * sms;
+    d.vec = store_vector_width(p.head_dim, vec4);
+    if (wide && d.vec == 4 && p.head_dim / 2 <= 2 * kDecodeThreads) d.vec = 2;
+    if (d.vec == 0 || p.head_dim / d.vec > (d.vec == 2 ? 2 : 1) * kDecodeThreads) {
+      d.store_ok = false;
+      return d;
+    }
+    if (d.vec == 2) max_lanes = 2 * kDecodeThreads;
+  }
+  if (d.vec == 0) return d;
+  d.shape = request_grid(p.head_dim, d.vec, p.batch_size, 1, max_lanes);
+  d.early_dependents = d.shape.blocks() < (int64_t)kLateDependentsBlocksPerSm * sms;
+  d.fits = d.shape.fits;
+  return d;
+}
+
+// ---- c128 verify ----------------------------------------------------------------------------------
+// Channels per thread by batch size: small batches are bound by each thread's serial chain of drafts (one
+// channel), large ones by requests in flight (2, or 4 with a bf16 state). A storing verify keeps a request in
+// one block (D / vec threads, at most 512). store_ok false: a storing verify needs 8-byte aligned buffers and
+// D <= 1024; fits false: too large for one launch.
+struct VerifyShape {
+  int vec = 0;
+  Shape shape;
+  bool store_ok = true;
+  bool fits = false;
+};
+
+inline VerifyShape verify_shape(const dsa_c128_verify_params& p) {
+  VerifyShape v;
+  const bool bf16 = p.state_dtype == DSA_STATE_BFLOAT16;
+  const int aligned_vec = vector_width(p);
+  v.vec = p.batch_size < 128 ? 1 : std::min(aligned_vec, bf16 ? 4 : 2);
+  if (p.store != nullptr) {
+    v.vec = store_vector_width(p.head_dim, p.batch_size < 128 ? std::min(aligned_vec, 2) : aligned_vec);
+    if (v.vec == 0 || p.head_dim / v.vec > 512) {
+      v.store_ok = false;
+      return v;
+    }
+  }
+  if (v.vec == 0) return v;
+  v.shape = request_grid(p.head_dim, v.vec, p.batch_size, 1, p.store != nullptr ? p.head_dim / v.vec : kDecodeThreads);
+  v.fits = v.shape.fits;
+  return v;
+}
+
+// ---- c128 commit ----------------------------------------------------------------------------------
+// The copying commit copies 4 channels per thread when every layer's state is 16-byte aligned, else 2.
+inline int commit_copy_vector_width(const dsa_c128_commit_params& p) {
+  const int sb = p.state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4;
+  for (int32_t i = 0; i < p.num_layers; ++i)
+    if (!aligned(p.states[i], 4 * sb)) return 2;
+  return 4;
+}
+
+// ---- the standalone store -------------------------------------------------------------------------
+// One request row per D / vec threads; fits false: the vectors are not 8-byte aligned.
+inline Shape store_shape(int head_dim, const float* vectors, int64_t count, int* vec) {
+  *vec = store_vector_width(head_dim, aligned(vectors, 16) ? 4 : aligned(vectors, 8) ? 2 : 0);
+  if (*vec == 0) return Shape{};
+  return request_grid(head_dim, *vec, count, 1, head_dim / *vec);
+}
+
+// ---- c128 prefill ---------------------------------------------------------------------------------
+// Work items (blocks' worth of work) of `records` segments in the layout lanes_log2.
+inline int64_t layout_items(int64_t records, int head_dim, int lanes_log2) {
+  return records * (head_dim / (kPrefillVec << lanes_log2));
+}
+
+// Tile layout for a pass of `records` segments, from the blocks (items) each layout gives:
+//   tiny   (2 threads x 4 = 8 channels, 128 token rows)  while 16-channel tiles leave half the SMs idle;
+//   narrow (4 threads = 16 channels, 64 rows)            while 64-channel tiles leave half the SMs idle;
+//   wide   (32 threads = 128 channels, 8 rows)           once its items fill 1.5 x the resident blocks;
+//   mid    (16 threads = 64 channels, 16 rows)           between.
+// Small tiles load a segment in one or two round trips over many SMs; wide ones do the least work per token.
+inline int prefill_lanes_log2(int64_t records, int head_dim, int sms) {
+  auto items = [&](int lanes_log2) { return layout_items(records, head_dim, lanes_log2); };
+  if (items(kNarrow) < sms / 2) return kTiny;
+  if (items(kMid) < sms / 2) return kNarrow;
+  if (head_dim % (kPrefillVec << kWide) == 0 && 2 * items(kWide) >= 3 * (int64_t)sms * kPrefillBlocksPerSm)
+    return kWide;
+  return kMid;
+}
+
+// The layout of both lists in one cooperative launch, or -1 when its items do not fit the blocks resident at
+// once even in the wide layout (a layout wider than the one chosen has fewer, larger items).
+inline int prefill_at_once_lanes(int64_t records, int head_dim, int sms) {
+  const int64_t resident = (int64_t)sms * kPrefillBlocksPerSm;
+  int lanes = prefill_lanes_log2(records, head_dim, sms);
+  if (layout_items(records, head_dim, lanes) > resident && head_dim % (kPrefillVec << kWide) == 0) lanes = kWide;
+  return layout_items(records, head_dim, lanes) > resident ? -1 : lanes;
+}
+
+// Compress records a split launch scans for the ones that continue a chunk (list positions fit 16 bits).
+constexpr int64_t kMaxScan = 2 * DSA_INLINE_RECORDS;
+
+// How a prefill's records launch:
+//   at once  - both lists in one cooperative launch: eager calls (not captured) of host plans whose records fit
+//              one launch and whose items fit the resident blocks, without DSA_FLAG_NO_COOPERATIVE;
+//   split    - host plans in two launches split by state reads (the compress records that continue a chunk,
+//              then every other record), when the records that start a chunk outnumber those that continue
+//              one, the compress list is at most kMaxScan records and each launch's records fit one launch;
+//   passes   - the compress pass, then the write pass (device plans, larger plans, and the rest).
+// num_continuing: the compress records that continue a chunk (a host plan's scan; -1 when not scanned).
+enum PrefillRoute { kPrefillAtOnce, kPrefillSplit, kPrefillPasses };
+
+// cooperative: a cooperative launch may be taken (no DSA_FLAG_NO_COOPERATIVE, the stream not capturing).
+inline PrefillRoute prefill_route(const dsa_c128_prefill_params& p, int64_t num_compress, int64_t num_write,
+                                  int64_t num_continuing, int sms, bool cooperative) {
+  if (num_compress <= 0 || num_write <= 0 || !(p.flags & DSA_FLAG_HOST_PLAN)) return kPrefillPasses;
+  const int64_t records = num_compress + num_write;
+  if (cooperative && records <= DSA_INLINE_RECORDS &&
+      prefill_at_once_lanes(records, p.head_dim, sms) >= 0)
+    return kPrefillAtOnce;
+  if (num_continuing < 0 || num_compress > kMaxScan) return kPrefillPasses;
+  const int64_t num_fresh = num_compress - num_continuing;
+  if (num_fresh <= num_continuing || num_continuing > DSA_INLINE_RECORDS || num_fresh + num_write > DSA_INLINE_RECORDS)
+    return kPrefillPasses;
+  return kPrefillSplit;
+}
+
+// ---- c4 -------------------------------------------------------------------------------------------
+// Blocks for `count` rows of a compressor of head_dim D: kC4Threads / (D / 4) rows per block.
+inline int64_t c4_blocks(int head_dim, int64_t count) {
+  const int rows = kC4Threads / (head_dim / 4);
+  return (count + rows - 1) / rows;
+}
+
+}  // namespace dsa

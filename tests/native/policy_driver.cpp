@@ -1,0 +1,79 @@
+// Runs the launch policy (native/src/launch_policy.h) on the host for tests/test_policy.py: one query per
+// input line, one answer line each. Pointers are stand-ins whose only property is their alignment.
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "launch_policy.h"
+
+using namespace dsa;
+
+namespace dsa {  // launch_policy.h's checks name these; the queries never fail a check
+dsa_status fail(dsa_status status, const char*, ...) { return status; }
+dsa_status ok() { return DSA_STATUS_OK; }
+}  // namespace dsa
+
+static void* at(int alignment) { return (void*)(uintptr_t)(alignment >= 16 ? 0x10000 : 0x10000 + alignment); }
+
+int main() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    std::istringstream in(line);
+    std::string what;
+    in >> what;
+    if (what == "decode") {  // D B bf16 store alignment sms
+      long long b;
+      int d, bf16, store, align, sms;
+      in >> d >> b >> bf16 >> store >> align >> sms;
+      dsa_c128_decode_params p = {};
+      dsa_kv_cache cache = {};
+      p.head_dim = d, p.batch_size = b, p.state_dtype = bf16 ? DSA_STATE_BFLOAT16 : DSA_STATE_FLOAT32;
+      p.state = at(align), p.kv_score = (const float*)at(align), p.out = (float*)at(align), p.ape = (const float*)at(align);
+      p.store = store ? &cache : nullptr;
+      const DecodeShape s = decode_shape(p, sms);
+      std::printf("%d %lld %d %d %d %d %d %d\n", s.vec, (long long)s.shape.grid_x, s.shape.grid_y, s.shape.block_x,
+                  s.shape.block_y, (int)s.early_dependents, (int)s.store_ok, (int)s.fits);
+    } else if (what == "verify") {  // D B bf16 store alignment
+      long long b;
+      int d, bf16, store, align;
+      in >> d >> b >> bf16 >> store >> align;
+      dsa_c128_verify_params p = {};
+      dsa_kv_cache cache = {};
+      p.head_dim = d, p.batch_size = b, p.state_dtype = bf16 ? DSA_STATE_BFLOAT16 : DSA_STATE_FLOAT32;
+      p.state = at(align), p.kv_score = (const float*)at(align), p.out = (float*)at(align), p.ape = (const float*)at(align);
+      p.store = store ? &cache : nullptr;
+      const VerifyShape s = verify_shape(p);
+      std::printf("%d %lld %d %d %d %d %d\n", s.vec, (long long)s.shape.grid_x, s.shape.grid_y, s.shape.block_x,
+                  s.shape.block_y, (int)s.store_ok, (int)s.fits);
+    } else if (what == "store") {  // D count alignment
+      long long n;
+      int d, align, vec = 0;
+      in >> d >> n >> align;
+      const Shape s = store_shape(d, (const float*)at(align), n, &vec);
+      std::printf("%d %lld %d %d %d\n", vec, (long long)s.grid_x, s.block_x, s.block_y, (int)s.fits);
+    } else if (what == "lanes") {  // records D sms
+      long long r;
+      int d, sms;
+      in >> r >> d >> sms;
+      std::printf("%d %d\n", prefill_lanes_log2(r, d, sms), prefill_at_once_lanes(r, d, sms));
+    } else if (what == "route") {  // D num_compress num_write num_continuing host_plan cooperative sms
+      long long nc, nw, cont;
+      int d, host, coop, sms;
+      in >> d >> nc >> nw >> cont >> host >> coop >> sms;
+      dsa_c128_prefill_params p = {};
+      p.head_dim = d, p.flags = host ? DSA_FLAG_HOST_PLAN : 0u;
+      const char* names[] = {"at_once", "split", "passes"};
+      std::printf("%s\n", names[prefill_route(p, nc, nw, cont, sms, coop != 0)]);
+    } else if (what == "c4") {  // D count
+      long long n;
+      int d;
+      in >> d >> n;
+      std::printf("%lld\n", (long long)c4_blocks(d, n));
+    } else if (!what.empty()) {
+      std::printf("? %s\n", what.c_str());
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,107 @@
+"""The launch policy (native/src/launch_policy.h): every launch-shape choice of the GPU backend is a pure function
+of an op's params and the device's SM count, compiled alone on the host and checked here from a table (no GPU).
+Each expected row is derived by hand from the rule the header states."""
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+H200_SMS = 132
+
+# query -> answer. decode: D B bf16 store alignment sms -> vec grid_x grid_y block_x block_y early store_ok fits
+DECODE = [
+    # one request: 512 / 4 = 128 threads, one tile, one row; 1 block < 3 per SM: dependents early
+    ("decode 512 1 0 0 16 132", "4 1 1 128 1 1 1 1"),
+    # B = 1024 fp32: 1024 blocks >= 396: dependents late
+    ("decode 512 1024 0 0 16 132", "4 1024 1 128 1 0 1 1"),
+    # bf16 state, B >= 4096: 8 channels per thread, 64 threads per request, 2 requests per block
+    ("decode 512 4096 1 0 16 132", "8 2048 1 64 2 0 1 1"),
+    ("decode 512 4095 1 0 16 132", "4 4095 1 128 1 0 1 1"),
+    # D = 128: 32 threads per request, 4 requests per block
+    ("decode 128 32 0 0 16 132", "4 8 1 32 4 1 1 1"),
+    # 8-byte aligned buffers: 2 channels, 256 lanes in two tiles of 128
+    ("decode 512 8 0 0 8 132", "2 8 2 128 1 1 1 1"),
+    # storing, B = 256 < 3 x 132: 2 channels, all 256 threads of a request in one block
+    ("decode 512 256 0 1 16 132", "2 256 1 256 1 1 1 1"),
+    # storing, B = 396 = 3 x 132: 4 channels
+    ("decode 512 396 0 1 16 132", "4 396 1 128 1 0 1 1"),
+    # storing on fewer SMs: B = 256 >= 3 x 66, 4 channels
+    ("decode 512 256 0 1 16 66", "4 256 1 128 1 0 1 1"),
+    # storing with 8-byte alignment at D = 1024: 512 threads per request do not fit a block
+    ("decode 1024 10 0 1 8 132", "2 0 0 0 0 0 0 0"),
+    # more requests than one launch takes
+    ("decode 512 3000000000 0 0 16 132", "4 3000000000 1 128 1 0 1 0"),
+]
+# verify: D B bf16 store alignment -> vec grid_x grid_y block_x block_y store_ok fits
+VERIFY = [
+    ("verify 512 32 0 0 16", "1 32 4 128 1 1 1"),     # B < 128: one channel per thread, 4 tiles
+    ("verify 512 256 0 0 16", "2 256 2 128 1 1 1"),   # fp32: 2 channels
+    ("verify 512 256 1 0 16", "4 256 1 128 1 1 1"),   # bf16: 4 channels
+    ("verify 512 32 0 1 16", "2 32 1 256 1 1 1"),     # storing, small B: 2 channels, the request in one block
+    ("verify 512 256 0 1 16", "4 256 1 128 1 1 1"),   # storing, large B: 4 channels
+    ("verify 1024 32 0 1 8", "2 32 1 512 1 1 1"),     # storing D = 1024 at 8 bytes: 512 threads still fit
+    ("verify 2048 32 0 1 8", "2 0 0 0 0 0 0"),        # ... 1024 do not
+]
+# store: D count alignment -> vec grid_x block_x block_y fits
+STORE = [
+    ("store 512 10 16", "4 10 128 1 1"),
+    ("store 512 10 8", "2 10 256 1 1"),
+    ("store 128 10 16", "4 3 32 4 1"),
+    ("store 512 10 4", "0 0 0 0 0"),
+]
+# prefill lanes: records D sms -> lanes_log2 (tiny 1, narrow 2, mid 4, wide 5), at-once lanes (-1: does not fit)
+LANES = [
+    ("lanes 1 512 132", "1 1"),      # 32 narrow items < 66: tiny
+    ("lanes 4 512 132", "2 2"),      # 128 narrow items, 32 mid items < 66: narrow
+    ("lanes 64 512 132", "4 4"),     # 256 wide items x 2 < 1.5 x 528: mid; 512 mid items fit 528 resident
+    ("lanes 100 512 132", "4 5"),    # 800 mid items exceed 528; 400 wide ones fit
+    ("lanes 200 512 132", "5 -1"),   # 800 wide items x 2 >= 1584: wide; 800 > 528
+    ("lanes 1000 512 132", "5 -1"),
+    ("lanes 100 192 132", "4 4"),    # D = 192 has no wide layout: mid, its 300 items fit
+    ("lanes 200 192 132", "4 -1"),   # ... 600 mid items do not, and there is no wider layout
+]
+# prefill route: D num_compress num_write num_continuing host_plan cooperative sms -> route
+ROUTE = [
+    ("route 512 10 10 -1 1 1 132", "at_once"),
+    ("route 512 10 10 -1 1 0 132", "passes"),     # not scanned yet: nothing else decided
+    ("route 512 10 10 2 1 0 132", "split"),       # 8 fresh > 2 continuing
+    ("route 512 10 10 5 1 0 132", "passes"),      # 5 fresh <= 5 continuing
+    ("route 512 10 10 2 0 1 132", "passes"),      # a device plan: passes
+    ("route 512 0 10 -1 1 1 132", "passes"),      # one list only
+    ("route 512 300 10 -1 1 1 132", "passes"),    # 310 records > one launch's 256
+    ("route 512 300 10 10 1 0 132", "passes"),    # 290 fresh + 10 write > 256
+    ("route 512 200 50 10 1 0 132", "split"),     # 190 fresh + 50 write <= 256, 10 continuing
+    ("route 512 600 10 10 1 0 132", "passes"),    # more compress records than the scan takes (512)
+]
+# c4: D count -> blocks (128 threads; a row is D / 4 of them)
+C4 = [("c4 512 33", "33"), ("c4 128 33", "9"), ("c4 256 33", "17"), ("c4 128 0", "0")]
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory):
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("needs a C++ compiler")
+    exe = tmp_path_factory.mktemp("policy") / "policy_driver"
+    r = subprocess.run([compiler, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-Wno-unknown-pragmas",
+                        f"-I{ROOT / 'native' / 'include'}", f"-I{ROOT / 'native' / 'src'}",
+                        str(ROOT / "tests" / "native" / "policy_driver.cpp"), "-o", str(exe)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+
+    def ask(queries):
+        out = subprocess.run([str(exe)], input="\n".join(queries) + "\n", capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+    return ask
+
+
+@pytest.mark.parametrize("table", [DECODE, VERIFY, STORE, LANES, ROUTE, C4],
+                         ids=["decode", "verify", "store", "prefill lanes", "prefill route", "c4"])
+def test_launch_shapes_follow_the_policy_table(driver, table):
+    got = driver([q for q, _ in table])
+    assert len(got) == len(table)
+    wrong = [(q, want, g) for (q, want), g in zip(table, got) if g != want]
+    assert not wrong, wrong
