@@ -162,10 +162,16 @@ cpdef int declare_op(str name, str symbol, int struct_id, size_t size) except -1
     return row
 
 
-def set_types(device_plan_type, store_type):
-    """The op modules' DevicePlan and KVCache (the fillers recognize them by exact type)."""
+def register_type(str kind, cls):
+    """Registers the class the fillers recognize (by exact type) as `kind`: "kv_cache" (pydsa.KVCache) or
+    "device_plan" (pydsa.DevicePlan); the module that defines the class registers it."""
     global _device_plan_type, _store_type
-    _device_plan_type, _store_type = device_plan_type, store_type
+    if kind == "kv_cache":
+        _store_type = cls
+    elif kind == "device_plan":
+        _device_plan_type = cls
+    else:
+        raise ValueError(f"kind must be 'kv_cache' or 'device_plan' (got {kind!r})")
 
 
 def read_attributes_only(bint on):
@@ -173,12 +179,6 @@ def read_attributes_only(bint on):
     exchange API), as an older torch would be read."""
     global _attributes_only
     _attributes_only = on
-
-
-def set_error_counter(int dev, uintptr_t address):
-    """Registers the default error counter of device `dev` (DSA_DEVICE_HOST = -1 for the host)."""
-    if -1 <= dev < MAX_DEVICES:
-        _error_counters[dev + 1] = address
 
 
 cdef bint is_store(object x):
@@ -362,8 +362,8 @@ cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) excep
     if dev < -1 or dev >= MAX_DEVICES:
         raise ValueError(f"device {dev} is beyond the {MAX_DEVICES} devices pydsa keeps default error counters "
                          f"for; pass error_count=")
-    if _error_counters[dev + 1] == 0:
-        _messages.error_counter(dev)  # cold: made and registered once per device
+    if _error_counters[dev + 1] == 0:  # cold: made once per device, by the tensor helpers
+        _error_counters[dev + 1] = <uintptr_t>_messages.error_counter(dev).data_ptr()
     out[0] = <uint32_t*>_error_counters[dev + 1]
     return 0
 

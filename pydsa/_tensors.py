@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from . import _read
 from ._abi import DEVICE_HOST
 
 _int32 = torch.int32
@@ -162,7 +161,6 @@ def error_counter(device) -> torch.Tensor:
     if counter is None:
         counter = torch.zeros(1, dtype=_int32, device=device_name(dev))
         _error_counters[dev] = counter
-        _read.set_error_counter(dev, counter.data_ptr())
     return counter
 
 

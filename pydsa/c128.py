@@ -22,7 +22,6 @@ from . import _abi, _fill_c128, _read
 from ._abi import CHUNK, FLAG_NO_COOPERATIVE, check as _check_status, lib, new, pdl_flag
 from ._op import SIZES, Prepared
 from ._tensors import resolve_device
-from .store import KVCache
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan"]
 
@@ -157,7 +156,7 @@ def _prefill_flags(pdl, cooperative) -> int:
 
 
 _upload = _fill_c128.upload
-_read.set_types(DevicePlan, KVCache)
+_read.register_type("device_plan", DevicePlan)
 
 
 class C128Prefill(Prepared):

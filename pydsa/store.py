@@ -12,7 +12,7 @@ import ctypes as C
 
 import torch
 
-from . import _abi, _fill_store
+from . import _abi, _fill_store, _read
 from ._abi import CACHE_INDEXER, CACHE_V4, KvCache, check as _check_status, lib, new, pdl_flag
 from ._tensors import _float32, as_tensor, device_index, ptr
 
@@ -136,6 +136,9 @@ class KVCache:
                 f"{self.page_bytes} B/page, device={self.cache.device}{dcp})")
 
 
+
+
+_read.register_type("kv_cache", KVCache)
 
 
 def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, extend: bool = False, ratio: int = 128,

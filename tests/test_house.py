@@ -3,6 +3,7 @@ keyword past the documented tensors (no call with more than 6 positional argumen
 name in every layer: the public function, its prepared form, the compiled call and the header's params struct."""
 import ast
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,57 @@ def test_c4_ops_cross_by_keyword_with_the_names_of_the_public_calls():
         outer = set(_names(public)) - {"pdl", "reject_all", "plan", "drafts", "indexer_drafts"}
         assert outer <= inner, (public.__name__, outer - inner)
     assert _names(pydsa.C4Decode) == [n for n in _names(pydsa.c4_decode) if n != "stream"]
+
+
+def _imports(path: Path) -> set:
+    """The pydsa modules a module imports (Python: every import statement, docstrings aside; Cython: its
+    import and cimport lines)."""
+    found = set()
+    if path.suffix == ".py":
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                mod = node.module or ""
+                if node.level == 1 or mod == "pydsa" or mod.startswith("pydsa."):
+                    base = mod[len("pydsa."):] if mod.startswith("pydsa.") else ("" if mod == "pydsa" else mod)
+                    if base:
+                        found.add(base.split(".")[0])
+                    else:
+                        found.update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("pydsa."))
+    else:
+        for m in re.finditer(r"^\s*(?:from\s+pydsa\.(\w+)\s+c?import|c?import\s+pydsa\.(\w+))", path.read_text(), re.M):
+            found.add(m.group(1) or m.group(2))
+    return found
+
+
+def _cycles(graph: dict) -> list:
+    cycles, done = [], set()
+
+    def visit(node, stack):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in stack:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in done and nxt in graph:
+                visit(nxt, stack + [nxt])
+        done.add(node)
+    for node in sorted(graph):
+        if node not in done:
+            visit(node, [node])
+    return cycles
+
+
+def test_the_import_graph_of_the_package_has_no_cycle():
+    files = [p for p in (ROOT / "pydsa").iterdir() if p.suffix in (".py", ".pyx", ".pxd")]
+    files += [p for p in (ROOT / "pydsa").glob("*/*.py")]
+    graph = {}
+    for path in files:
+        name = path.stem if path.parent.name == "pydsa" else path.parent.name
+        graph.setdefault(name, set()).update(n for n in _imports(path) if n != name)
+    assert {"_read", "_tensors", "_op", "c128", "c4"} <= set(graph)
+    assert "_read" not in graph["_tensors"], "the messages must not import the reader back"
+    assert not _cycles(graph), _cycles(graph)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
