@@ -9,10 +9,13 @@
   c4_decode, c4_extend, c4_verify; pyplan.plan_c4 plans a request-scoped ring's extends;
 - fused DSA metadata copy for CUDA-graph replay: MetadataCopy, metadata_copy.
 
-Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
+Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend). A wrong argument raises a
+pydsa.ArgumentError (a TypeError or ValueError) naming it, before anything runs; a status from the library a
+pydsa.DsaError.
 """
 from ._abi import ABI_VERSION, DsaError, lib as _lib
 from ._tensors import error_count, reset_error_count
+from .errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from .c4 import C4Compressor, C4Decode, c4_decode, c4_extend, c4_max_drafts, c4_ring_bytes, c4_verify
 from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill
 from .metadata import MetadataCopy, metadata_copy
@@ -21,7 +24,7 @@ from .store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
 
 __version__ = _lib.dsa_version_string().decode()
 
-__all__ = ["ABI_VERSION", "DsaError", "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts",
+__all__ = ["ABI_VERSION", "ArgumentError", "ArgumentTypeError", "ArgumentValueError", "DsaError", "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts",
            "c4_ring_bytes", "c4_verify", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Verify", "DevicePlan",
            "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify",
            "error_count", "kv_page_bytes", "kv_store", "library_path", "metadata_copy",

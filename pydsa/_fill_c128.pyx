@@ -6,6 +6,8 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
 
+from pydsa.errors import ArgumentTypeError, ArgumentValueError
+
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_DECODE_PARAMS
     int DSA_STRUCT_PREFILL_PARAMS
@@ -104,11 +106,11 @@ def decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, s
     sl.data = NULL
     if seq_lens is None:  # indices: one 16-byte record per request (int32 [B, 4] or uint8 [B, 16])
         if load_indices is not None:
-            raise ValueError("load_indices must be None when seq_lens is None (the records in `indices` carry the "
+            raise ArgumentValueError("load_indices", "load_indices must be None when seq_lens is None (the records in `indices` carry the "
                              "load slots)")
         read(indices, &ix, "indices", keep)
         if ix.ndim != 2:
-            raise TypeError(f"seq_lens must be an int32 [{b}] tensor; it may be None only when indices holds one "
+            raise ArgumentTypeError("seq_lens", f"seq_lens must be an int32 [{b}] tensor; it may be None only when indices holds one "
                             f"record per request (int32 [B, 4] or uint8 [B, 16]), got indices of shape "
                             f"{[ix.shape[i] for i in range(ix.ndim)]}")
         if ix.dtype == U8:
@@ -204,7 +206,7 @@ def prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, comp
     cdef int64_t nc, nw
     cdef list keep = []  # a storing prefill on the GPU with out None makes rows of its own there
     if compact is not True and compact is not False:
-        raise TypeError(f"compact must be a bool (got {compact!r})")
+        raise ArgumentTypeError("compact", f"compact must be a bool (got {compact!r})")
     state_arg(state, &st, &sdt, "state", keep)
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3

@@ -7,6 +7,8 @@ from libc.string cimport memset
 
 from pydsa._read cimport *
 
+from pydsa.errors import ArgumentTypeError, ArgumentValueError
+
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_C4_PARAMS
     int DSA_FLAG_C4_REJECT_ALL
@@ -76,10 +78,10 @@ cdef class C4Compressor:
         cdef list views = []
         shape = getattr(ring, "shape", None)
         if shape is None or len(shape) != 2 or shape[1] % 4 or shape[1] // 4 not in (128, 256, 512):
-            raise ValueError(f"ring must be a 2-D tensor [rows, 4D] with D 128, 256 or 512 (got shape "
+            raise ArgumentValueError("ring", f"ring must be a 2-D tensor [rows, 4D] with D 128, 256 or 512 (got shape "
                              f"{None if shape is None else tuple(shape)})")
         if shape[0] < 4 or shape[0] % 4:
-            raise ValueError(f"ring has {shape[0]} rows; expected a positive multiple of 4 (groups of a quartet)")
+            raise ArgumentValueError("ring", f"ring has {shape[0]} rows; expected a positive multiple of 4 (groups of a quartet)")
         cdef int64_t d = shape[1] // 4
         read(ring, &r, "ring", views)
         if r.dev == OTHER_DEVICE or (r.dtype != F32 and r.dtype != BF16):
@@ -89,11 +91,11 @@ cdef class C4Compressor:
         self.store_address = NULL
         if store is not None:
             if not is_store(store):
-                raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
+                raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
             if store.head_dim != d:
-                raise ValueError(f"store is for D = {store.head_dim} but the ring's D is {d}")
+                raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the ring's D is {d}")
             if store.device != r.dev:
-                raise ValueError(f"store's cache is on {store.cache.device} but the ring is on {_device(r.dev)}")
+                raise ArgumentValueError("store", f"store's cache is on {store.cache.device} but the ring is on {_device(r.dev)}")
             self.store_address = <const void*><uintptr_t>store.address
         self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>d
         self.dev = r.dev
@@ -123,10 +125,10 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
     input and output."""
     cdef Arg kv, o
     if type(comp_) is not C4Compressor:
-        raise TypeError(f"{name} must be a pydsa.C4Compressor (got {type(comp_).__name__})")
+        raise ArgumentTypeError(name, f"{name} must be a pydsa.C4Compressor (got {type(comp_).__name__})")
     cdef C4Compressor comp = <C4Compressor>comp_
     if comp.dev != dev:
-        raise ValueError(f"{name}'s ring is on {_device(comp.dev)} but {kv_name} is on {_device(dev)}")
+        raise ArgumentValueError(name, f"{name}'s ring is on {_device(comp.dev)} but {kv_name} is on {_device(dev)}")
     if k == 0:
         p.ring_dtype = comp.ring_dtype
     elif comp.ring_dtype != p.ring_dtype:
@@ -156,11 +158,11 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
     memset(p, 0, sizeof(dsa_c4_params))
     p.struct_size = sizeof(dsa_c4_params)
     if type(main) is not C4Compressor:
-        raise TypeError(f"main must be a pydsa.C4Compressor (got {type(main).__name__})")
+        raise ArgumentTypeError("main", f"main must be a pydsa.C4Compressor (got {type(main).__name__})")
     if (indexer is None) != (indexer_kv_score is None):
         raise ValueError("indexer and indexer_kv_score go together: give both or neither")
     if indexer is None and indexer_out is not None:
-        raise ValueError("indexer_out is given without indexer=")
+        raise ArgumentValueError("indexer_out", "indexer_out is given without indexer=")
     dev = (<C4Compressor>main).dev
     tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, dev, 2, ANY,
            4 * (<C4Compressor>main).head_dim, keep)
@@ -196,7 +198,7 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep)
         p.cache_slots = <const int64_t*>cs.data
     elif cache_slots is not None:
-        raise ValueError("cache_slots is given but neither compressor has a store")
+        raise ArgumentValueError("cache_slots", "cache_slots is given but neither compressor has a store")
     if kind == DECODE:
         p.batch_size = rows
         if records is not None:
@@ -214,7 +216,7 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         read(seq_lens, &sl, "seq_lens", keep)
         b = sl.shape[0] if sl.ndim == 1 else -1
         if b < 0 or rows != b * num_drafts:
-            raise ValueError(f"drafts has {rows} rows; expected batch_size * num_drafts = "
+            raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = "
                              f"{'?' if b < 0 else b} * {num_drafts} (seq_lens: one committed length per request)")
         vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
         vector(slots, &sx, "slots", I32, dev, b, keep)

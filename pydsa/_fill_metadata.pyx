@@ -8,6 +8,8 @@ from libc.string cimport memset
 
 from pydsa._read cimport *
 
+from pydsa.errors import ArgumentValueError
+
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_METADATA_PARAMS
     ctypedef struct dsa_metadata_sources:
@@ -77,7 +79,7 @@ def init_metadata(uintptr_t address, *, uint32_t flags, int32_t dev, int32_t mod
 
 
 cdef object _bad(str name, str why):
-    return ValueError(f"{name}: {why}")
+    return ArgumentValueError(name, f"{name}: {why}")
 
 
 cdef int64_t _length(object obj, Arg* a, str name, int32_t dev, list keep) except -1:
@@ -152,14 +154,14 @@ cdef int _flat(object obj, Arg* a, str name, int32_t dev, int64_t need) except -
     if a.dtype != I32:
         raise RuntimeError(f"{name} must have dtype int32 (got {obj.dtype})")
     if a.dev != dev:
-        raise ValueError(f"{name} is on {obj.device} but the destination buffers are on "
+        raise ArgumentValueError(name, f"{name} is on {obj.device} but the destination buffers are on "
                          f"{'cpu' if dev < 0 else f'cuda:{dev}'}")
     if not a.contiguous:
-        raise ValueError(f"{name} must be contiguous (got strides {obj.stride()})")
+        raise ArgumentValueError(name, f"{name} must be contiguous (got strides {obj.stride()})")
     for i in range(a.ndim):
         numel *= a.shape[i]
     if numel < need:
-        raise ValueError(f"{name} holds {numel} elements but {need} are copied")
+        raise ArgumentValueError(name, f"{name} holds {numel} elements but {need} are copied")
     return 0
 
 
@@ -177,7 +179,7 @@ def fill_flat_sources(uintptr_t address, *, bint decode, bint has_real_page_tabl
     cdef int64_t rows, width, n, real_cols = 0, meta = 0, bs, max_len, max_seqlen_k, expanded
     cdef int i
     if len(sizes) != 4 or len(sources) != 9 or len(names) != 13:
-        raise ValueError("fill_flat_sources takes 4 sizes, 9 sources and their 13 names")
+        raise ArgumentValueError("fill_flat_sources", "fill_flat_sources takes 4 sizes, 9 sources and their 13 names")
     cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k, \
         real_page_table, num_splits, flashmla_metadata = sources
     for i in range(4):
@@ -188,7 +190,7 @@ def fill_flat_sources(uintptr_t address, *, bint decode, bint has_real_page_tabl
                              f"{', '.join(map(str, sizes))})")
     bs, max_len, max_seqlen_k, expanded = sizes
     if (real_page_table is not None) != has_real_page_table:
-        raise ValueError("real_page_table: must be given exactly when the destinations carry real_page_table")
+        raise ArgumentValueError("real_page_table", "real_page_table: must be given exactly when the destinations carry real_page_table")
     if ((num_splits is not None or flashmla_metadata is not None) != has_flashmla
             or (num_splits is None) != (flashmla_metadata is None)):
         raise ValueError(f"{names[7]}/{names[8]}: the FlashMLA group is all-or-nothing and must match the "

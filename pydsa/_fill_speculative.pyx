@@ -6,6 +6,8 @@ from libc.stdlib cimport malloc, free
 
 from pydsa._read cimport *
 
+from pydsa.errors import ArgumentTypeError, ArgumentValueError
+
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_VERIFY_PARAMS
     int DSA_STRUCT_COMMIT_PARAMS
@@ -83,7 +85,7 @@ def verify(state, kv_score, out, ape, indices, seq_lens, *, bank_indices, bank_s
     tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
     cdef int64_t rows = kv.shape[0]
     if b == 0 or rows % b != 0 or not 1 <= rows // b <= MAX_DRAFTS:
-        raise ValueError(f"kv_score must have B * V rows with B = seq_lens.shape[0] = {b} and V in 1..{MAX_DRAFTS} "
+        raise ArgumentValueError("kv_score", f"kv_score must have B * V rows with B = seq_lens.shape[0] = {b} and V in 1..{MAX_DRAFTS} "
                          f"(got {rows} rows)")
     cdef int64_t v = rows // b
     o.data = NULL
@@ -134,7 +136,7 @@ cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity
     int_arg(drafts_, "num_drafts", 1, MAX_DRAFTS, "")
     read(seq_lens, &sl, "seq_lens", keep)
     if sl.ndim != 1:
-        raise ValueError(f"seq_lens must have shape [B] (got {[sl.shape[i] for i in range(sl.ndim)]})")
+        raise ArgumentValueError("seq_lens", f"seq_lens must have shape [B] (got {[sl.shape[i] for i in range(sl.ndim)]})")
     cdef int32_t dev = sl.dev
     cdef int64_t b = sl.shape[0]
     vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
@@ -153,16 +155,16 @@ cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity
         num_slots = slots_
     else:
         if type(states) is not list and type(states) is not tuple:
-            raise TypeError(f"states must be a list of state buffers (got {type(states).__name__})")
+            raise ArgumentTypeError("states", f"states must be a list of state buffers (got {type(states).__name__})")
         layers_n = len(states)
         if layers_n < 1:
-            raise ValueError("states must hold at least one state buffer")
+            raise ArgumentValueError("states", "states must hold at least one state buffer")
         if layers_n > capacity:
-            raise ValueError(f"states holds {layers_n} buffers but this call has room for {capacity}")
+            raise ArgumentValueError("states", f"states holds {layers_n} buffers but this call has room for {capacity}")
         for i in range(layers_n):
             state_arg(states[i], &st, &sdt, f"states[{i}]", keep)
             if st.dev != dev:
-                raise ValueError(f"states[{i}] is on {states[i].device} but seq_lens is on {seq_lens.device}")
+                raise ArgumentValueError("states", f"states[{i}] is on {states[i].device} but seq_lens is on {seq_lens.device}")
             if i == 0:
                 num_slots, d, first_sdt = st.shape[0], st.shape[2] // 3, sdt
             elif st.shape[0] != num_slots or st.shape[2] != 3 * d or sdt != first_sdt:

@@ -5,6 +5,8 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
 
+from pydsa.errors import ArgumentTypeError, ArgumentValueError
+
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_KV_STORE_PARAMS
     ctypedef struct dsa_kv_store_params:
@@ -36,9 +38,9 @@ def store(vectors, positions, cache_slots, cache, *, records=None, extend=False,
     cdef Arg v, ps, cs, rc
     cdef uint32_t* errors
     if extend is not True and extend is not False:
-        raise TypeError(f"extend must be a bool (got {extend!r})")
+        raise ArgumentTypeError("extend", f"extend must be a bool (got {extend!r})")
     if not is_store(cache):
-        raise TypeError(f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
+        raise ArgumentTypeError("cache", f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
     cdef int32_t dev = cache.device
     cdef int64_t d = cache.head_dim
     tensor(vectors, &v, "vectors", F32, dev, 2, ANY, d, None)
@@ -50,10 +52,10 @@ def store(vectors, positions, cache_slots, cache, *, records=None, extend=False,
         vector(cache_slots, &cs, "cache_slots", I64, dev, n, None)
     else:  # request or segment records, uint8 [M, 16]: the first M vectors; cache_slots of any length
         if positions is not None:
-            raise ValueError("positions must be None with records (the records give each vector's position)")
+            raise ArgumentValueError("positions", "positions must be None with records (the records give each vector's position)")
         tensor(records, &rc, "records", U8, dev, 2, ANY, 16, None)
         if rc.shape[0] > n:
-            raise ValueError(f"records has {rc.shape[0]} rows but vectors only {n}")
+            raise ArgumentValueError("records", f"records has {rc.shape[0]} rows but vectors only {n}")
         tensor(cache_slots, &cs, "cache_slots", I64, dev, 1, ANY, ANY, None)
         n = rc.shape[0]
         flags |= DSA_FLAG_STORE_EXTEND_RECORDS if extend else DSA_FLAG_STORE_DECODE_RECORDS

@@ -11,6 +11,8 @@ lacks the exchange API is read through the tensor's attributes (the slower reade
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 
+from pydsa.errors import ArgumentTypeError, ArgumentValueError
+
 cdef extern from "Python.h":
     long long PyLong_AsLongLongAndOverflow(object obj, int* overflow) except? -1
     ctypedef struct PyTypeObject
@@ -291,12 +293,12 @@ cdef int read(object obj, Arg* a, str name, list keep) except -1:
     cdef int i
     if _read(view, a) == 0:
         if a.ndim > MAX_DIMS:
-            raise ValueError(f"{name} has {a.ndim} dimensions; pydsa reads at most {MAX_DIMS}")
+            raise ArgumentValueError(name, f"{name} has {a.ndim} dimensions; pydsa reads at most {MAX_DIMS}")
         for i in range(a.ndim):  # the view's shape lives with the view: copied, the view may go
             a.dims[i] = a.shape[i]
         a.shape = a.dims
         return 0
-    raise TypeError(f"{name} cannot be read (a {view.layout} tensor of {view.dtype} on {view.device}); it must be "
+    raise ArgumentTypeError(name, f"{name} cannot be read (a {view.layout} tensor of {view.dtype} on {view.device}); it must be "
                     f"a dense tensor")
 
 
@@ -376,15 +378,15 @@ cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int
     slots[0] = NULL
     if store is None:
         if cache_slots is not None:
-            raise ValueError("cache_slots is given without store=")
+            raise ArgumentValueError("cache_slots", "cache_slots is given without store=")
         return 0
     if type(store) is not _store_type:
-        raise TypeError(f"store must be a pydsa.KVCache (got {type(store).__name__})")
+        raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
     if store.device != dev:
-        raise ValueError(f"store's cache is on {store.cache.device} but the other tensors are on "
+        raise ArgumentValueError("store", f"store's cache is on {store.cache.device} but the other tensors are on "
                          f"{_messages.device_name(dev)}")
     if store.head_dim != d:
-        raise ValueError(f"store is for D = {store.head_dim} but the op's head dim is {d}")
+        raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the op's head dim is {d}")
     if cache_slots is None:
         raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
     vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep)
@@ -398,7 +400,7 @@ cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* ot
     if out.data == NULL or other.data == NULL or out.dev != other.dev:
         return 0
     if out.data < other.data + other_bytes and other.data < out.data + out_bytes:
-        raise ValueError(f"{out_name} shares memory with {other_name}: the op writes {out_name} while it reads "
+        raise ArgumentValueError(out_name, f"{out_name} shares memory with {other_name}: the op writes {out_name} while it reads "
                          f"{other_name}; pass a buffer of its own")
     return 0
 
@@ -412,7 +414,7 @@ cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) excep
         if overflow == 0 and low <= v <= high:
             return 0
     bound = "2**31-1" if high == 2**31 - 1 else str(high)
-    raise ValueError(f"{name} must be an int in {low}..{bound}{extra} (got {x!r})")
+    raise ArgumentValueError(name, f"{name} must be an int in {low}..{bound}{extra} (got {x!r})")
 
 
 # ---- the launch table -------------------------------------------------------------------------
@@ -426,7 +428,7 @@ cdef int launch(int op, const void* params, int32_t dev, object stream) except? 
         raise RuntimeError(f"pydsa: op {op} is not bound to the library (import pydsa first)")
     if stream is not None:
         if type(stream) is not int or stream < 0:
-            raise TypeError(f"stream must be a raw cudaStream_t handle (an int >= 0) or None (got "
+            raise ArgumentTypeError("stream", f"stream must be a raw cudaStream_t handle (an int >= 0) or None (got "
                             f"{type(stream).__name__} {stream!r})")
         s = <void*><uintptr_t>stream
     elif dev >= 0:

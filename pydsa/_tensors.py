@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ._abi import DEVICE_HOST
+from .errors import ArgumentTypeError, ArgumentValueError
 
 _int32 = torch.int32
 _float32 = torch.float32
@@ -65,13 +66,13 @@ def as_tensor(t, name: str) -> torch.Tensor:
         return t
     flags = getattr(t, "flags", None)
     if flags is not None and getattr(flags, "writeable", True) is False and name.split("[")[0] in _WRITTEN:
-        raise ValueError(f"{name} is a read-only array, and the op writes into it")
+        raise ArgumentValueError(name, f"{name} is a read-only array, and the op writes into it")
     if hasattr(t, "__dlpack__"):
         try:
             return torch.from_dlpack(t)
         except Exception as exc:  # the producer's own refusal, reported under the argument's name
-            raise TypeError(f"{name} cannot be shared through DLPack: {exc}") from exc
-    raise TypeError(f"{name} must be a torch.Tensor or an array with __dlpack__ (got {type(t).__name__})")
+            raise ArgumentTypeError(name, f"{name} cannot be shared through DLPack: {exc}") from exc
+    raise ArgumentTypeError(name, f"{name} must be a torch.Tensor or an array with __dlpack__ (got {type(t).__name__})")
 
 
 def _shape_text(shape) -> str:
@@ -83,13 +84,13 @@ def check(t, name: str, dtype, shape: tuple, device: torch.device) -> torch.Tens
     tensor (a torch view for a DLPack array)."""
     t = as_tensor(t, name)
     if t.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {dtype} (got {t.dtype})")
+        raise ArgumentTypeError(name, f"{name} must have dtype {dtype} (got {t.dtype})")
     if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but the other tensors are on {device}")
+        raise ArgumentValueError(name, f"{name} is on {t.device} but the other tensors are on {device}")
     if t.dim() != len(shape) or any(want is not None and want != got for want, got in zip(shape, t.shape)):
-        raise ValueError(f"{name} must have shape {_shape_text(shape)} (got {list(t.shape)})")
+        raise ArgumentValueError(name, f"{name} must have shape {_shape_text(shape)} (got {list(t.shape)})")
     if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (got strides {t.stride()})")
+        raise ArgumentValueError(name, f"{name} must be contiguous (got strides {t.stride()})")
     return t
 
 
@@ -98,14 +99,14 @@ def check_state(state, name: str = "state") -> torch.Tensor:
     CPU or a CUDA device: the state, or the error naming it."""
     state = as_tensor(state, name)
     if state.dtype not in (torch.float32, torch.bfloat16):
-        raise TypeError(f"{name} must have dtype torch.float32 or torch.bfloat16 (got {state.dtype})")
+        raise ArgumentTypeError(name, f"{name} must have dtype torch.float32 or torch.bfloat16 (got {state.dtype})")
     if state.dim() != 3 or state.shape[1] != 1 or state.shape[2] % 3 != 0:
-        raise ValueError(f"{name} must have shape [num_slots, 1, 3*D] (got {list(state.shape)})")
+        raise ArgumentValueError(name, f"{name} must have shape [num_slots, 1, 3*D] (got {list(state.shape)})")
     d = state.shape[2] // 3
     if d <= 0 or d % 64 != 0:
         raise ValueError(f"head dim D = {name}.shape[2] / 3 = {d} must be a positive multiple of 64")
     if not state.is_contiguous():
-        raise ValueError(f"{name} must be contiguous (got strides {state.stride()})")
+        raise ArgumentValueError(name, f"{name} must be contiguous (got strides {state.stride()})")
     if state.device.type not in ("cpu", "cuda"):
         raise ValueError(f"tensors must be on the CPU or a CUDA device (got {state.device})")
     return state

@@ -22,6 +22,7 @@ from . import _abi, _fill_c128, _read
 from ._abi import CHUNK, FLAG_NO_COOPERATIVE, check as _check_status, lib, new, pdl_flag
 from ._op import SIZES, Prepared
 from ._tensors import resolve_device
+from .errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan"]
 
@@ -76,7 +77,7 @@ class DevicePlan:
     def __init__(self, max_tokens: int, max_batch: int, device="cuda"):
         for name, v, most in (("max_tokens", max_tokens, 0xFFFFFFFE), ("max_batch", max_batch, 0x7FFFFFFF)):
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
-                raise ValueError(f"{name} must be an int in 1..{most} (got {v!r})")
+                raise ArgumentValueError(name, f"{name} must be an int in 1..{most} (got {v!r})")
         device = resolve_device(device)
         self.device = device
         self._dev = -1 if device.type == "cpu" else device.index
@@ -110,7 +111,7 @@ class DevicePlan:
         current stream."""
         tokens = self.max_tokens if num_tokens is None else num_tokens
         if tokens > self.max_tokens:
-            raise ValueError(f"num_tokens {tokens} exceeds this DevicePlan's max_tokens {self.max_tokens}")
+            raise ArgumentValueError("num_tokens", f"num_tokens {tokens} exceeds this DevicePlan's max_tokens {self.max_tokens}")
         if len(seq_lens) > self.max_batch:
             raise ValueError(f"{len(seq_lens)} requests exceed this DevicePlan's max_batch {self.max_batch}")
         _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=tokens, graph=True, out=self._host,
@@ -151,7 +152,7 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
 
 def _prefill_flags(pdl, cooperative) -> int:
     if cooperative is not True and cooperative is not False:
-        raise TypeError(f"cooperative must be a bool (got {cooperative!r})")
+        raise ArgumentTypeError("cooperative", f"cooperative must be a bool (got {cooperative!r})")
     return pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
 
 
@@ -182,7 +183,7 @@ def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capac
     seq = np.ascontiguousarray(seq_lens, dtype=np.int64)
     ext = np.ascontiguousarray(extend_lens, dtype=np.int64)
     if seq.shape != ext.shape or seq.ndim != 1:
-        raise ValueError(f"seq_lens and extend_lens must be 1-D of one length (got {seq.shape}, {ext.shape})")
+        raise ArgumentValueError("seq_lens", f"seq_lens and extend_lens must be 1-D of one length (got {seq.shape}, {ext.shape})")
     b = seq.shape[0]
     total = int(ext.sum()) if num_tokens is None else int(num_tokens)
     if capacity is None:

@@ -21,6 +21,7 @@ import ctypes as C
 from . import _fill_c4
 from ._abi import check as _check_status, lib, pdl_flag
 from ._op import Prepared
+from .errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_verify", "c4_max_drafts", "c4_ring_bytes"]
 
@@ -33,7 +34,7 @@ def c4_max_drafts(ring_size: int, *, reject_all: bool = False) -> int:
     draft is always accepted (a target verify: it is the token already sampled), R - 7 with
     reject_all=True (a step may accept none). A larger V would overwrite ring rows the next step reads."""
     if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 8 or ring_size % 4:
-        raise ValueError(f"ring_size must be a multiple of 4, >= 8 (got {ring_size!r})")
+        raise ArgumentValueError("ring_size", f"ring_size must be a multiple of 4, >= 8 (got {ring_size!r})")
     return lib.dsa_c4_max_drafts(ring_size, 1 if reject_all else 0)
 
 
@@ -87,7 +88,7 @@ def c4_verify(main: C4Compressor, drafts, seq_lens, slots, *, num_drafts: int, r
     starts at the first rejected position and overwrites the rejected rows. V is at most
     c4_max_drafts(ring_size, reject_all=...); a larger V is refused, naming the bound."""
     if not isinstance(reject_all, bool):
-        raise TypeError(f"reject_all must be a bool (got {reject_all!r})")
+        raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
     flags = pdl_flag(pdl) | (_fill_c4.REJECT_ALL if reject_all else 0)
     status = _c4(_VERIFY, stream=stream, main=main, kv_score=drafts, out=out, indexer=indexer, indexer_kv_score=indexer_drafts,
          indexer_out=indexer_out, seq_lens=seq_lens, slots=slots, ring_size=ring_size, num_drafts=num_drafts,

@@ -19,6 +19,7 @@ from ._abi import (MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET
                    check as _check_status, pdl_flag)
 from ._op import OPS, SIZES, _launch
 from ._tensors import _int32, as_tensor, device_index
+from .errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
@@ -47,7 +48,7 @@ def _mode_id(mode) -> int:
         return MODES[mode.lower()]
     if mode in MODES.values():
         return int(mode)
-    raise ValueError(f"mode must be one of {sorted(MODES)} (got {mode!r})")
+    raise ArgumentValueError("mode", f"mode must be one of {sorted(MODES)} (got {mode!r})")
 
 
 def _bad(name: str, why: str):
@@ -65,13 +66,13 @@ class MetadataCopy:
             destinations = [destinations]
         destinations = list(destinations)
         if not 1 <= len(destinations) <= MAX_DESTINATIONS:
-            raise ValueError(f"destinations: expected 1..{MAX_DESTINATIONS} backends (got {len(destinations)})")
+            raise ArgumentValueError("destinations", f"destinations: expected 1..{MAX_DESTINATIONS} backends (got {len(destinations)})")
         self.mode = _mode_id(mode)
         self.decode = self.mode == MODE_DECODE
         known = {key for key, _, _ in _DEST_FIELDS}
         for k, dest in enumerate(destinations):
             if not isinstance(dest, dict):
-                raise TypeError(f"destinations[{k}] must be a dict of tensors (got {type(dest).__name__})")
+                raise ArgumentTypeError("destinations", f"destinations[{k}] must be a dict of tensors (got {type(dest).__name__})")
             unknown = sorted(str(key) for key in dest if key not in known)
             if unknown:  # a misspelled key would leave its buffer never refreshed
                 raise _bad(f"destinations[{k}]", f"unknown keys {unknown}; the keys are {[f for f, _, _ in _DEST_FIELDS]}")
@@ -79,7 +80,7 @@ class MetadataCopy:
                          for key, t in dest.items()} for k, dest in enumerate(destinations)]
         first = destinations[0].get("cache_seqlens")
         if not isinstance(first, torch.Tensor):
-            raise TypeError("destinations[0]['cache_seqlens'] must be a torch.Tensor")
+            raise ArgumentTypeError("destinations", "destinations[0]['cache_seqlens'] must be a torch.Tensor")
         self.device = first.device
         self._dev = device_index(first)
         present = {key for key, _, _ in _DEST_FIELDS if destinations[0].get(key) is not None}
@@ -120,17 +121,17 @@ class MetadataCopy:
 
     def _check_dest(self, t, name, kind):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+            raise ArgumentTypeError(name, f"{name} must be a torch.Tensor (got {type(t).__name__})")
         if t.dtype != _int32:
-            raise TypeError(f"{name} must have dtype torch.int32 (got {t.dtype})")
+            raise ArgumentTypeError(name, f"{name} must have dtype torch.int32 (got {t.dtype})")
         if t.device != self.device:
-            raise ValueError(f"{name} is on {t.device} but destinations[0]['cache_seqlens'] is on {self.device}")
+            raise ArgumentValueError(name, f"{name} is on {t.device} but destinations[0]['cache_seqlens'] is on {self.device}")
         if kind == 1 and (t.dim() != 1 or not t.is_contiguous()):
-            raise ValueError(f"{name} must be a contiguous 1-D tensor (got shape {list(t.shape)}, strides {t.stride()})")
+            raise ArgumentValueError(name, f"{name} must be a contiguous 1-D tensor (got shape {list(t.shape)}, strides {t.stride()})")
         if kind == 0 and not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous (got shape {list(t.shape)}, strides {t.stride()})")
+            raise ArgumentValueError(name, f"{name} must be contiguous (got shape {list(t.shape)}, strides {t.stride()})")
         if kind == 2 and (t.dim() != 2 or t.stride(1) != 1):
-            raise ValueError(f"{name} must be 2-D with unit column stride (got shape {list(t.shape)}, strides {t.stride()})")
+            raise ArgumentValueError(name, f"{name} must be 2-D with unit column stride (got shape {list(t.shape)}, strides {t.stride()})")
 
     def __call__(self, cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, dsa_cu_seqlens_k,
                  seqlens_expanded=None, real_page_table=None, num_splits=None, flashmla_metadata=None,
@@ -193,5 +194,5 @@ def metadata_copy(sources: dict, destinations, *, mode="decode", stream=None, pd
     """One-shot form: sources is a dict with the __call__ argument names; destinations one dict
     or a list of up to 8."""
     if not isinstance(sources, dict):
-        raise TypeError(f"sources must be a dict of the source tensors by name (got {type(sources).__name__})")
+        raise ArgumentTypeError("sources", f"sources must be a dict of the source tensors by name (got {type(sources).__name__})")
     MetadataCopy(destinations, mode=mode, pdl=pdl)(stream=stream, **sources)

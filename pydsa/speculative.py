@@ -24,6 +24,7 @@ import torch
 from . import _fill_speculative
 from ._abi import FLAG_VERIFY_FP32_BETWEEN_DRAFTS, check as _check_status, pdl_flag
 from ._op import Prepared
+from .errors import ArgumentTypeError, ArgumentValueError
 
 __all__ = ["c128_verify", "c128_commit", "C128Verify", "C128Commit", "bank_bytes"]
 
@@ -36,9 +37,9 @@ def bank_bytes(batch_size: int, num_drafts: int, head_dim: int = 512, state_dtyp
     for name, v, low in (("batch_size", batch_size, 0), ("num_drafts", num_drafts, 1), ("head_dim", head_dim, 1),
                          ("state_dtype_bytes", state_dtype_bytes, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"{name} must be an int >= {low} (got {v!r})")
+            raise ArgumentValueError(name, f"{name} must be an int >= {low} (got {v!r})")
     if state_dtype_bytes not in (2, 4):
-        raise ValueError(f"state_dtype_bytes must be 4 (fp32) or 2 (bf16) (got {state_dtype_bytes})")
+        raise ArgumentValueError("state_dtype_bytes", f"state_dtype_bytes must be 4 (fp32) or 2 (bf16) (got {state_dtype_bytes})")
     return batch_size * (num_drafts + 1) * 3 * head_dim * state_dtype_bytes
 
 
@@ -46,7 +47,7 @@ def _verify_flags(pdl, round_between_drafts, state) -> int:
     """The verify's flags; round_between_drafts is a bool, and False only with a bf16 state (the one it
     applies to)."""
     if round_between_drafts is not True and round_between_drafts is not False:
-        raise TypeError(f"round_between_drafts must be a bool (got {round_between_drafts!r})")
+        raise ArgumentTypeError("round_between_drafts", f"round_between_drafts must be a bool (got {round_between_drafts!r})")
     if not round_between_drafts and getattr(state, "dtype", None) != torch.bfloat16:
         raise ValueError(f"round_between_drafts=False applies to a bf16 state only (state is "
                          f"{getattr(state, 'dtype', type(state).__name__)}: its running state is fp32 already)")

@@ -15,6 +15,7 @@ import torch
 from . import _abi, _fill_store, _read
 from ._abi import CACHE_INDEXER, CACHE_V4, KvCache, check as _check_status, lib, new, pdl_flag
 from ._tensors import _float32, as_tensor, device_index, ptr
+from .errors import ArgumentValueError
 
 __all__ = ["KVCache", "kv_store", "kv_page_bytes", "indexer_page_bytes"]
 
@@ -25,7 +26,7 @@ _store = _fill_store.store
 def _page_size(page_size) -> None:
     if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1024 \
             or page_size & (page_size - 1):
-        raise ValueError(f"page_size must be a power of two in 1..1024 (got {page_size!r})")
+        raise ArgumentValueError("page_size", f"page_size must be a power of two in 1..1024 (got {page_size!r})")
 
 
 def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
@@ -34,7 +35,7 @@ def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
     _page_size(page_size)
     n = lib.dsa_kv_page_bytes(head_dim, page_size)
     if n <= 0:
-        raise ValueError(f"head_dim must be a multiple of 64 >= 128 and page_size >= 1 (got {head_dim}, {page_size})")
+        raise ArgumentValueError("head_dim", f"head_dim must be a multiple of 64 >= 128 and page_size >= 1 (got {head_dim}, {page_size})")
     return n
 
 
@@ -44,7 +45,7 @@ def indexer_page_bytes(head_dim: int = 128, page_size: int = 64) -> int:
     _page_size(page_size)
     n = lib.dsa_indexer_page_bytes(head_dim, page_size)
     if n <= 0:
-        raise ValueError(f"an indexer cache has head_dim 128 and page_size >= 1 (got {head_dim}, {page_size})")
+        raise ArgumentValueError("an", f"an indexer cache has head_dim 128 and page_size >= 1 (got {head_dim}, {page_size})")
     return n
 
 
@@ -73,42 +74,42 @@ class KVCache:
     def __init__(self, cache, norm_weight, rotary, *, page_size: int, eps: float = 1e-6, dcp=(1, 0),
                  layout: str = "v4"):
         if layout not in LAYOUTS:
-            raise ValueError(f"layout must be 'v4' or 'indexer' (got {layout!r})")
+            raise ArgumentValueError("layout", f"layout must be 'v4' or 'indexer' (got {layout!r})")
         _page_size(page_size)
         if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0.0 <= float(eps) < float("inf"):
-            raise ValueError(f"eps must be a finite number >= 0 (got {eps!r})")
+            raise ArgumentValueError("eps", f"eps must be a finite number >= 0 (got {eps!r})")
         try:
             world, rank = (int(dcp[0]), int(dcp[1])) if len(dcp) == 2 else (None, None)
         except (TypeError, ValueError):
             world = rank = None
         if world is None or world < 1 or not 0 <= rank < world or world >= 2 ** 31:
-            raise ValueError(f"dcp must be (world, rank) with world >= 1 and 0 <= rank < world (got {dcp!r})")
+            raise ArgumentValueError("dcp", f"dcp must be (world, rank) with world >= 1 and 0 <= rank < world (got {dcp!r})")
         cache, norm_weight = as_tensor(cache, "cache"), as_tensor(norm_weight, "norm_weight")
         if not isinstance(rotary, torch.Tensor):
             rotary = as_tensor(rotary, "rotary")
         if norm_weight.dim() != 1:
-            raise ValueError(f"norm_weight must be a 1-D float32 tensor [D] (got shape {tuple(norm_weight.shape)})")
+            raise ArgumentValueError("norm_weight", f"norm_weight must be a 1-D float32 tensor [D] (got shape {tuple(norm_weight.shape)})")
         d = norm_weight.shape[0]
         if layout == "indexer":
             if d != 128:
-                raise ValueError(f"norm_weight has {d} channels; an indexer cache needs D = 128")
+                raise ArgumentValueError("norm_weight", f"norm_weight has {d} channels; an indexer cache needs D = 128")
             page = indexer_page_bytes(d, page_size)
         else:
             page = kv_page_bytes(d, page_size) if d >= 128 and d % 64 == 0 else None
         if page is None:
-            raise ValueError(f"norm_weight has {d} channels; a store needs D a multiple of 64, >= 128")
+            raise ArgumentValueError("norm_weight", f"norm_weight has {d} channels; a store needs D a multiple of 64, >= 128")
         if isinstance(rotary, torch.Tensor) and rotary.is_complex():
             rotary = torch.view_as_real(rotary).flatten(-2)
         dev = device_index(cache)
         if cache.dtype != torch.uint8:
-            raise ValueError(f"cache must be a uint8 tensor (got {cache.dtype})")
+            raise ArgumentValueError("cache", f"cache must be a uint8 tensor (got {cache.dtype})")
         if not cache.is_contiguous():
-            raise ValueError(f"cache must be contiguous (got shape {tuple(cache.shape)}, strides {cache.stride()})")
+            raise ArgumentValueError("cache", f"cache must be contiguous (got shape {tuple(cache.shape)}, strides {cache.stride()})")
         if cache.numel() % page != 0 or cache.numel() == 0:
-            raise ValueError(f"cache holds {cache.numel()} bytes; a cache for D = {d}, page_size {page_size} is whole "
+            raise ArgumentValueError("cache", f"cache holds {cache.numel()} bytes; a cache for D = {d}, page_size {page_size} is whole "
                              f"{page}-byte pages (the D comes from norm_weight's {d} channels)")
         if not isinstance(rotary, torch.Tensor) or rotary.dim() != 2:
-            raise ValueError("rotary must be a 2-D float32 tensor [num_positions, 64]")
+            raise ArgumentValueError("rotary", "rotary must be a 2-D float32 tensor [num_positions, 64]")
         ptr(norm_weight, "norm_weight", _float32, dev, (d,))
         ptr(rotary, "rotary", _float32, dev, (rotary.shape[0], 64))
         s = new(KvCache)
@@ -155,7 +156,7 @@ def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, e
 
     A cache of layout "indexer" takes the c4 indexer's store (D = 128)."""
     if ratio not in (4, 128) or isinstance(ratio, bool):
-        raise ValueError(f"ratio must be 128 (c128 records) or 4 (c4 records) (got {ratio!r})")
+        raise ArgumentValueError("ratio", f"ratio must be 128 (c128 records) or 4 (c4 records) (got {ratio!r})")
     status = _store(vectors, positions, cache_slots, cache, records=records, extend=extend, ratio=ratio, stream=stream,
                     flags=pdl_flag(pdl), error_count=error_count)
     if status:

@@ -25,7 +25,8 @@ def main():
     from sglang.srt.plugins import load_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
     import pydsa
-    from pydsa import sglang as ours, sglang_plugin
+    from pydsa import sglang as ours
+    from pydsa.sglang import plugin as sglang_plugin
 
     load_plugins()  # sglang's loader: finds pydsa's entry point, runs register(), applies the hooks
     found["registered"] = sorted(t for t in HookRegistry._hooks if any(

@@ -138,3 +138,32 @@ def test_the_import_graph_of_the_package_has_no_cycle():
 
 def test_the_cycle_check_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_a_refused_argument_carries_its_name_and_the_sglang_layer_renames_it_from_that():
+    import torch
+    from pydsa import sglang
+    state, ape = torch.randn(4, 1, 1536), torch.randn(128, 512)
+    idx, seq = torch.zeros(2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    with pytest.raises(pydsa.ArgumentValueError) as caught:
+        pydsa.c128_decode(state, torch.randn(2, 1000), torch.empty(2, 512), ape, idx, seq)
+    err = caught.value
+    assert isinstance(err, ValueError) and err.argument == "kv_score" and str(err).startswith("kv_score must have")
+    renamed = err.renamed("kv_score_input")
+    assert type(renamed) is type(err) and renamed.argument == "kv_score_input"
+    assert str(renamed) == "kv_score_input" + str(err)[len("kv_score"):]
+    with pytest.raises(pydsa.ArgumentTypeError) as caught:
+        pydsa.c128_decode(state, torch.randn(2, 1024).double(), torch.empty(2, 512), ape, idx, seq)
+    assert isinstance(caught.value, TypeError) and caught.value.argument == "kv_score"
+    plan = sglang.CompressorDecodePlan(128, torch.zeros(2, 16, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"^kv_score_input must have shape"):
+        sglang.compress_forward(torch.randn(4, 1536), torch.randn(2, 1000), ape, plan,
+                                out=torch.empty(2, 512), head_dim=512, compress_ratio=128, is_online=True)
+
+
+def test_the_sglang_layer_reads_no_error_message():
+    for path in (ROOT / "pydsa" / "sglang").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                    for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "re" not in imported, f"{path.name} imports re"

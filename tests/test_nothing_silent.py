@@ -135,7 +135,7 @@ def test_round_between_drafts_is_a_bf16_flag():
 
 def test_more_helpers_and_sglang_arguments_are_judged_by_name():
     import pyplan
-    from pydsa import sglang_v2
+    from pydsa.sglang import compress as sglang_v2
     with pytest.raises(ValueError, match="max_tokens must be an int in 1"):
         pydsa.DevicePlan(10 ** 15, 4, device="cpu")
     with pytest.raises(ValueError, match="out\\[0\\] must be a buffer of records"):

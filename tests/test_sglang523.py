@@ -12,7 +12,8 @@ import torch
 import pydsa
 import pyplan
 from conftest import DEVICES, HAS_GPU
-from pydsa import sglang, sglang_plugin
+from pydsa import sglang
+from pydsa.sglang import plugin as sglang_plugin
 
 D, CHUNK = 512, 128
 
@@ -301,7 +302,7 @@ def test_the_plugin_registers_its_hooks_and_passes_other_calls_through(monkeypat
 
 
 def test_one_rule_says_what_is_not_pydsas_and_the_plugin_passes_it_on():
-    from pydsa import sglang_v2
+    from pydsa.sglang import compress as sglang_v2
     assert sglang_v2.outside_pydsa() is None and sglang_v2.outside_pydsa(layout="KVLayout.V4") is None
     reasons = {"offline c128": dict(is_online=False), "online c4": dict(compress_ratio=4),
                "compress_ratio 64": dict(compress_ratio=64), "head_dim 128": dict(head_dim=128), "fp4 indexer": dict(indexer=True), "bf16_store": dict(bf16_store=True),
@@ -324,7 +325,7 @@ def test_one_rule_says_what_is_not_pydsas_and_the_plugin_passes_it_on():
 def test_the_plugin_entry_point_is_declared():
     import pathlib
     text = (pathlib.Path(__file__).parent.parent / "pyproject.toml").read_text()
-    assert '[project.entry-points."sglang.srt.plugins"]' in text and 'pydsa = "pydsa.sglang_plugin:register"' in text
+    assert '[project.entry-points."sglang.srt.plugins"]' in text and 'pydsa = "pydsa.sglang.plugin:register"' in text
 
 
 def _write_prefix_float64(state, drafts, seq, rid, ape, v, stride, round_between):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import pydsa
-from pydsa import sglang, sglang_plugin, sglang_v2
+from pydsa import sglang
+from pydsa.sglang import compress as sglang_v2, plugin as sglang_plugin
 from c4_reference import entry
 from conftest import DEVICES
 from reference import rel_err

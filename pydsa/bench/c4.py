@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import pydsa
-from pydsa import sglang_c4
+from pydsa.sglang import c4 as sglang_c4
 
 from .harness import copy_bandwidth_tbps, event_us, median_graph_us
 from .reference import load

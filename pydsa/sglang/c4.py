@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .c4 import C4Compressor, c4_decode, c4_extend
+from ..c4 import C4Compressor, c4_decode, c4_extend
 
 WINDOW, RATIO = 8, 4
 MAX_TOKENS = 65536

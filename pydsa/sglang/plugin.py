@@ -21,7 +21,7 @@ _MIXIN = "sglang.srt.layers.attention.dsv4.compressor_v2.CompressorBackendMixin.
 
 
 def _ours(plan) -> bool:
-    from . import sglang_v2
+    from . import compress as sglang_v2
     return isinstance(plan, (sglang_v2.CompressorDecodePlan, sglang_v2.CompressorPrefillPlan)) and plan[-1] is not None
 
 
@@ -30,17 +30,17 @@ def _c4(plan) -> bool:
 
 
 def _decode_plan(original, *args, **kwargs):
-    from .sglang_v2 import CompressorDecodePlan
+    from .compress import CompressorDecodePlan
     return CompressorDecodePlan.generate_online(*args, **kwargs)
 
 
 def _prefill_plan(original, *args, **kwargs):
-    from .sglang_v2 import CompressorPrefillPlan
+    from .compress import CompressorPrefillPlan
     return CompressorPrefillPlan.generate_online(*args, **kwargs)
 
 
 def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kwargs):
-    from . import sglang_v2
+    from . import compress as sglang_v2
     if (_ours(plan) or _c4(plan)) and sglang_v2.outside_pydsa(kwargs.get("head_dim"), kwargs.get("compress_ratio"),
                                                               kwargs.get("is_online")) is None:
         return sglang_v2.compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
@@ -48,7 +48,7 @@ def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kw
 
 
 def _norm_rope_store(original, kv, plan, **kwargs):
-    from . import sglang_v2
+    from . import compress as sglang_v2
     if _ours(plan) or _c4(plan):
         try:
             return sglang_v2.compress_norm_rope_store(kv, plan, **kwargs)
@@ -60,7 +60,7 @@ def _norm_rope_store(original, kv, plan, **kwargs):
 def _compress_all_in_one(original, self, **kw):
     """One fused launch for an online c128 layer whose plan is pydsa's, or a c4 compressor; sglang's path
     otherwise."""
-    from . import sglang_v2
+    from . import compress as sglang_v2
     ratio = kw["compress_ratio"]
     plan = self._get_paged_compress_metadata(ratio)
     reason = sglang_v2.outside_pydsa(kw["head_dim"], ratio, ratio != 4,
@@ -86,7 +86,7 @@ def _compress_all_in_one(original, self, **kw):
 
 def hooks() -> list:
     """(target, hook, kind) of every hook the plugin registers; kind is "around" or "replace"."""
-    from . import sglang
+    from .. import sglang
     return [
         (f"{_COMPRESS}.CompressorDecodePlan.generate_online", _decode_plan, "around"),
         (f"{_COMPRESS}.CompressorPrefillPlan.generate_online", _prefill_plan, "around"),

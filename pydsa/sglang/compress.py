@@ -16,7 +16,7 @@ The c4 layers (compress_ratio 4, `is_online=False`: sglang's only c4 path) are p
 and indexer (D = 128) compressors alike, fp32 or bf16 ring: `CompressorDecodePlan.generate(4, ...)`,
 `CompressorPrefillPlan.generate(4, ...)`, `compress_forward` and `compress_norm_rope_store` (page size 64;
 D = 128 is the indexer's store) run pydsa's c4 ops over sglang's plan records read in place
-(pydsa/sglang_c4.py). pydsa's configurations: online c128 (fp32 vectors, D = 512) and c4, the V4 cache
+(pydsa/sglang/c4.py). pydsa's configurations: online c128 (fp32 vectors, D = 512) and c4, the V4 cache
 layout. The others (the offline c128 compressor, the fp4 indexer, `bf16_store`, the fp8 two-pool store,
 the V4.1 layouts) raise NotImplementedError naming them. Where sglang refuses, pydsa does too: a prefill
 plan's num_q_tokens must equal the sum of the extends, unless use_cuda_graph (a padded bucket: the rows past
@@ -24,7 +24,6 @@ the real tokens belong to no segment).
 """
 from __future__ import annotations
 
-import re
 from operator import is_
 from typing import NamedTuple, Optional
 
@@ -33,10 +32,12 @@ import torch
 
 import pyplan
 
-from . import _fill_records, sglang_c4
-from ._abi import DEFAULT_PDL_FLAG, check as _check_status
-from .c128 import DevicePlan, c128_decode, c128_prefill
-from .store import KVCache, kv_store
+from .. import _fill_records
+from .._abi import DEFAULT_PDL_FLAG, check as _check_status
+from ..c128 import DevicePlan, c128_decode, c128_prefill
+from ..errors import ArgumentError
+from ..store import KVCache, kv_store
+from . import c4 as sglang_c4
 
 _decode_records = _fill_records.decode_records
 _prefill_records = _fill_records.prefill_records
@@ -253,16 +254,11 @@ _COMPRESS_NAMES = {"state": "kv_score_buffer", "kv_score": "kv_score_input", "in
                    "cache_slots": "out_loc", "out": "out", "ape": "ape"}
 _STORE_NAMES = {"vectors": "kv", "cache_slots": "out_loc", "records": "plan", "cache": "kvcache",
                 "rotary": "freq_cis"}
-_LEADING_NAME = re.compile(r"^([A-Za-z_]+)\b")
-
-
 def _caller_words(exc, names):
-    """A pydsa argument error (TypeError / ValueError) renamed into sglang's argument names, or exc itself.
+    """A pydsa argument error renamed into sglang's argument names (from the argument it carries), or exc itself.
     Cold path: called only from an except clause."""
-    if type(exc) in (TypeError, ValueError) and exc.args and isinstance(exc.args[0], str):
-        m = _LEADING_NAME.match(exc.args[0])
-        if m and names.get(m.group(1), m.group(1)) != m.group(1):
-            return type(exc)(names[m.group(1)] + exc.args[0][m.end():])
+    if isinstance(exc, ArgumentError) and exc.argument in names:
+        return exc.renamed(names[exc.argument])
     return exc
 
 

@@ -9,7 +9,7 @@
     from pydsa.sglang import c4_layer   # one c4 layer's two compressors and stores, fused
 
 sglang 0.5.23's c4 calls (compress_ratio 4) run pydsa's c4 ops over sglang's plan records in place
-(pydsa/sglang_c4.py says how its rings are addressed and what a verify may ask).
+(pydsa/sglang/c4.py says how its rings are addressed and what a verify may ask).
 
 Each function is a thin layer over the library's ops (the same C entry points and kernels): it
 turns sglang's positional arguments and conventions into the op's sizes and launches. CUDA
@@ -29,13 +29,13 @@ import torch
 
 import pyplan
 
-from ._abi import MODE_DECODE
-from ._tensors import _int32
-from .c128 import c128_decode, c128_prefill
-from .metadata import MetadataCopy
-from .speculative import c128_commit, c128_verify
-from .sglang_c4 import layer as c4_layer
-from .sglang_v2 import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward, compress_forward_and_store,
+from .._abi import MODE_DECODE
+from .._tensors import _int32
+from ..c128 import c128_decode, c128_prefill
+from ..metadata import MetadataCopy
+from ..speculative import c128_commit, c128_verify
+from .c4 import layer as c4_layer
+from .compress import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward, compress_forward_and_store,
                         compress_norm_rope_store, memo)
 
 __all__ = ["fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda", "c128_online_decode",
