@@ -116,7 +116,9 @@ def decode_rows(ref, bs, dtypes, rounds=5):
 
 def model_step_rows(ref, bs, dtypes, rounds=5):
     """P27: a model-like decode step, 30 layers, each its own state and cache (L2-cold across layers), each
-    after a producer (a bf16 matmul), in one graph: the compressor's share (step - producers alone)."""
+    after a producer (a bf16 matmul), in one graph: the compressor's share (step - producers alone). P27b: the
+    same 30 layers back to back in one graph, no producers between them (each layer's launch follows the
+    previous layer's, so how early a kernel releases and how fast it drains decide the step)."""
     rows = []
     gen = torch.Generator(device="cuda").manual_seed(2)
     a = torch.randn(256, 7168, device="cuda", dtype=torch.bfloat16)
@@ -146,18 +148,33 @@ def model_step_rows(ref, bs, dtypes, rounds=5):
                     for _ in layers:
                         producer()
 
-                t = {"producers": [], "pydsa": [], "sglang": []}
+                def back_to_back_ours():
+                    for op in ours:
+                        op.launch()
+
+                def back_to_back_sglang():
+                    p = ref.plan_decode(layers[0].seq64, layers[0].rid, layers[0].r2t)
+                    for L in layers:
+                        ref.compress_forward(L.state, L.kv, L.ape, p, out=L.out)
+                        ref.store(L.out, p, L.w, 1e-6, L.freq, L.loc, L.cache, PAGE)
+
+                t = {"producers": [], "pydsa": [], "sglang": [], "pydsa b2b": [], "sglang b2b": []}
                 for _ in range(rounds):
                     t["producers"].append(graph_us([producers]))
                     t["pydsa"].append(graph_us([step_ours]))
                     t["sglang"].append(graph_us([step_sglang]))
+                    t["pydsa b2b"].append(graph_us([back_to_back_ours]))
+                    t["sglang b2b"].append(graph_us([back_to_back_sglang]))
                 m = {k: statistics.median(v) for k, v in t.items()}
                 share_o, share_s = m["pydsa"] - m["producers"], m["sglang"] - m["producers"]
                 row = {"b": b, "state": str(dtype).replace("torch.", ""), "lengths": "closing" if closing else "random",
                        "producers us": round(m["producers"], 2), "pydsa step us": round(m["pydsa"], 2),
                        "sglang step us": round(m["sglang"], 2), "pydsa compressor share us": round(share_o, 2),
                        "sglang compressor share us": round(share_s, 2),
-                       "P27 step speedup": round(share_s / share_o, 3) if share_o > 0 else None, "P27 target": 1.6}
+                       "P27 step speedup": round(share_s / share_o, 3) if share_o > 0 else None, "P27 target": 1.6,
+                       "pydsa back-to-back step us": round(m["pydsa b2b"], 2),
+                       "sglang back-to-back step us": round(m["sglang b2b"], 2),
+                       "P27b step speedup": round(m["sglang b2b"] / m["pydsa b2b"], 3)}
                 rows.append(row)
                 print(row, flush=True)
                 del layers, ours

@@ -454,7 +454,7 @@ def main(argv=None):
     if args.only in (None, "step"):
         result["model_step"] = model_step_rows(ref, [32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "floor"):
-        result["floor"] = floor_rows(rounds=rounds)
+        result["floor"] = floor_rows(bs=(32, 256, 1024, 8192), rounds=rounds)
     if args.only in (None, "offline"):
         result["offline_vs_online"] = offline.rows(ref, rounds, PREFILL_CASES)
     with open(args.json, "w") as f:
