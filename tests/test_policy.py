@@ -25,10 +25,15 @@ DECODE = [
     ("decode 512 8 0 0 8 132", "2 8 2 128 1 1 1 1"),
     # storing, B = 256 < 3 x 132: 2 channels, all 256 threads of a request in one block
     ("decode 512 256 0 1 16 132", "2 256 1 256 1 1 1 1"),
-    # storing, B = 396 = 3 x 132: 4 channels
-    ("decode 512 396 0 1 16 132", "4 396 1 128 1 0 1 1"),
-    # storing on fewer SMs: B = 256 >= 3 x 66, 4 channels
-    ("decode 512 256 0 1 16 66", "4 256 1 128 1 0 1 1"),
+    # storing, B = 396 = 3 x 132: 4 channels; a storing grid releases early below 9 blocks per SM
+    ("decode 512 396 0 1 16 132", "4 396 1 128 1 1 1 1"),
+    ("decode 512 1024 0 1 16 132", "4 1024 1 128 1 1 1 1"),
+    ("decode 512 1188 0 1 16 132", "4 1188 1 128 1 0 1 1"),
+    # ... the plain decode below 3: 396 blocks release late
+    ("decode 512 396 0 0 16 132", "4 396 1 128 1 0 1 1"),
+    # storing on fewer SMs: B = 256 >= 3 x 66, 4 channels; 256 < 9 x 66: early
+    ("decode 512 256 0 1 16 66", "4 256 1 128 1 1 1 1"),
+    ("decode 512 600 0 1 16 66", "4 600 1 128 1 0 1 1"),
     # storing with 8-byte alignment at D = 1024: 512 threads per request do not fit a block
     ("decode 1024 10 0 1 8 132", "2 0 0 0 0 0 0 0"),
     # more requests than one launch takes

@@ -13,10 +13,14 @@
 namespace dsa {
 
 constexpr int kDecodeThreads = 128;  // the per-request kernels' column tile (threads of one request row)
-// A decode grid under this many blocks per SM lets the next kernel launch (PDL) once its first loads are issued;
-// a larger one lets it launch only as its blocks finish (measured at 1 / 32 / 256 / 512 / 1024 blocks on 132
-// SMs, the crossing lies between 256 and 512).
+// A plain decode grid under this many blocks per SM lets the next kernel launch (PDL) once its first loads are
+// issued; a larger one lets it launch only as its blocks finish (measured at 1 / 32 / 256 / 512 / 1024 blocks
+// on 132 SMs, the crossing lies between 256 and 512). The same count decides the storing decode's width.
 constexpr int kLateDependentsBlocksPerSm = 3;
+// The storing decode releases its dependents early up to this many blocks per SM (its 1024-block grid at
+// B = 1024 fits one wave on 132 SMs: the next layer's blocks take the free slots and wait there, so a step of
+// layers back to back no longer pays each launch after the last block; docs/performance.md, "c128 decode").
+constexpr int kStoringEarlyDependentsBlocksPerSm = 9;
 constexpr int kC4Threads = 128;      // c4 kernels: threads per block; a request row is D / 4 of them
 constexpr int kCommitThreads = 128;  // the slot-resolving commit: one request per thread
 constexpr int kPrefillBlocksPerSm = 4;
@@ -85,7 +89,8 @@ inline DecodeShape decode_shape(const dsa_c128_decode_params& p, int sms) {
   }
   if (d.vec == 0) return d;
   d.shape = request_grid(p.head_dim, d.vec, p.batch_size, 1, max_lanes);
-  d.early_dependents = d.shape.blocks() < (int64_t)kLateDependentsBlocksPerSm * sms;
+  const int early = p.store != nullptr ? kStoringEarlyDependentsBlocksPerSm : kLateDependentsBlocksPerSm;
+  d.early_dependents = d.shape.blocks() < (int64_t)early * sms;
   d.fits = d.shape.fits;
   return d;
 }
