@@ -179,7 +179,7 @@ def fill_flat_sources(uintptr_t address, *, bint decode, bint has_real_page_tabl
     cdef int64_t rows, width, n, real_cols = 0, meta = 0, bs, max_len, max_seqlen_k, expanded
     cdef int i
     if len(sizes) != 4 or len(sources) != 9 or len(names) != 13:
-        raise ArgumentValueError("fill_flat_sources", "fill_flat_sources takes 4 sizes, 9 sources and their 13 names")
+        raise ValueError("fill_flat_sources takes 4 sizes, 9 sources and their 13 names")
     cache_seqlens, cu_seqlens_k, page_indices, dsa_cache_seqlens, seqlens_expanded, dsa_cu_seqlens_k, \
         real_page_table, num_splits, flashmla_metadata = sources
     for i in range(4):

@@ -45,7 +45,8 @@ def indexer_page_bytes(head_dim: int = 128, page_size: int = 64) -> int:
     _page_size(page_size)
     n = lib.dsa_indexer_page_bytes(head_dim, page_size)
     if n <= 0:
-        raise ArgumentValueError("an", f"an indexer cache has head_dim 128 and page_size >= 1 (got {head_dim}, {page_size})")
+        raise ArgumentValueError("head_dim", f"head_dim must be 128 and page_size >= 1 for an indexer cache (got {head_dim}, "
+                                 f"{page_size})")
     return n
 
 
