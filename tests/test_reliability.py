@@ -275,7 +275,7 @@ def test_errors_are_per_thread():
 
 def _threaded_ops(device):
     """Several threads run every op at once (each on its own stream on the GPU)."""
-    from test_c128 import run_schedule
+    from test_c128_prefill import run_schedule
     errors = []
 
     def work(seed):
@@ -336,7 +336,7 @@ two_gpus = pytest.mark.skipif(not HAS_GPU or torch.cuda.device_count() < 2, reas
 @pytest.mark.gpu
 def test_ops_run_on_the_tensors_device_not_the_current_one():
     """A whole schedule and a K = 3 metadata copy on cuda:1 while cuda:0 is current."""
-    from test_c128 import run_schedule
+    from test_c128_prefill import run_schedule
     torch.cuda.set_device(0)
     dev1 = torch.device("cuda", 1)
     sched = (128, [201, 129], [("prefill", {0: 200, 1: 129}, {1}, False), ("decode", [0], 1)], 3, torch.float32)
