@@ -7,7 +7,7 @@ import torch
 import c_structs
 import pydsa
 from pydsa import _abi
-from conftest import gpu
+from conftest import DEVICES, gpu
 from reference import CHUNK, online_step_fp32, rel_err
 from c128_cases import POISON, _valid, ape_for, random_state
 
@@ -236,3 +236,17 @@ def test_dlpack_arrays_are_taken_without_copies(device):
     assert torch.equal(torch.from_dlpack(got_out).isnan(), want_out.isnan())
     with pytest.raises(TypeError, match="indices must have dtype torch.int32"):
         pydsa.c128_decode(got_state, to_array(kv), got_out, to_array(ape), to_array(idx.long()), to_array(seq))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_successful_call_clears_the_thread_s_last_error(device):
+    """dsa_last_error() describes the thread's last call: a refused call sets it, a successful one (either
+    backend) clears it."""
+    import ctypes
+    args = _valid(torch.device(device))
+    p = _abi.new(c_structs.DecodeParams)
+    p.struct_size = 1  # refused: the wrong struct size
+    assert _abi.lib.dsa_c128_decode(ctypes.byref(p), None) != 0
+    assert _abi.lib.dsa_last_error().decode() != ""
+    pydsa.c128_decode(**args)
+    assert _abi.lib.dsa_last_error().decode() == ""

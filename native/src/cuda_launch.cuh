@@ -78,7 +78,8 @@ dsa_status dispatch(const Params* params, void* stream, const char* op, Check&& 
   int sms = 0;
   DSA_TRY(check_device(p.device, op, &sms));
   DeviceGuard guard(p.device);
-  return device(p, checked, sms, (cudaStream_t)stream, op);
+  DSA_TRY(device(p, checked, sms, (cudaStream_t)stream, op));
+  return ok();  // a successful call clears the thread's last error, on either backend
 }
 
 inline dsa_status launch_status(cudaError_t err, const char* op) {
