@@ -166,12 +166,12 @@ cdef int _plan(object plan, int32_t dev, uint32_t* flags, uintptr_t* cp, int64_t
         read(compress, &pc, "plan[0] (compress)", keep)
         where = pc.dev if pc.dev == -1 else dev
         if pc.dev != dev and pc.dev != -1:
-            raise ValueError(f"plan tensors are on {compress.device} but the other tensors are on "
+            raise ArgumentValueError("plan", f"plan tensors are on {compress.device} but the other tensors are on "
                              f"{_device(dev)}")
         tensor(compress, &pc, "plan[0] (compress)", U8, where, 2, ANY, ANY, keep)
         tensor(write, &pw, "plan[1] (write)", U8, where, 2, ANY, ANY, keep)
         if pc.shape[1] != 16 or pw.shape[1] != 16:
-            raise ValueError(f"plan tensors must have shape [M, 16] (got {[pc.shape[0], pc.shape[1]]} and "
+            raise ArgumentValueError("plan", f"plan tensors must have shape [M, 16] (got {[pc.shape[0], pc.shape[1]]} and "
                              f"{[pw.shape[0], pw.shape[1]]})")
         cp[0], nc[0], wp[0], nw[0] = <uintptr_t>pc.data, pc.shape[0], <uintptr_t>pw.data, pw.shape[0]
         if where == -1:
@@ -180,9 +180,9 @@ cdef int _plan(object plan, int32_t dev, uint32_t* flags, uintptr_t* cp, int64_t
     if is_device_plan(plan):
         plan_dev, cp[0], nc[0], wp[0], nw[0], counts[0] = plan._records
         if plan_dev != dev:
-            raise ValueError(f"plan is a DevicePlan on {plan.device} but the tensors are on {_device(dev)}")
+            raise ArgumentValueError("plan", f"plan is a DevicePlan on {plan.device} but the tensors are on {_device(dev)}")
         return 0
-    raise TypeError("plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
+    raise ArgumentTypeError("plan", "plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
                     "record tensors) or a DevicePlan")
 
 

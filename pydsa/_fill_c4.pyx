@@ -160,7 +160,9 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
     if type(main) is not C4Compressor:
         raise ArgumentTypeError("main", f"main must be a pydsa.C4Compressor (got {type(main).__name__})")
     if (indexer is None) != (indexer_kv_score is None):
-        raise ValueError("indexer and indexer_kv_score go together: give both or neither")
+        missing = "indexer_kv_score" if indexer_kv_score is None else "indexer"
+        raise ArgumentValueError(missing, f"{missing} is None but {'indexer' if missing != 'indexer' else 'indexer_kv_score'}"
+                                          f" is given: the indexer and its input go together, give both or neither")
     if indexer is None and indexer_out is not None:
         raise ArgumentValueError("indexer_out", "indexer_out is given without indexer=")
     dev = (<C4Compressor>main).dev
@@ -171,7 +173,9 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
     if kind == DECODE:
         if records is None:
             if seq_lens is None or slots is None:
-                raise ValueError("c4_decode needs records= (uint8 [B, 16]) or seq_lens= and slots= with ring_size=")
+                missing = "seq_lens" if seq_lens is None else "slots"
+                raise ArgumentValueError(missing, f"{missing} is None: c4_decode needs records= (uint8 [B, 16]) or "
+                                                  f"seq_lens= and slots= with ring_size=")
         elif seq_lens is not None or slots is not None:
             raise ValueError("records= and seq_lens=/slots= are two ways to give the rows: pass one")
     elif kind == EXTEND:

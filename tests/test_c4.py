@@ -294,7 +294,7 @@ def test_arguments_are_judged_by_name():
     seq = torch.ones(2, dtype=torch.int32)
     with pytest.raises(TypeError, match="main must be a pydsa.C4Compressor"):
         pydsa.c4_decode(object(), kv, seq_lens=seq, slots=seq, ring_size=8)
-    with pytest.raises(ValueError, match="indexer and indexer_kv_score go together"):
+    with pytest.raises(ValueError, match="indexer_kv_score is None but indexer is given: the indexer and its input go together"):
         pydsa.c4_decode(main, kv, indexer=idx, seq_lens=seq, slots=seq, ring_size=8)
     with pytest.raises(ValueError, match="kv_score"):
         pydsa.c4_decode(main, torch.randn(2, 1024), seq_lens=seq, slots=seq, ring_size=8)

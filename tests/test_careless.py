@@ -1,0 +1,125 @@
+"""A careless-input trial over the public ops: every argument of a valid call, replaced in turn by what a careless
+caller passes (None, a list, a string, a float, the wrong dtype, a wrong shape, a transposed view, a bool for an int, a
+negative int), meets a pydsa.ArgumentError (a TypeError or ValueError) that names that argument, and nothing runs:
+the call's outputs stay as they were. Host backend (the checks are the same code for both backends)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import pydsa
+import pyplan
+
+D = 512
+B = 3
+
+
+def _i32(*v):
+    return torch.tensor(v, dtype=torch.int32)
+
+
+def _decode():
+    return dict(state=torch.rand(8, 1, 3 * D), kv_score=torch.randn(B, 2 * D), out=torch.full((B, D), 7.0),
+                ape=torch.randn(128, D), indices=_i32(0, 1, 2), seq_lens=_i32(5, 128, 300))
+
+
+def _prefill():
+    seq, ext = np.array([300, 130]), np.array([300, 129])
+    return dict(state=torch.rand(4, 1, 3 * D), kv_score=torch.randn(429, 2 * D), out=torch.full((429, D), 7.0),
+                ape=torch.randn(128, D), indices=_i32(0, 1), plan=pyplan.plan_prefill(seq, ext))
+
+
+def _verify():
+    return dict(state=torch.rand(16, 1, 3 * D), kv_score=torch.randn(B * 2, 2 * D), out=torch.full((B * 2, D), 7.0),
+                ape=torch.randn(128, D), indices=_i32(0, 1, 2), seq_lens=_i32(5, 127, 300), bank_indices=_i32(3, 6, 9),
+                bank_stride=1)
+
+
+def _cache():
+    return pydsa.KVCache(torch.zeros(8, pydsa.kv_page_bytes(D, 2), dtype=torch.uint8), torch.rand(D) + 0.5,
+                         torch.randn(1024, 64), page_size=2)
+
+
+def _store():
+    return dict(vectors=torch.randn(B, D), positions=_i32(0, 128, 256), cache_slots=torch.arange(B),
+                cache=_cache())
+
+
+def _c4():
+    rot = torch.randn(1024, 64)
+    main = pydsa.C4Compressor(torch.randn(B * 8, 4 * D), torch.randn(8, D), store=pydsa.KVCache(
+        torch.zeros(4, pydsa.kv_page_bytes(D, 64), dtype=torch.uint8), torch.rand(D) + 0.5, rot, page_size=64))
+    indexer = pydsa.C4Compressor(torch.randn(B * 8, 512), torch.randn(8, 128), store=pydsa.KVCache(
+        torch.zeros(4, pydsa.indexer_page_bytes(128, 64), dtype=torch.uint8), torch.rand(128) + 0.5, rot,
+        page_size=64, layout="indexer"))
+    return dict(main=main, kv_score=torch.randn(B, 4 * D), indexer=indexer, indexer_kv_score=torch.randn(B, 512),
+                seq_lens=_i32(4, 9, 16), slots=_i32(0, 1, 2), ring_size=8, cache_slots=torch.arange(B),
+                out=torch.full((B, D), 7.0))
+
+
+OPS = {"c4_decode": (lambda main, kv_score, **kw: pydsa.c4_decode(main, kv_score, **kw), _c4, "out"),
+       "c128_decode": (pydsa.c128_decode, _decode, "out"), "c128_prefill": (pydsa.c128_prefill, _prefill, "out"),
+       "c128_verify": (pydsa.c128_verify, _verify, "out"), "kv_store": (pydsa.kv_store, _store, None)}
+
+CARELESS = {
+    "None": lambda t: None,
+    "a list": lambda t: t.tolist() if isinstance(t, torch.Tensor) else [t],
+    "a string": lambda t: "x",
+    "a float": lambda t: 1.5,
+    "float64": lambda t: t.double() if isinstance(t, torch.Tensor) else None,
+    "int64": lambda t: t.long() if isinstance(t, torch.Tensor) else None,
+    "one row short": lambda t: t[:-1] if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] > 1 else None,
+    "a transposed view": lambda t: t.t() if isinstance(t, torch.Tensor) and t.dim() == 2 else None,
+    "a bool": lambda t: True,
+    "negative": lambda t: -1 if isinstance(t, int) and not isinstance(t, bool) else None,
+}
+# Arguments that may be None, and mutations a call may take as valid.
+OPTIONAL = {("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c128_decode", "out"), ("c128_prefill", "out"), ("c128_verify", "out"), ("c128_decode", "seq_lens")}
+# A size one argument sets for others: shortening it, the error names the first argument that disagrees (each
+# message states the shape it wanted and the one it got).
+TIED = {("c4_decode", "kv_score"): {"out"}, ("c128_decode", "kv_score"): {"out"}, ("c128_prefill", "kv_score"): {"out"},
+        ("c128_verify", "seq_lens"): {"indices"}, ("kv_store", "vectors"): {"positions"}}
+
+
+def _cases():
+    for op, (_, make, _) in OPS.items():
+        for arg in make():
+            for how in CARELESS:
+                yield op, arg, how
+
+
+@pytest.mark.parametrize("op,arg,how", list(_cases()))
+def test_a_careless_argument_is_refused_by_name_and_nothing_runs(op, arg, how):
+    fn, make, written = OPS[op]
+    args = make()
+    bad = CARELESS[how](args[arg])
+    if bad is None and how != "None":
+        pytest.skip(f"{how} does not apply to {arg}")
+    if how == "None" and (op, arg) in OPTIONAL:
+        pytest.skip(f"{arg} may be None")
+    if how == "int64" and arg == "cache_slots":
+        pytest.skip("cache_slots is int64")
+    if how == "a list" and arg == "plan":
+        pytest.skip("a plan may be a (compress, write) list")
+    if how == "one row short" and arg == "state":
+        pytest.skip("fewer state slots is a valid state")
+    args[arg] = bad
+    before = args[written].clone() if written and isinstance(args.get(written), torch.Tensor) else None
+    if (op, arg, how) == ("c128_prefill", "indices", "one row short"):
+        # the plan's records are judged by the library: the error names the record that does not fit
+        with pytest.raises(pydsa.DsaError, match="compress record 2 .* does not fit this call"):
+            fn(**args)
+        assert torch.equal(args[written], before)
+        return
+    with pytest.raises((TypeError, ValueError)) as caught:
+        fn(**args)
+    err = caught.value
+    assert isinstance(err, pydsa.ArgumentError), f"{type(err).__name__}: {err}"
+    # the error names the argument (the records carry indices' place when seq_lens is gone)
+    named = {arg} | ({"indices"} if (op, arg) == ("c128_decode", "seq_lens") else set())
+    if how == "one row short":
+        named |= TIED.get((op, arg), set())
+    assert err.argument.split(" ")[0].split("[")[0] in named or arg in str(err), (err.argument, str(err))
+    if before is not None:
+        assert torch.equal(args[written], before), "a refused call wrote its output"
