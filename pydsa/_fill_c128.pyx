@@ -99,7 +99,7 @@ def decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, s
     store_arg(store, cache_slots, dev, d, b, &store_address, &slots, keep)
     o.data = NULL
     if not (out is None and store is not None):
-        tensor(out, &o, "out", F32, dev, 2, b, d, keep)
+        tensor(out, &o, "out", F32, dev, 2, b, d, keep, "B: the rows of kv_score")
         disjoint(&o, b * d * 4, "out", &kv, b * 2 * d * 4, "kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
     lx.data = NULL
@@ -114,14 +114,14 @@ def decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, s
                             f"record per request (int32 [B, 4] or uint8 [B, 16]), got indices of shape "
                             f"{[ix.shape[i] for i in range(ix.ndim)]}")
         if ix.dtype == U8:
-            tensor(indices, &ix, "indices", U8, dev, 2, b, 16, keep)
+            tensor(indices, &ix, "indices", U8, dev, 2, b, 16, keep, "B: the rows of kv_score")
         else:
-            tensor(indices, &ix, "indices (records: int32 [B, 4] or uint8 [B, 16])", I32, dev, 2, b, 4, keep)
+            tensor(indices, &ix, "indices (records: int32 [B, 4] or uint8 [B, 16])", I32, dev, 2, b, 4, keep, "B: the rows of kv_score")
         flags |= DSA_FLAG_DECODE_RECORDS
     else:
-        vector(indices, &ix, "indices", I32, dev, b, keep)
-        vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
-        optional_vector(load_indices, &lx, "load_indices", dev, b, keep)
+        vector(indices, &ix, "indices", I32, dev, b, keep, "B: the rows of kv_score")
+        vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep, "B: the rows of kv_score")
+        optional_vector(load_indices, &lx, "load_indices", dev, b, keep, "B: the rows of kv_score")
     error_counter(error_count, dev, &errors, keep)
     p.struct_size = sizeof(dsa_c128_decode_params)
     p.flags = flags
@@ -222,10 +222,11 @@ def prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, comp
         compact = True
         keep.append(out)
     if not (out is None and store is not None):
-        tensor(out, &o, "out", F32, dev, 2, nc if compact else n, d, keep)
+        tensor(out, &o, "out", F32, dev, 2, nc if compact else n, d, keep,
+               "the plan's compress records" if compact else "N: the rows of kv_score")
         disjoint(&o, (nc if compact else n) * d * 4, "out", &kv, n * 2 * d * 4, "kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
-    optional_vector(load_indices, &lx, "load_indices", dev, b, keep)
+    optional_vector(load_indices, &lx, "load_indices", dev, b, keep, "B: the length of indices")
     error_counter(error_count, dev, &errors, keep)
     store_arg(store, cache_slots, dev, d, n, &store_address, &slots, keep)
     p.struct_size = sizeof(dsa_c128_prefill_params)

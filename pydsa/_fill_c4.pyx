@@ -133,10 +133,11 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
         p.ring_dtype = comp.ring_dtype
     elif comp.ring_dtype != p.ring_dtype:
         raise ValueError(f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have one dtype")
-    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep)
+    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep, "the rows of the main kv_score")
     o.data = NULL
     if out is not None:
-        tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep)
+        tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep, "the rows of kv_score (decode, verify) "
+               "or compress records (extend)")
     p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data
@@ -199,7 +200,7 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
     if p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL):
         if cache_slots is None:
             raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
-        vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep)
+        vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
         p.cache_slots = <const int64_t*>cs.data
     elif cache_slots is not None:
         raise ArgumentValueError("cache_slots", "cache_slots is given but neither compressor has a store")
@@ -210,8 +211,8 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
             p.decode_records = rc.data
         else:
             int_arg(ring_size, "ring_size", 8, 2 ** 20, " (a multiple of 4)")
-            vector(seq_lens, &sl, "seq_lens", I32, dev, rows, keep)
-            vector(slots, &sx, "slots", I32, dev, rows, keep)
+            vector(seq_lens, &sl, "seq_lens", I32, dev, rows, keep, "B: the rows of kv_score")
+            vector(slots, &sx, "slots", I32, dev, rows, keep, "B: the rows of kv_score")
             p.seq_lens = <const int32_t*>sl.data
             p.slots = <const int32_t*>sx.data
             p.ring_size = ring_size

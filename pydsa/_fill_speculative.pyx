@@ -90,12 +90,12 @@ def verify(state, kv_score, out, ape, indices, seq_lens, *, bank_indices, bank_s
     cdef int64_t v = rows // b
     o.data = NULL
     if out is not None:
-        tensor(out, &o, "out", F32, dev, 2, rows, d, keep)
+        tensor(out, &o, "out", F32, dev, 2, rows, d, keep, "B * V: the rows of kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
-    vector(indices, &ix, "indices", I32, dev, b, keep)
-    vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep)
+    vector(indices, &ix, "indices", I32, dev, b, keep, "B: the length of seq_lens")
+    vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep, "B: the length of seq_lens")
     int_arg(bank_stride, "bank_stride", 1, 2**31 - 1, "")
-    optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep)
+    optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep, "B: the length of seq_lens")
     error_counter(error_count, dev, &errors, keep)
     store_arg(store, cache_slots, dev, d, rows, &store_address, &slots, keep)
     p.struct_size = sizeof(dsa_c128_verify_params)

@@ -48,8 +48,8 @@ def store(vectors, positions, cache_slots, cache, *, records=None, extend=False,
     ps.data = NULL
     rc.data = NULL
     if records is None:
-        vector(positions, &ps, "positions", I32, dev, n, None)
-        vector(cache_slots, &cs, "cache_slots", I64, dev, n, None)
+        vector(positions, &ps, "positions", I32, dev, n, None, "N: the rows of vectors")
+        vector(cache_slots, &cs, "cache_slots", I64, dev, n, None, "N: the rows of vectors")
     else:  # request or segment records, uint8 [M, 16]: the first M vectors; cache_slots of any length
         if positions is not None:
             raise ArgumentValueError("positions", "positions must be None with records (the records give each vector's position)")

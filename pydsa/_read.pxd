@@ -57,10 +57,11 @@ cdef struct Arg:
 # array that is not a framework tensor is read through a zero-copy DLPack view, appended to `keep` when
 # that is a list (a prepared call keeps its views alive).
 cdef int read(object obj, Arg* a, str name, list keep) except -1
+# `rows`: where a size the call expects comes from (e.g. "B: the rows of kv_score"), said when it disagrees.
 cdef int tensor(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0, int64_t d1,
-                list keep) except -1
-cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64_t n, list keep) except -1
-cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep) except -1
+                list keep, str rows=*) except -1
+cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64_t n, list keep, str rows=*) except -1
+cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep, str rows=*) except -1
 cdef int state_arg(object obj, Arg* a, int32_t* state_dtype, str name, list keep) except -1
 cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) except -1
 cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,

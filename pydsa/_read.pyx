@@ -308,7 +308,7 @@ cdef object _shape(int32_t ndim, int64_t d0, int64_t d1):
 
 
 cdef int _refuse(object obj, const Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0,
-                 int64_t d1) except -1:
+                 int64_t d1, str rows) except -1:
     """Cold: the formatter's error for an argument that is not what the op takes (a dimension of any
     size is shown as the argument's own where its rank is right)."""
     if a.ndim == ndim:
@@ -317,30 +317,31 @@ cdef int _refuse(object obj, const Arg* a, str name, uint32_t dtype, int32_t dev
     want = _shape(ndim, d0, d1)
     if a.ndim == ndim and ndim > 2:
         want = want[:2] + tuple(a.shape[i] for i in range(2, ndim))
-    _messages.check(obj, name, _dtypes[dtype], want, _messages.device_name(dev))
+    _messages.check(obj, name, _dtypes[dtype], want, _messages.device_name(dev), rows)
     raise RuntimeError(f"pydsa: {name} was refused but passes its check (a bug in pydsa; please report it)")
 
 
 cdef int tensor(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0, int64_t d1,
-                list keep) except -1:
+                list keep, str rows=None) except -1:
     """A contiguous tensor of `dtype` on `dev` with `ndim` dimensions, the first two d0, d1 (ANY: any)."""
     read(obj, a, name, keep)
     if (a.dtype != dtype or a.dev != dev or a.ndim != ndim or not a.contiguous
             or (ndim > 0 and d0 != ANY and a.shape[0] != d0) or (ndim > 1 and d1 != ANY and a.shape[1] != d1)):
-        return _refuse(obj, a, name, dtype, dev, ndim, d0, d1)
+        return _refuse(obj, a, name, dtype, dev, ndim, d0, d1, rows)
     return 0
 
 
-cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64_t n, list keep) except -1:
-    return tensor(obj, a, name, dtype, dev, 1, n, ANY, keep)
+cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64_t n, list keep,
+                str rows=None) except -1:
+    return tensor(obj, a, name, dtype, dev, 1, n, ANY, keep, rows)
 
 
-cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep) except -1:
+cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep, str rows=None) except -1:
     """An optional int32 [n]: None leaves a.data null."""
     a.data = NULL
     if obj is None:
         return 0
-    return tensor(obj, a, name, I32, dev, 1, n, ANY, keep)
+    return tensor(obj, a, name, I32, dev, 1, n, ANY, keep, rows)
 
 
 cdef int state_arg(object obj, Arg* a, int32_t* state_dtype, str name, list keep) except -1:
@@ -389,7 +390,7 @@ cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int
         raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the op's head dim is {d}")
     if cache_slots is None:
         raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
-    vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep)
+    vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
     address[0] = <const void*><uintptr_t>store.address
     slots[0] = <const int64_t*>cs.data
     return 0

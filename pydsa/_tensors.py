@@ -79,16 +79,18 @@ def _shape_text(shape) -> str:
     return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
 
 
-def check(t, name: str, dtype, shape: tuple, device: torch.device) -> torch.Tensor:
-    """Checks one tensor argument completely; `shape` entries of None match any size. Returns the
-    tensor (a torch view for a DLPack array)."""
+def check(t, name: str, dtype, shape: tuple, device: torch.device, rows: str | None = None) -> torch.Tensor:
+    """Checks one tensor argument completely; `shape` entries of None match any size; `rows` says where the
+    expected first size comes from. Returns the tensor (a torch view for a DLPack array)."""
     t = as_tensor(t, name)
     if t.dtype != dtype:
         raise ArgumentTypeError(name, f"{name} must have dtype {dtype} (got {t.dtype})")
     if t.device != device:
         raise ArgumentValueError(name, f"{name} is on {t.device} but the other tensors are on {device}")
     if t.dim() != len(shape) or any(want is not None and want != got for want, got in zip(shape, t.shape)):
-        raise ArgumentValueError(name, f"{name} must have shape {_shape_text(shape)} (got {list(t.shape)})")
+        raise ArgumentValueError(name, f"{name} must have shape {_shape_text(shape)} (got {list(t.shape)}"
+                                       f"{'; ' + rows if rows and t.dim() == len(shape) else ''})",
+                                 expected=f"shape {_shape_text(shape)}", got=str(list(t.shape)))
     if not t.is_contiguous():
         raise ArgumentValueError(name, f"{name} must be contiguous (got strides {t.stride()})")
     return t

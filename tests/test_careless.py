@@ -76,10 +76,6 @@ CARELESS = {
 }
 # Arguments that may be None, and mutations a call may take as valid.
 OPTIONAL = {("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c128_decode", "out"), ("c128_prefill", "out"), ("c128_verify", "out"), ("c128_decode", "seq_lens")}
-# A size one argument sets for others: shortening it, the error names the first argument that disagrees (each
-# message states the shape it wanted and the one it got).
-TIED = {("c4_decode", "kv_score"): {"out"}, ("c128_decode", "kv_score"): {"out"}, ("c128_prefill", "kv_score"): {"out"},
-        ("c128_verify", "seq_lens"): {"indices"}, ("kv_store", "vectors"): {"positions"}}
 
 
 def _cases():
@@ -118,8 +114,8 @@ def test_a_careless_argument_is_refused_by_name_and_nothing_runs(op, arg, how):
     assert isinstance(err, pydsa.ArgumentError), f"{type(err).__name__}: {err}"
     # the error names the argument (the records carry indices' place when seq_lens is gone)
     named = {arg} | ({"indices"} if (op, arg) == ("c128_decode", "seq_lens") else set())
-    if how == "one row short":
-        named |= TIED.get((op, arg), set())
-    assert err.argument.split(" ")[0].split("[")[0] in named or arg in str(err), (err.argument, str(err))
+    # a size one argument sets for others (kv_score's rows, ...): shortened, the first argument that disagrees is
+    # named, and its message says where the size it expected comes from
+    assert err.argument.split(" ")[0].split("[")[0] in named or f"of {arg}" in str(err), (err.argument, str(err))
     if before is not None:
         assert torch.equal(args[written], before), "a refused call wrote its output"
