@@ -105,11 +105,6 @@ cdef class C4Compressor:
         self.ape_data = <const float*>a.data
         self.views = views
 
-    @property
-    def device(self):
-        """The device of the ring (and of everything a call passes with it)."""
-        return self.ring.device if hasattr(self.ring, "device") else _device(self.dev)
-
     def __repr__(self):
         return (f"C4Compressor(D={self.head_dim}, ring={tuple(self.ring.shape)} {self.ring.dtype}, "
                 f"store={self.store!r})")

@@ -16,12 +16,12 @@ ROOT = Path(__file__).resolve().parents[1]
 MOST_POSITIONAL = 6
 
 
-def _calls_with_many_positionals(path: Path):
+def _calls_with_many_positionals(path: Path, root: Path = ROOT):
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Call):
             plain = [a for a in node.args if not isinstance(a, ast.Starred)]
             if len(plain) > MOST_POSITIONAL:
-                yield f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)} ({len(plain)} positional)"
+                yield f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node.func)} ({len(plain)} positional)"
 
 
 def test_no_call_in_the_package_passes_more_than_six_positional_arguments():
@@ -35,12 +35,7 @@ def test_no_call_in_the_package_passes_more_than_six_positional_arguments():
 def test_the_check_itself_finds_a_long_positional_call(tmp_path):
     src = tmp_path / "x.py"
     src.write_text("f(1, 2, 3, 4, 5, 6, 7)\ng(1, 2, 3, 4, 5, 6, *rest, k=8)\n")
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        assert [h.split(" ")[1] for h in _calls_with_many_positionals(src)] == ["f"]
-    finally:
-        ROOT = saved
+    assert [h.split(" ")[1] for h in _calls_with_many_positionals(src, tmp_path)] == ["f"]
 
 
 def _names(fn) -> list:

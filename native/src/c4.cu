@@ -254,9 +254,9 @@ enum C4Op { kOpDecode, kOpExtend, kOpVerify };
 
 // What the check hands on: each compressor's store launch and store kind.
 struct C4Checked {
-  bool nothing;
-  StoreLaunch stores[2];
-  int kinds[2];
+  bool nothing = false;
+  StoreLaunch stores[2] = {};
+  int kinds[2] = {0, 0};
 };
 
 dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked* checked) {
@@ -370,7 +370,7 @@ dsa_status c4_entry(const dsa_c4_params* params, void* stream, C4Op kind, const 
                     void (*host)(const dsa_c4_params&), Launch&& launch) {
   return dispatch<C4Checked>(
       params, stream, op, [kind](const dsa_c4_params& p, const char* name, C4Checked* c) { return check_c4(p, kind, name, c); },
-      [host](const dsa_c4_params& p, const C4Checked&) { host(p); },
+      host,
       [&launch](const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t, const char*) {
         return launch(c4_launch(p, c.stores, c.kinds));
       });

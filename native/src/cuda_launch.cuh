@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <type_traits>
 #include <utility>
 
 #include "common.h"
@@ -60,19 +61,23 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
 // Every entry point is its argument check, then host or device:
 //   check(p, op, &checked)              judges every field (DSA_STATUS_OK, or the error naming the field) and
 //                                       fills what both backends need; checked.nothing: an empty call, done;
-//   host(p, checked)                    the host backend, for host memory, on the caller's thread;
+//   host(p) or host(p, checked)         the host backend, for host memory, on the caller's thread;
 //   device(p, checked, sms, stream, op) the device's own checks and the launches (shapes from
 //                                       launch_policy.h), with p.device made current.
-// Each op's Checked holds `bool nothing` and whatever its check hands on (store launches, ...).
+// Each op's Checked holds `bool nothing = false` and whatever its check hands on (store launches, ...),
+// initialized by its own member initializers (a large one, the metadata copy's jobs, is left to its check).
 template <typename Checked, typename Params, typename Check, typename Host, typename Device>
 dsa_status dispatch(const Params* params, void* stream, const char* op, Check&& check, Host&& host, Device&& device) {
   DSA_TRY(check_struct(params, op));
   const Params& p = *params;
-  Checked checked = {};
+  Checked checked;
   DSA_TRY(check(p, op, &checked));
   if (checked.nothing) return ok();
   if (p.device == DSA_DEVICE_HOST) {
-    host(p, checked);
+    if constexpr (std::is_invocable_v<Host&, const Params&, const Checked&>)
+      host(p, checked);
+    else
+      host(p);
     return ok();
   }
   int sms = 0;

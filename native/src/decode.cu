@@ -140,8 +140,8 @@ cudaError_t launch_decode(int head_dim, int rows, int vec, bool bf16, dim3 grid,
 }
 
 struct DecodeChecked {
-  bool nothing;
-  StoreLaunch store;
+  bool nothing = false;
+  StoreLaunch store = {};
 };
 
 dsa_status check_decode(const dsa_c128_decode_params& p, const char* op, DecodeChecked* c) {
@@ -193,6 +193,6 @@ dsa_status decode_device(const dsa_c128_decode_params& p, const DecodeChecked& c
 extern "C" dsa_status dsa_c128_decode(const dsa_c128_decode_params* params, void* stream) {
   using namespace dsa;
   return dispatch<DecodeChecked>(params, stream, "dsa_c128_decode", check_decode,
-                                 [](const dsa_c128_decode_params& p, const DecodeChecked&) { host_decode(p); },
+                                 host_decode,
                                  decode_device);
 }

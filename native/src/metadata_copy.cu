@@ -388,8 +388,8 @@ cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStr
 
 // What the check hands on: the copy jobs built from the params.
 struct MetadataChecked {
-  bool nothing;
-  Jobs jobs;
+  bool nothing = false;
+  Jobs jobs;  // filled by build_plan, then tiled in place by the device launch
 };
 
 dsa_status check_metadata(const dsa_metadata_copy_params& p, const char*, MetadataChecked* c) {
@@ -399,9 +399,9 @@ dsa_status check_metadata(const dsa_metadata_copy_params& p, const char*, Metada
   return DSA_STATUS_OK;
 }
 
-dsa_status metadata_device(const dsa_metadata_copy_params& p, const MetadataChecked& c, int sms, cudaStream_t s,
+dsa_status metadata_device(const dsa_metadata_copy_params& p, MetadataChecked& c, int sms, cudaStream_t s,
                            const char* op) {
-  Jobs jobs = c.jobs;
+  Jobs& jobs = c.jobs;
   const CopyPlan<0>& plan = jobs.plan;
   // Large tiles once the small ones would number over 2 per resident block.
   const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;

@@ -594,8 +594,8 @@ dsa_status prefill_device(const dsa_c128_prefill_params& p, int sms, cudaStream_
 }
 
 struct PrefillChecked {
-  bool nothing;
-  StoreLaunch store;
+  bool nothing = false;
+  StoreLaunch store = {};
 };
 
 dsa_status check_prefill(const dsa_c128_prefill_params& p, const char* op, PrefillChecked* c) {
@@ -639,6 +639,6 @@ dsa_status prefill_on_device(const dsa_c128_prefill_params& p, const PrefillChec
 extern "C" dsa_status dsa_c128_prefill(const dsa_c128_prefill_params* params, void* stream) {
   using namespace dsa;
   return dispatch<PrefillChecked>(params, stream, "dsa_c128_prefill", check_prefill,
-                                  [](const dsa_c128_prefill_params& p, const PrefillChecked&) { host_prefill(p); },
+                                  host_prefill,
                                   prefill_on_device);
 }

@@ -160,7 +160,7 @@ dsa_status check_plan(const dsa_request_records_params& p, const char* op) {
 }
 
 struct RecordsChecked {
-  bool nothing;
+  bool nothing = false;
 };
 
 // The host backend: every record, then every request's part, on the caller's thread.
@@ -196,5 +196,5 @@ extern "C" dsa_status dsa_request_records(const dsa_request_records_params* para
   return dispatch<RecordsChecked>(
       params, stream, "dsa_request_records",
       [](const dsa_request_records_params& p, const char* op, RecordsChecked*) { return check_plan(p, op); },
-      [](const dsa_request_records_params& p, const RecordsChecked&) { host_records(p); }, records_device);
+      host_records, records_device);
 }

@@ -225,8 +225,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
 }
 
 struct VerifyChecked {
-  bool nothing;
-  StoreLaunch store;
+  bool nothing = false;
+  StoreLaunch store = {};
 };
 
 dsa_status check_verify(const dsa_c128_verify_params& p, const char* op, VerifyChecked* c) {
@@ -271,7 +271,7 @@ dsa_status verify_device(const dsa_c128_verify_params& p, const VerifyChecked& c
 }
 
 struct CommitChecked {
-  bool nothing;
+  bool nothing = false;
 };
 
 dsa_status check_commit(const dsa_c128_commit_params& p, const char* op, CommitChecked* c) {
@@ -336,13 +336,13 @@ dsa_status commit_device(const dsa_c128_commit_params& p, const CommitChecked&, 
 extern "C" dsa_status dsa_c128_verify(const dsa_c128_verify_params* params, void* stream) {
   using namespace dsa;
   return dispatch<VerifyChecked>(params, stream, "dsa_c128_verify", check_verify,
-                                 [](const dsa_c128_verify_params& p, const VerifyChecked&) { host_verify(p); },
+                                 host_verify,
                                  verify_device);
 }
 
 extern "C" dsa_status dsa_c128_commit(const dsa_c128_commit_params* params, void* stream) {
   using namespace dsa;
   return dispatch<CommitChecked>(params, stream, "dsa_c128_commit", check_commit,
-                                 [](const dsa_c128_commit_params& p, const CommitChecked&) { host_commit(p); },
+                                 host_commit,
                                  commit_device);
 }

@@ -217,8 +217,8 @@ namespace dsa {
 namespace {
 
 struct StoreChecked {
-  bool nothing;
-  StoreLaunch store;
+  bool nothing = false;
+  StoreLaunch store = {};
 };
 
 dsa_status check_store(const dsa_kv_store_params& p, const char* op, StoreChecked* c) {
@@ -269,6 +269,6 @@ dsa_status store_device(const dsa_kv_store_params& p, const StoreChecked& c, int
 extern "C" dsa_status dsa_kv_store(const dsa_kv_store_params* params, void* stream) {
   using namespace dsa;
   return dispatch<StoreChecked>(params, stream, "dsa_kv_store", check_store,
-                                [](const dsa_kv_store_params& p, const StoreChecked&) { host_store(p); },
+                                host_store,
                                 store_device);
 }

@@ -51,7 +51,7 @@ cudaError_t launch_upload(const UploadLaunch& a, const dsa_segment* compress, co
 }
 
 struct UploadChecked {
-  bool nothing;
+  bool nothing = false;
 };
 
 dsa_status check_upload(const dsa_plan_upload_params& p, const char* op, UploadChecked*) {
@@ -101,6 +101,6 @@ dsa_status upload_device(const dsa_plan_upload_params& p, const UploadChecked&, 
 extern "C" dsa_status dsa_c128_upload_plan(const dsa_plan_upload_params* params, void* stream) {
   using namespace dsa;
   return dispatch<UploadChecked>(params, stream, "dsa_c128_upload_plan", check_upload,
-                                 [](const dsa_plan_upload_params& p, const UploadChecked&) { host_upload(p); },
+                                 host_upload,
                                  upload_device);
 }
