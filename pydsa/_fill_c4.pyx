@@ -127,12 +127,15 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
     if k == 0:
         p.ring_dtype = comp.ring_dtype
     elif comp.ring_dtype != p.ring_dtype:
-        raise ValueError(f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have one dtype")
-    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep, "the rows of the main kv_score")
+        raise ArgumentValueError("indexer", f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have "
+                                            f"one dtype (main.ring's)")
+    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep,
+           "the rows of drafts" if kv_name.endswith("drafts") else "the rows of kv_score")
     o.data = NULL
     if out is not None:
-        tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep, "the rows of kv_score (decode, verify) "
-               "or compress records (extend)")
+        tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep,
+               "the rows of plan[0], one per compress record" if p.compress != NULL else
+               "the rows of drafts" if kv_name.endswith("drafts") else "the rows of kv_score")
     p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data
@@ -156,9 +159,10 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
     if type(main) is not C4Compressor:
         raise ArgumentTypeError("main", f"main must be a pydsa.C4Compressor (got {type(main).__name__})")
     if (indexer is None) != (indexer_kv_score is None):
-        missing = "indexer_kv_score" if indexer_kv_score is None else "indexer"
-        raise ArgumentValueError(missing, f"{missing} is None but {'indexer' if missing != 'indexer' else 'indexer_kv_score'}"
-                                          f" is given: the indexer and its input go together, give both or neither")
+        given = "indexer_drafts" if kind == VERIFY else "indexer_kv_score"
+        missing, other = (given, "indexer") if indexer_kv_score is None else ("indexer", given)
+        raise ArgumentValueError(missing, f"{missing} is None but {other} is given: the indexer and its input go "
+                                          f"together, give both or neither")
     if indexer is None and indexer_out is not None:
         raise ArgumentValueError("indexer_out", "indexer_out is given without indexer=")
     dev = (<C4Compressor>main).dev
@@ -173,10 +177,10 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
                 raise ArgumentValueError(missing, f"{missing} is None: c4_decode needs records= (uint8 [B, 16]) or "
                                                   f"seq_lens= and slots= with ring_size=")
         elif seq_lens is not None or slots is not None:
-            raise ValueError("records= and seq_lens=/slots= are two ways to give the rows: pass one")
+            raise ArgumentValueError("records", "records= and seq_lens=/slots= are two ways to give the rows: pass one")
     elif kind == EXTEND:
-        tensor(records, &rc, "compress", U8, dev, 2, ANY, 16, keep)
-        tensor(write, &wr, "write", U8, dev, 2, ANY, 8, keep)
+        tensor(records, &rc, "plan[0]", U8, dev, 2, ANY, 16, keep)
+        tensor(write, &wr, "plan[1]", U8, dev, 2, ANY, 8, keep)
         p.compress = rc.data
         p.write = wr.data
         p.num_compress = rc.shape[0]
@@ -194,7 +198,8 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         p.num_compressors = 2
     if p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL):
         if cache_slots is None:
-            raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
+            raise ArgumentValueError("cache_slots", "cache_slots is None but a compressor has a store: give an int64 tensor "
+                                                    "with one cache slot per row")
         vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
         p.cache_slots = <const int64_t*>cs.data
     elif cache_slots is not None:
@@ -217,7 +222,8 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         b = sl.shape[0] if sl.ndim == 1 else -1
         if b < 0 or rows != b * num_drafts:
             raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = "
-                             f"{'?' if b < 0 else b} * {num_drafts} (seq_lens: one committed length per request)")
+                             f"{'?' if b < 0 else b} * {num_drafts} (batch_size: the rows of seq_lens, one committed "
+                             f"length per request)")
         vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
         vector(slots, &sx, "slots", I32, dev, b, keep)
         p.batch_size = b

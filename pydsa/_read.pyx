@@ -389,7 +389,8 @@ cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int
     if store.head_dim != d:
         raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the op's head dim is {d}")
     if cache_slots is None:
-        raise ValueError("store= needs cache_slots: an int64 tensor with one cache slot per row")
+        raise ArgumentValueError("cache_slots", "cache_slots is None but store= is given: give an int64 tensor with one "
+                                                "cache slot per row")
     vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
     address[0] = <const void*><uintptr_t>store.address
     slots[0] = <const int64_t*>cs.data

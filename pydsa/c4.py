@@ -101,7 +101,8 @@ def _plan_pair(plan):
     try:
         compress, write = plan
     except (TypeError, ValueError):
-        raise TypeError("plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8])") from None
+        raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
+                                        f"{type(plan).__name__})") from None
     return compress, write
 
 

@@ -302,7 +302,7 @@ def test_arguments_are_judged_by_name():
         pydsa.c4_decode(main, kv, records=torch.zeros(2, 16, dtype=torch.uint8), seq_lens=seq, slots=seq)
     with pytest.raises(ValueError, match="ring_size must be an int in 8"):
         pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, ring_size=6, cache_slots=torch.zeros(2, dtype=torch.int64))
-    with pytest.raises(ValueError, match="store= needs cache_slots"):
+    with pytest.raises(ValueError, match="cache_slots is None but a compressor has a store"):
         pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, ring_size=8)
     with pytest.raises(ValueError, match="ring has 6 rows"):
         pydsa.C4Compressor(torch.zeros(6, 512), torch.zeros(8, 128))

@@ -58,7 +58,30 @@ def _c4():
                 out=torch.full((B, D), 7.0))
 
 
+def _c4_extend():
+    args = _c4()
+    for k in ("seq_lens", "slots", "ring_size"):
+        del args[k]
+    compress, write = pyplan.plan_c4(np.array([6, 12, 9]), np.array([2, 5, 3]), np.array([0, 1, 2]), 8)
+    n = 10
+    args.update(kv_score=torch.randn(n, 4 * D), indexer_kv_score=torch.randn(n, 512), cache_slots=torch.arange(n),
+                plan=(torch.from_numpy(compress), torch.from_numpy(write)), out=torch.full((len(compress), D), 7.0))
+    return args
+
+
+def _c4_verify():
+    args = _c4()
+    V = 2
+    del args["kv_score"], args["indexer_kv_score"]
+    args.update(drafts=torch.randn(B * V, 4 * D), indexer_drafts=torch.randn(B * V, 512), num_drafts=V,
+                seq_lens=_i32(2, 7, 14), cache_slots=torch.arange(B * V), out=torch.full((B * V, D), 7.0))
+    return args
+
+
 OPS = {"c4_decode": (lambda main, kv_score, **kw: pydsa.c4_decode(main, kv_score, **kw), _c4, "out"),
+       "c4_extend": (lambda main, kv_score, plan, **kw: pydsa.c4_extend(main, kv_score, plan, **kw), _c4_extend, "out"),
+       "c4_verify": (lambda main, drafts, seq_lens, slots, **kw: pydsa.c4_verify(main, drafts, seq_lens, slots, **kw),
+                     _c4_verify, "out"),
        "c128_decode": (pydsa.c128_decode, _decode, "out"), "c128_prefill": (pydsa.c128_prefill, _prefill, "out"),
        "c128_verify": (pydsa.c128_verify, _verify, "out"), "kv_store": (pydsa.kv_store, _store, None)}
 
@@ -75,7 +98,8 @@ CARELESS = {
     "negative": lambda t: -1 if isinstance(t, int) and not isinstance(t, bool) else None,
 }
 # Arguments that may be None, and mutations a call may take as valid.
-OPTIONAL = {("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c128_decode", "out"), ("c128_prefill", "out"), ("c128_verify", "out"), ("c128_decode", "seq_lens")}
+OPTIONAL = {("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c4_extend", "out"), ("c4_extend", "cache_slots"),
+            ("c4_verify", "out"), ("c4_verify", "cache_slots"), ("c128_decode", "out"), ("c128_prefill", "out"), ("c128_verify", "out"), ("c128_decode", "seq_lens")}
 
 
 def _applies(op, arg, how) -> bool:

@@ -217,7 +217,7 @@ def test_store_argument_errors():
         k._struct.page_size = 3
         pydsa.kv_store(torch.zeros(1, 512), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), k)
     state = torch.zeros(4, 1, 3 * 512)
-    with pytest.raises(ValueError, match="store= needs cache_slots"):
+    with pytest.raises(ValueError, match="cache_slots is None but store= is given"):
         pydsa.c128_decode(state, torch.zeros(1, 1024), None, torch.zeros(128, 512), torch.zeros(1, dtype=torch.int32),
                           torch.ones(1, dtype=torch.int32), store=kv)
 
