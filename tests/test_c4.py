@@ -370,3 +370,72 @@ def test_a_prepared_decode_replays_what_the_one_shot_decode_does(device):
         step.launch()
     for k in range(2):
         assert torch.equal(a.caches[k].cache.cpu(), b.caches[k].cache.cpu())
+
+
+def _wide_layer(dev, bf16_ring, n, seed):
+    """Both compressors of a layer over n request slots (ring R = 8 each), random rings, poisoned caches."""
+    g = torch.Generator().manual_seed(seed)
+    rot = torch.randn(n // 4 + 64, 64, generator=g).to(dev)
+    comps = []
+    for d, layout, page in ((512, "v4", pydsa.kv_page_bytes(512, 64)), (128, "indexer", pydsa.indexer_page_bytes(128, 64))):
+        ring = torch.randn(8 * n, 4 * d, generator=g).to(torch.bfloat16 if bf16_ring else torch.float32).to(dev)
+        cache = torch.full((n // 64 + 2, page), POISON, dtype=torch.uint8).to(dev)
+        store = pydsa.KVCache(cache, (torch.rand(d, generator=g) + 0.5).to(dev), rot, page_size=64, eps=1e-6,
+                              layout=layout)
+        comps.append(pydsa.C4Compressor(ring, (torch.randn(8, d, generator=g) * 0.5).to(dev), store=store))
+    return comps
+
+
+def _state(comps, outs):
+    return [c.ring.clone() for c in comps] + [c.store.cache.clone() for c in comps] + [o.clone() for o in outs]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
+def test_the_launch_shape_changes_no_byte(device, bf16_ring):
+    """A decode of 300 requests and an extend of 300 compress records (wide launches: 4 channels per thread)
+    write the same ring rows, entries and cache bytes as the same work in chunks of 100 (2 channels per
+    thread): the arithmetic's order does not depend on the launch shape."""
+    dev = torch.device(device)
+    n, chunk = 300, 100
+    g = torch.Generator().manual_seed(5)
+    seq = torch.randint(1, 200, (n,), generator=g, dtype=torch.int32)
+    seq[::2] = (seq[::2] // 4 + 1) * 4  # half the rows close an entry
+    slots = torch.randperm(n, generator=g).to(torch.int32)
+    kv = [torch.randn(n, 4 * d, generator=g).to(dev) for d in (512, 128)]
+    locs = torch.randperm(n, generator=g).to(dev)
+    states = []
+    for parts in ((slice(0, n),), tuple(slice(i, i + chunk) for i in range(0, n, chunk))):
+        comps = _wide_layer(dev, bf16_ring, n, seed=9)
+        outs = [torch.full((n, d), float("nan"), device=dev) for d in (512, 128)]
+        for sl in parts:
+            pydsa.c4_decode(comps[0], kv[0][sl], indexer=comps[1], indexer_kv_score=kv[1][sl], seq_lens=seq[sl].to(dev),
+                            slots=slots[sl].to(dev), ring_size=8, out=outs[0][sl], indexer_out=outs[1][sl],
+                            cache_slots=locs[sl])
+        assert torch.isfinite(outs[0][(seq % 4 == 0).to(dev)]).all()
+        states.append(_state(comps, outs))
+    for a, b in zip(*states):
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+    # an extend: 4 new tokens for each of 300 requests, every one closing an entry at its last token
+    ext = np.full(n, 4)
+    lens = (np.arange(n) % 50) * 4 + 4 + ext
+    compress, write = pyplan.plan_c4(lens, ext, np.arange(n), 8)
+    assert len(compress) == n
+    tokens = [torch.randn(4 * n, 4 * d, generator=g).to(dev) for d in (512, 128)]
+    slots4 = torch.full((4 * n,), -1, dtype=torch.int64)
+    slots4[3::4] = torch.randperm(n, generator=g)  # the closing tokens' cache slots
+    slots4 = slots4.to(dev)
+    states = []
+    for parts in ((slice(0, n),), tuple(slice(i, i + chunk) for i in range(0, n, chunk))):
+        comps = _wide_layer(dev, bf16_ring, n, seed=10)
+        outs = [torch.full((n, d), float("nan"), device=dev) for d in (512, 128)]
+        empty = torch.from_numpy(write[:0]).to(dev)
+        for sl in parts:  # every compress pass before the write pass
+            pydsa.c4_extend(comps[0], tokens[0], (torch.from_numpy(compress[sl]).to(dev), empty), indexer=comps[1],
+                            indexer_kv_score=tokens[1], out=outs[0][sl], indexer_out=outs[1][sl], cache_slots=slots4)
+        pydsa.c4_extend(comps[0], tokens[0], (torch.from_numpy(compress[:0]).to(dev), torch.from_numpy(write).to(dev)),
+                        indexer=comps[1], indexer_kv_score=tokens[1], cache_slots=slots4)
+        assert torch.isfinite(outs[0]).all() and torch.isfinite(outs[1]).all()
+        states.append(_state(comps, outs))
+    for a, b in zip(*states):
+        assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))

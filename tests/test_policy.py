@@ -80,8 +80,12 @@ ROUTE = [
     ("route 512 200 50 10 1 0 132", "split"),     # 190 fresh + 50 write <= 256, 10 continuing
     ("route 512 600 10 10 1 0 132", "passes"),    # more compress records than the scan takes (512)
 ]
-# c4: D count -> blocks (128 threads; a row is D / 4 of them)
-C4 = [("c4 512 33", "33"), ("c4 128 33", "9"), ("c4 256 33", "17"), ("c4 128 0", "0")]
+# c4: D VEC count -> blocks (a block is one D = 512 row: 512 / VEC threads; a row of D is D / VEC of them;
+# 2 or 4 channels each in the decode and compress kernels, 4 in the write kernel)
+C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 128 2 0", "0"),
+      ("c4 512 4 33", "33"), ("c4 128 4 33", "9"), ("c4 128 4 8", "2"), ("c4 256 4 3", "2"),
+      # channels per thread of a decode / compress launch of `count` rows: 2 up to 128 rows, then 4
+      ("c4vec 1", "2"), ("c4vec 128", "2"), ("c4vec 129", "4"), ("c4vec 1024", "4")]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,7 @@
 // The ratio-4 compressor (docs/spec.md, "The ratio-4 compressor"): decode, extend and verify kernels, both
 // compressors of a layer in each launch, the stores fused; the entry points (check, then host or device).
 #include <algorithm>
+#include <type_traits>
 
 #include "c128_device.cuh"
 #include "c4_host.h"
@@ -40,65 +41,77 @@ struct C4Launch {
 
 enum C4Mode { kC4Records, kC4Requests };
 
-// This thread's compressor, request row and channel: compressor 0 owns the first blocks0 blocks.
+// This thread's compressor, request row and channels (VEC consecutive ones): compressor 0 owns the first
+// blocks0 blocks.
 struct C4Thread {
   const C4Side* c;
   int D, lanes, row, ch;
   int64_t i;  // record / request index
 };
 
+template <int VEC>
 __device__ __forceinline__ C4Thread c4_thread(const C4Launch& p) {
+  constexpr int kBlockLog2 = VEC == 2 ? 8 : 7;  // log2 c4_block_threads(VEC)
+  static_assert(C4Form<VEC>::kThreads == 1 << kBlockLog2, "rows per block below are the block >> log2(lanes)");
   C4Thread t;
   const bool second = blockIdx.x >= p.blocks0;
   t.c = &p.side[second ? 1 : 0];
   t.D = t.c->head_dim;
-  t.lanes = t.D / 4;
-  const int rows = kC4Threads / t.lanes;
-  t.row = (int)threadIdx.x / t.lanes;
-  t.ch = ((int)threadIdx.x % t.lanes) * 4;
-  t.i = (int64_t)(blockIdx.x - (second ? p.blocks0 : 0)) * rows + t.row;
+  t.lanes = t.D / VEC;  // a power of two (D is 128, 256 or 512), so the mapping below is shifts and masks
+  const int shift = 31 - __clz(t.lanes);
+  t.row = (int)threadIdx.x >> shift;
+  t.ch = ((int)threadIdx.x & (t.lanes - 1)) * VEC;
+  t.i = ((int64_t)(blockIdx.x - (second ? p.blocks0 : 0)) << (kBlockLog2 - shift)) + t.row;
   return t;
 }
 
-template <typename S>
-__device__ __forceinline__ void ring_store(S* ring, int64_t row, int D, int ch, const Lanes<4> (&half)[4]) {
+template <typename S, int VEC>
+__device__ __forceinline__ void ring_store(S* ring, int64_t row, int D, int ch, const Lanes<VEC> (&half)[4]) {
   S* at = ring + row * 4 * D + ch;
 #pragma unroll
-  for (int h = 0; h < 4; ++h) store_state<4, S>(at + h * D, half[h]);
+  for (int h = 0; h < 4; ++h) store_state<VEC, S>(at + h * D, half[h]);
 }
 
-// The entry closed with window values kv, logits z (this thread's 4 channels): written to `out` row
-// `out_row` and stored at cache slot `loc` with rotary row `pos`.
-__device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)[kC4Window][4],
-                                            const float (&z)[kC4Window][4], int first, int64_t out_row, int64_t loc,
-                                            int64_t pos, uint32_t* error_count) {
+// What this thread's part of a store reads besides the vector (norm weights; rotary pairs in the rope
+// lanes) and where it writes: in a narrow launch as soon as the slot `loc` and rotary row `pos` are known
+// (the loads in flight while the window is read), in a wide one after the window (C4Form::kAimsEarly).
+template <int VEC>
+__device__ __forceinline__ void aim_c4_store(const C4Thread& t, StoreOperands<VEC>& o, int64_t loc, int64_t pos) {
   const C4Side& c = *t.c;
-  Lanes<4> v;
+  if (c.store_kind == 0) return;
+  load_weights<VEC>(o, c.store, t.ch);
+  load_rotary<VEC>(o, c.store, t.D, t.ch, pos);
+  if (c.store_kind == 1 + DSA_CACHE_V4) aim_store<VEC>(o, c.store, loc, pos, t.D);
+  else aim_indexer_store<VEC>(o, c.store, loc, pos);
+}
+
+// The entry closed with window values kv, logits z (this thread's VEC channels): written to `out` row
+// `out_row` and stored at cache slot `loc`, rotary row `pos` (o aimed there already in a narrow launch).
+template <int VEC>
+__device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)[kC4Window][VEC],
+                                            const float (&z)[kC4Window][VEC], int first, int64_t out_row,
+                                            StoreOperands<VEC>& o, int64_t loc, int64_t pos, uint32_t* error_count) {
+  const C4Side& c = *t.c;
+  Lanes<VEC> v;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < VEC; ++k) {
     float a[kC4Window], b[kC4Window];
 #pragma unroll
     for (int j = 0; j < kC4Window; ++j) a[j] = kv[j][k], b[j] = z[j][k];
     v.v[k] = c4_channel(a, b, first);
   }
-  if (c.out != nullptr) store_lanes<4>(c.out + out_row * t.D + t.ch, v);
-  if (c.store_kind == 1 + DSA_CACHE_V4) {
-    StoreOperands<4> o;
-    load_weights<4>(o, c.store, t.ch);
-    load_rotary<4>(o, c.store, t.D, t.ch, pos);
-    aim_store<4>(o, c.store, loc, pos, t.D);
-    store_vector<4>(c.store, v.v, o, t.D, t.ch, t.lanes, error_count, t.row);
-  } else if (c.store_kind == 1 + DSA_CACHE_INDEXER) {
-    indexer_store(c.store, v.v, loc, pos, t.ch, error_count);
-  }
+  if (c.out != nullptr) store_lanes<VEC>(c.out + out_row * t.D + t.ch, v);
+  if constexpr (!C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
+  if (c.store_kind == 1 + DSA_CACHE_V4) store_vector<VEC>(c.store, v.v, o, t.D, t.ch, t.lanes, error_count, t.row);
+  else if (c.store_kind == 1 + DSA_CACHE_INDEXER) indexer_store<VEC>(c.store, v.v, o, t.ch, error_count, t.row);
 }
 
 // Decode: one request per row of lanes; its token's row is written, and a closing token's entry is
 // computed from the ring's 8 rows (the token's own from registers when it is the current group's last row,
 // as written: a bf16 ring rounds it).
-template <typename S, int kMode>
-__global__ void __launch_bounds__(kC4Threads) c4_decode_kernel(const __grid_constant__ C4Launch p) {
-  const C4Thread t = c4_thread(p);
+template <typename S, int kMode, int VEC>
+__global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const __grid_constant__ C4Launch p) {
+  const C4Thread t = c4_thread<VEC>(p);
   wait_for_producers();
   allow_dependents();
   if (t.i >= p.count) return;
@@ -119,36 +132,38 @@ __global__ void __launch_bounds__(kC4Threads) c4_decode_kernel(const __grid_cons
     return;
   }
   const float* in = c.kv_score + t.i * 4 * D + ch;
-  Lanes<4> half[4];
+  Lanes<VEC> half[4];
 #pragma unroll
-  for (int h = 0; h < 4; ++h) half[h] = load_lanes<4>(in + h * D);
+  for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
   S* ring = static_cast<S*>(c.ring);
-  ring_store<S>(ring, r.write_row, D, ch, half);
+  ring_store<S, VEC>(ring, r.write_row, D, ch, half);
   if (r.seq_len % kC4Quartet != 0) return;
   const bool overlap = r.seq_len > kC4Quartet;
   if (!group_ok(r.current_group, c.ring_rows) || (overlap && !group_ok(r.previous_group, c.ring_rows))) {
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0;
-  float kv[kC4Window][4], z[kC4Window][4];
+  StoreOperands<VEC> o;
+  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0, pos = (int64_t)r.seq_len - kC4Quartet;
+  if constexpr (C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
+  float kv[kC4Window][VEC], z[kC4Window][VEC];
 #pragma unroll
   for (int j = 0; j < kC4Window; ++j) {
     if (j < 4 && !overlap) continue;
-    const Lanes<4> bias = load_lanes<4>(c.ape + j * D + ch);
-    Lanes<4> value, score;
+    const Lanes<VEC> bias = load_lanes<VEC>(c.ape + j * D + ch);
+    Lanes<VEC> value, score;
     if (j == kC4Window - 1 && r.write_row == 4 * r.current_group + 3) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) value.v[k] = as_stored<S>(half[1].v[k]), score.v[k] = as_stored<S>(half[3].v[k]);
+      for (int k = 0; k < VEC; ++k) value.v[k] = as_stored<S>(half[1].v[k]), score.v[k] = as_stored<S>(half[3].v[k]);
     } else {
       const int64_t row = 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3);
       const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
-      value = load_state<4, S>(at), score = load_state<4, S>(at + 2 * D);
+      value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + 2 * D);
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
+    for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
   }
-  close_entry(t, kv, z, overlap ? 0 : 4, t.i, loc, (int64_t)r.seq_len - kC4Quartet, p.error_count);
+  close_entry(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
 }
 
 // What a compress pass reads of record i: the closing position + 1, the closing token's input row, the
@@ -177,9 +192,9 @@ __device__ __forceinline__ bool compress_record(const C4Launch& p, int64_t i, ui
 }
 
 // Extend / verify compress pass: one record per row of lanes.
-template <typename S, int kMode>
-__global__ void __launch_bounds__(kC4Threads) c4_compress_kernel(const __grid_constant__ C4Launch p) {
-  const C4Thread t = c4_thread(p);
+template <typename S, int kMode, int VEC>
+__global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_compress_kernel(const __grid_constant__ C4Launch p) {
+  const C4Thread t = c4_thread<VEC>(p);
   wait_for_producers();
   allow_dependents();
   if (t.i >= p.count) return;
@@ -194,34 +209,36 @@ __global__ void __launch_bounds__(kC4Threads) c4_compress_kernel(const __grid_co
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + ragged) : 0;
+  StoreOperands<VEC> o;
+  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + ragged) : 0, pos = (int64_t)seq_len - kC4Quartet;
+  if constexpr (C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
   const bool overlap = seq_len > (uint32_t)kC4Quartet;
   const S* ring = static_cast<const S*>(c.ring);
-  float kv[kC4Window][4], z[kC4Window][4];
+  float kv[kC4Window][VEC], z[kC4Window][VEC];
 #pragma unroll
   for (int j = 0; j < kC4Window; ++j) {
     if (j < 4 && !overlap) continue;
-    const Lanes<4> bias = load_lanes<4>(c.ape + j * D + ch);
+    const Lanes<VEC> bias = load_lanes<VEC>(c.ape + j * D + ch);
     const int offset = j < 4 ? 0 : D;
-    Lanes<4> value, score;
+    Lanes<VEC> value, score;
     if (j < ring_rows) {
       const S* at = ring + (4 * (int64_t)(j < 4 ? previous : current) + (j & 3)) * 4 * D + ch + offset;
-      value = load_state<4, S>(at), score = load_state<4, S>(at + 2 * D);
+      value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + 2 * D);
     } else {
       const float* at = c.kv_score + (ragged - (kC4Window - 1) + j) * 4 * D + ch + offset;
-      value = load_lanes<4>(at), score = load_lanes<4>(at + 2 * D);
+      value = load_lanes<VEC>(at), score = load_lanes<VEC>(at + 2 * D);
     }
 #pragma unroll
-    for (int k = 0; k < 4; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
+    for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
   }
-  close_entry(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, loc, (int64_t)seq_len - kC4Quartet,
-              p.error_count);
+  close_entry(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, o, loc, pos, p.error_count);
 }
 
 // Extend / verify write pass: one input row per row of lanes into the ring.
 template <typename S, int kMode>
-__global__ void __launch_bounds__(kC4Threads) c4_write_kernel(const __grid_constant__ C4Launch p) {
-  const C4Thread t = c4_thread(p);
+__global__ void __launch_bounds__(C4Form<kC4WriteChannels>::kThreads) c4_write_kernel(const __grid_constant__ C4Launch p) {
+  constexpr int VEC = kC4WriteChannels;
+  const C4Thread t = c4_thread<VEC>(p);
   wait_for_producers();
   allow_dependents();
   if (t.i >= p.count) return;
@@ -241,11 +258,11 @@ __global__ void __launch_bounds__(kC4Threads) c4_write_kernel(const __grid_const
     if (t.ch == 0) count_error(p.error_count);
     return;
   }
-  Lanes<4> half[4];
+  Lanes<VEC> half[4];
   const float* in = c.kv_score + ragged * 4 * t.D + t.ch;
 #pragma unroll
-  for (int h = 0; h < 4; ++h) half[h] = load_lanes<4>(in + h * t.D);
-  ring_store<S>(static_cast<S*>(c.ring), row, t.D, t.ch, half);
+  for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * t.D);
+  ring_store<S, VEC>(static_cast<S*>(c.ring), row, t.D, t.ch, half);
 }
 
 // ---- checks and launches ----------------------------------------------------------------------------
@@ -345,12 +362,12 @@ C4Launch c4_launch(const dsa_c4_params& p, const StoreLaunch (&stores)[2], const
   return a;
 }
 
-// Blocks for `count` rows of each compressor; a.count and a.blocks0 set.
-dim3 c4_grid(const dsa_c4_params& p, C4Launch& a, int64_t count) {
+// Blocks for `count` rows of each compressor, VEC channels per thread; a.count and a.blocks0 set.
+dim3 c4_grid(const dsa_c4_params& p, C4Launch& a, int64_t count, int vec) {
   a.count = count;
   int64_t blocks = 0;
   for (int k = 0; k < p.num_compressors; ++k) {
-    const int64_t n = c4_blocks(p.compressors[k].head_dim, count);
+    const int64_t n = c4_blocks(p.compressors[k].head_dim, vec, count);
     if (k == 0) a.blocks0 = (uint32_t)n;
     blocks += n;
   }
@@ -359,8 +376,18 @@ dim3 c4_grid(const dsa_c4_params& p, C4Launch& a, int64_t count) {
 }
 
 template <typename Kernel>
-cudaError_t run(Kernel kernel, dim3 grid, cudaStream_t s, unsigned mode, const C4Launch& a) {
-  return launch(kernel, grid, dim3(kC4Threads), s, mode, a);
+cudaError_t run(Kernel kernel, int vec, dim3 grid, cudaStream_t s, unsigned mode, const C4Launch& a) {
+  return launch(kernel, grid, dim3(c4_block_threads(vec)), s, mode, a);
+}
+
+// Calls f(S{}, VEC{}) with the ring's element type S and the channels per thread VEC
+// (std::integral_constant) of a launch: the kernel instance to run.
+template <typename F>
+cudaError_t with_kind(bool bf16, int vec, F&& f) {
+  using Two = std::integral_constant<int, 2>;
+  using Four = std::integral_constant<int, 4>;
+  if (bf16) return vec == 2 ? f(Bf16{}, Two{}) : f(Bf16{}, Four{});
+  return vec == 2 ? f(float{}, Two{}) : f(float{}, Four{});
 }
 
 // Every c4 entry point: dispatch (check, then host or device) with the op's kind; `launch(a)` runs on the
@@ -384,15 +411,18 @@ dsa_status launch_passes(const dsa_c4_params& p, C4Launch a, int64_t num_compres
   const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16;
   if (num_compress > 0) {
     a.records = compress;
-    const dim3 grid = c4_grid(p, a, num_compress);
-    DSA_TRY(launch_status(bf16 ? run(c4_compress_kernel<Bf16, kMode>, grid, s, mode, a)
-                               : run(c4_compress_kernel<float, kMode>, grid, s, mode, a), op));
+    const int vec = c4_channels(num_compress);
+    const dim3 grid = c4_grid(p, a, num_compress, vec);
+    DSA_TRY(launch_status(with_kind(bf16, vec, [&](auto e, auto v) {
+      return run(c4_compress_kernel<decltype(e), kMode, decltype(v)::value>, vec, grid, s, mode, a);
+    }), op));
   }
   if (num_write > 0) {
     a.records = write;
-    const dim3 grid = c4_grid(p, a, num_write);
-    DSA_TRY(launch_status(bf16 ? run(c4_write_kernel<Bf16, kMode>, grid, s, mode, a)
-                               : run(c4_write_kernel<float, kMode>, grid, s, mode, a), op));
+    const dim3 grid = c4_grid(p, a, num_write, kC4WriteChannels);
+    DSA_TRY(launch_status(with_kind(bf16, kC4WriteChannels, [&](auto e, auto) {
+      return run(c4_write_kernel<decltype(e), kMode>, kC4WriteChannels, grid, s, mode, a);
+    }), op));
   }
   return ok();
 }
@@ -412,15 +442,17 @@ extern "C" dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream) {
   return c4_entry(params, stream, kOpDecode, op, host_c4_decode, [&](C4Launch a) {
     const dsa_c4_params& p = *params;
     a.records = p.decode_records;
-    const dim3 grid = c4_grid(p, a, p.batch_size);
+    const int vec = c4_channels(p.batch_size);
+    const dim3 grid = c4_grid(p, a, p.batch_size, vec);
     const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
     const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
     cudaStream_t s = (cudaStream_t)stream;
-    const cudaError_t err =
-        records ? (bf16 ? run(c4_decode_kernel<Bf16, kC4Records>, grid, s, mode, a)
-                        : run(c4_decode_kernel<float, kC4Records>, grid, s, mode, a))
-                : (bf16 ? run(c4_decode_kernel<Bf16, kC4Requests>, grid, s, mode, a)
-                        : run(c4_decode_kernel<float, kC4Requests>, grid, s, mode, a));
+    const cudaError_t err = with_kind(bf16, vec, [&](auto e, auto v) {
+      using S = decltype(e);
+      constexpr int VEC = decltype(v)::value;
+      return records ? run(c4_decode_kernel<S, kC4Records, VEC>, VEC, grid, s, mode, a)
+                     : run(c4_decode_kernel<S, kC4Requests, VEC>, VEC, grid, s, mode, a);
+    });
     DSA_TRY(launch_status(err, op));
     return ok();
   });

@@ -21,7 +21,9 @@ constexpr int kLateDependentsBlocksPerSm = 3;
 // B = 1024 fits one wave on 132 SMs: the next layer's blocks take the free slots and wait there, so a step of
 // layers back to back no longer pays each launch after the last block; docs/performance.md, "c128 decode").
 constexpr int kStoringEarlyDependentsBlocksPerSm = 9;
-constexpr int kC4Threads = 128;      // c4 kernels: threads per block; a request row is D / 4 of them
+constexpr int kC4MaxDim = 512;       // c4 kernels: a block is one D = 512 row, kC4MaxDim / VEC threads
+constexpr int kC4WriteChannels = 4;  // VEC of the c4 write kernel (an extend's ring writes)
+constexpr int64_t kC4NarrowRows = 128;  // c4 decode / compress rows up to which a thread holds 2 channels
 constexpr int kCommitThreads = 128;  // the slot-resolving commit: one request per thread
 constexpr int kPrefillBlocksPerSm = 4;
 constexpr int kPrefillVec = 4;       // prefill channels per thread: one 16-byte access
@@ -201,9 +203,26 @@ inline PrefillRoute prefill_route(const dsa_c128_prefill_params& p, int64_t num_
 }
 
 // ---- c4 -------------------------------------------------------------------------------------------
-// Blocks for `count` rows of a compressor of head_dim D: kC4Threads / (D / 4) rows per block.
-inline int64_t c4_blocks(int head_dim, int64_t count) {
-  const int rows = kC4Threads / (head_dim / 4);
+// Channels per thread of a c4 decode or compress launch of `count` rows: 2 where few rows leave the GPU
+// waiting on one row's latency (twice the threads per row, half the serial work and registers each, the
+// store's operands read before the window), 4 where many rows close at once and the narrower form's
+// extra instructions and exchanges cost more (docs/performance.md, "c4 layers").
+inline int c4_channels(int64_t count) { return count <= kC4NarrowRows ? 2 : 4; }
+
+// The form of a c4 kernel with VEC channels per thread: threads per block (one row of the largest D), and
+// whether it reads its store's operands before the window (the latency of a lone closing row) or after it
+// (registers held across the window loads cost more when many rows close).
+template <int VEC>
+struct C4Form {
+  static constexpr int kThreads = kC4MaxDim / VEC;
+  static constexpr bool kAimsEarly = VEC == 2;
+};
+inline int c4_block_threads(int vec) { return kC4MaxDim / vec; }
+
+// Blocks for `count` rows of a compressor of head_dim D, VEC channels per thread: D / VEC threads a row,
+// c4_block_threads(VEC) a block.
+inline int64_t c4_blocks(int head_dim, int vec, int64_t count) {
+  const int rows = c4_block_threads(vec) / (head_dim / vec);
   return (count + rows - 1) / rows;
 }
 

@@ -143,7 +143,8 @@ __global__ void __launch_bounds__(1024)
   }
   if constexpr (VEC == 4) {
     if (p.store.layout == DSA_CACHE_INDEXER) {  // one warp per vector (D = 128)
-      indexer_store(p.store, x, loc, pos, ch, p.error_count);
+      aim_indexer_store<VEC>(o, p.store, loc, pos);
+      indexer_store<VEC>(p.store, x, o, ch, p.error_count);
       return;
     }
   }

@@ -232,50 +232,113 @@ __device__ __forceinline__ void store_vector(const StoreLaunch& st, const float 
     if (threadIdx.x % kGroupLanes == 0) o.scale[group] = (uint8_t)e;
   }
 }
-// The indexer's store of x (this lane's 4 of 128 channels; one warp per vector): docs/spec.md, "c4
-// stores" (c4_math.h states the order of every operation).
-__device__ __forceinline__ void indexer_store(const StoreLaunch& st, const float (&x)[4], int64_t loc, int64_t pos,
-                                              int ch, uint32_t* error_count) {
-  const int check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
-  if (check != kStoreWrite) {
-    if (check == kStoreCount && ch == 0) count_error(error_count);
+// Aims the indexer's store of a vector at cache slot `loc`, rotary row `pos` (o's weights and rotary
+// pairs loaded by the caller, as for store_vector).
+template <int VEC>
+__device__ __forceinline__ void aim_indexer_store(StoreOperands<VEC>& o, const StoreLaunch& st, int64_t loc, int64_t pos) {
+  o.check = store_check(&loc, st.capacity, pos, st.num_positions, st.dcp_world, st.dcp_rank);
+  if (o.check == kStoreWrite) {
+    const EntryOffsets at = indexer_offsets(loc, st.page_log2, kIndexerDim);
+    o.data = st.cache + at.data, o.scale = st.cache + at.scale;
+  }
+}
+
+// Request row `row`'s floats of shared scratch for the indexer store's exchanges across warps (one
+// array per kernel: 64 for the squares, 128 for the Hadamard stage, 64 for the largest magnitude).
+__device__ __forceinline__ float* indexer_scratch(int row) {
+  __shared__ float scratch[kStoreMaxRows][2 * kIndexerDim];
+  return scratch[row];
+}
+
+// The values of the thread `offset` lanes away (lane ^ offset) among the kLanes threads of request row
+// `row`: a shuffle inside a warp, through shared memory across the row's warps (`region`: this exchange's
+// own floats of the row's scratch, so no exchange waits for another's reads).
+template <int kLanes, int N>
+__device__ __forceinline__ void partner_values(float (&v)[N], float (&out)[N], int lane, int offset, int row,
+                                               int region) {
+  if (offset < 32) {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = __shfl_xor_sync(0xFFFFFFFFu, v[k], offset);
+  } else {
+    float* mine = indexer_scratch(row) + region;
+#pragma unroll
+    for (int k = 0; k < N; ++k) mine[k * kLanes + lane] = v[k];
+    request_barrier(row, kLanes);
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = mine[k * kLanes + (lane ^ offset)];
+  }
+}
+
+// The indexer's store of x (this thread's VEC of the 128 channels, from ch; the vector's 128 / VEC threads
+// consecutive: one warp for VEC = 4, two for VEC = 2, request row `row` of the block), aimed by
+// aim_indexer_store: docs/spec.md, "c4 stores" (store_math.h states the order of every operation; it does
+// not depend on VEC).
+template <int VEC>
+__device__ __forceinline__ void indexer_store(const StoreLaunch& st, const float (&x)[VEC], const StoreOperands<VEC>& o,
+                                              int ch, uint32_t* error_count, int row = 0) {
+  static_assert(VEC == 2 || VEC == 4, "2 or 4 channels per thread");
+  constexpr int kLanes = kIndexerDim / VEC, kQuadShift = VEC == 4 ? 0 : 1;  // thread = quad << kQuadShift | half
+  if (o.check != kStoreWrite) {
+    if (o.check == kStoreCount && ch == 0) count_error(error_count);
     return;
   }
-  const int lane = ch / 4;
-  float w[4], y[4];
-  load_floats<4>(w, st.norm_weight + ch);
-  float rot[4] = {};
-  if (ch >= kIndexerDim - kStoreGroup) load_floats<4>(rot, st.rotary + pos * kStoreGroup + (ch - kStoreGroup));
-  float sum = lane_squares(x[0], x[1], x[2], x[3]);
-#pragma unroll
-  for (int m = 16; m >= 1; m >>= 1) sum = add_rn(sum, __shfl_xor_sync(0xFFFFFFFFu, sum, m));
-  const float r = rms_factor(sum, kIndexerDim, st.eps);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = normed(x[k], r, w[k]);
-  if (ch >= kIndexerDim - kStoreGroup) {
-    rotate(y[0], y[1], rot[0], rot[1], &y[0], &y[1]);
-    rotate(y[2], y[3], rot[2], rot[3], &y[2], &y[3]);
+  const int lane = ch / VEC;
+  // The squares of the quad (channels 4q .. 4q + 3) in order, then the butterfly over quads 16, 8, 4, 2, 1.
+  float sum[1];
+  if constexpr (VEC == 4) {
+    sum[0] = lane_squares(x[0], x[1], x[2], x[3]);
+  } else {
+    const float a = __shfl_xor_sync(0xFFFFFFFFu, x[0], 1), b = __shfl_xor_sync(0xFFFFFFFFu, x[1], 1);
+    sum[0] = (lane & 1) ? lane_squares(a, b, x[0], x[1]) : lane_squares(x[0], x[1], a, b);
   }
-  // Hadamard stages over element bits 0 and 1 (inside the lane), then 2..6 (lane bits 0..4).
-  float z[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) z[k] = hadamard_pair(y[k], y[k ^ 1], k & 1);
+  for (int m = 16; m >= 1; m >>= 1) {
+    float other[1];
+    partner_values<kLanes, 1>(sum, other, lane, m << kQuadShift, row, 0);
+    sum[0] = add_rn(sum[0], other[0]);
+  }
+  const float r = rms_factor(sum[0], kIndexerDim, st.eps);
+  float y[VEC];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = hadamard_pair(z[k], z[k ^ 2], k & 2);
+  for (int k = 0; k < VEC; ++k) y[k] = normed(x[k], r, o.w[k]);
+  if (ch >= kIndexerDim - kStoreGroup) {
 #pragma unroll
-  for (int m = 1; m <= 16; m <<= 1)
+    for (int k = 0; k < VEC; k += 2) rotate(y[k], y[k + 1], o.rot[k], o.rot[k + 1], &y[k], &y[k + 1]);
+  }
+  // Hadamard stages over element bits 0 .. 6 in order: the bits below VEC inside the thread, the rest
+  // across threads (thread offset 2^bit / VEC).
 #pragma unroll
-    for (int k = 0; k < 4; ++k) y[k] = hadamard_pair(y[k], __shfl_xor_sync(0xFFFFFFFFu, y[k], m), lane & m);
+  for (int bit = 1; bit < VEC; bit <<= 1) {
+    float z[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) z[k] = hadamard_pair(y[k], y[k ^ bit], k & bit);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) y[k] = z[k];
+  }
+#pragma unroll
+  for (int offset = 1; offset < kLanes; offset <<= 1) {
+    float other[VEC];
+    partner_values<kLanes, VEC>(y, other, lane, offset, row, kIndexerDim / 2);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) y[k] = hadamard_pair(y[k], other[k], lane & offset);
+  }
   float amax = 0.0f;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) y[k] = mul_rn(y[k], kHadamardScale), amax = fmaxf(amax, fabsf(y[k]));
-  amax = group_max<32>(amax);
-  const float scale = indexer_scale(amax), inv = reciprocal_rn(scale);
-  const uint32_t codes = fp8_e4m3x2(mul_rn(y[0], inv), mul_rn(y[1], inv)) |
-                         (fp8_e4m3x2(mul_rn(y[2], inv), mul_rn(y[3], inv)) << 16);
-  const EntryOffsets at = indexer_offsets(loc, st.page_log2, kIndexerDim);
-  *reinterpret_cast<uint32_t*>(st.cache + at.data + ch) = codes;
-  if (ch == 0) *reinterpret_cast<float*>(st.cache + at.scale) = scale;
+  for (int k = 0; k < VEC; ++k) y[k] = mul_rn(y[k], kHadamardScale), amax = fmaxf(amax, fabsf(y[k]));
+  float most[1] = {group_max<32>(amax)};
+  if constexpr (kLanes > 32) {
+    float other[1];
+    partner_values<kLanes, 1>(most, other, lane, 32, row, 3 * kIndexerDim / 2);
+    most[0] = fmaxf(most[0], other[0]);
+  }
+  const float scale = indexer_scale(most[0]), inv = reciprocal_rn(scale);
+  if constexpr (VEC == 4) {
+    *reinterpret_cast<uint32_t*>(o.data + ch) = fp8_e4m3x2(mul_rn(y[0], inv), mul_rn(y[1], inv)) |
+                                                (fp8_e4m3x2(mul_rn(y[2], inv), mul_rn(y[3], inv)) << 16);
+  } else {
+    *reinterpret_cast<uint16_t*>(o.data + ch) = (uint16_t)fp8_e4m3x2(mul_rn(y[0], inv), mul_rn(y[1], inv));
+  }
+  if (ch == 0) *reinterpret_cast<float*>(o.scale) = scale;
 }
 
 #endif

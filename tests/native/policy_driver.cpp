@@ -66,11 +66,15 @@ int main() {
       p.head_dim = d, p.flags = host ? DSA_FLAG_HOST_PLAN : 0u;
       const char* names[] = {"at_once", "split", "passes"};
       std::printf("%s\n", names[prefill_route(p, nc, nw, cont, sms, coop != 0)]);
-    } else if (what == "c4") {  // D count
+    } else if (what == "c4") {  // D VEC count
       long long n;
-      int d;
-      in >> d >> n;
-      std::printf("%lld\n", (long long)c4_blocks(d, n));
+      int d, vec;
+      in >> d >> vec >> n;
+      std::printf("%lld\n", (long long)c4_blocks(d, vec, n));
+    } else if (what == "c4vec") {  // count
+      long long n;
+      in >> n;
+      std::printf("%d\n", c4_channels(n));
     } else if (!what.empty()) {
       std::printf("? %s\n", what.c_str());
     }
