@@ -14,6 +14,7 @@ graphs, median of interleaved rounds, PDL as each side ships it:
   16 rows, two launches, no plan).
 - P30: a model-like step, 30 c4 layers each with its own rings and caches (L2-cold), one graph, beside the
   bytes' floor at copy bandwidth; the per-step plan (sglang's kernel, which both sides read) timed apart, eager.
+- parts (not in the default run): pydsa's decode with parts removed, beside an empty launch.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ import torch
 import pydsa
 from pydsa.sglang import c4 as sglang_c4
 
-from .harness import copy_bandwidth_tbps, event_us, median_graph_us
+from .harness import copy_bandwidth_tbps, event_us, graph_us_beside_empty, median_graph_us
 from .reference import load
 
 SWA_PAGE = 256
@@ -334,12 +335,41 @@ def step_rows(ref, rounds, layers=30):
     return rows
 
 
+def parts_rows(ref, rounds):
+    """Where a decode's time goes: one layer's decode (fp32, B = 1 / 32 / 1024, random lengths and every row
+    closing) with parts removed (both compressors and stores, both without stores, each compressor with its
+    store alone), each beside an empty launch measured in turn (latency-bound rows are read above it)."""
+    rows = []
+    for b in (1, 32, 1024):
+        for closing in (False, True):
+            ctx = Context(b, 1024, seed=3 * b + closing)
+            seq = lengths(b, closing, 1024, seed=b).to(torch.int64)
+            rec = sglang_c4.plan_decode(ctx.rpi, ctx.r2t, ctx.f2s, seq, SWA_PAGE, ctx.R)
+            loc = ctx.out_loc(seq, ctx.rpi)
+            kv = ctx.inputs(b)
+            bare = [pydsa.C4Compressor(ctx.rings[k], ctx.apes[k]) for k in range(2)]
+            forms = {
+                "both+stores": lambda: pydsa.c4_decode(ctx.ours[0], kv[0], indexer=ctx.ours[1], indexer_kv_score=kv[1],
+                                                       records=rec, cache_slots=loc),
+                "both, no store": lambda: pydsa.c4_decode(bare[0], kv[0], indexer=bare[1], indexer_kv_score=kv[1],
+                                                          records=rec),
+                "main+store": lambda: pydsa.c4_decode(ctx.ours[0], kv[0], records=rec, cache_slots=loc),
+                "indexer+store": lambda: pydsa.c4_decode(ctx.ours[1], kv[1], records=rec, cache_slots=loc),
+            }
+            for what, fn in forms.items():
+                t, empty = graph_us_beside_empty([fn], rounds)
+                rows.append({"key": "c4 decode parts", "b": b, "lengths": "closing" if closing else "random",
+                             "state": "fp32", "what": what, "pydsa_us": t, "empty_us": empty, "above_empty_us": t - empty})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m pydsa.bench.c4", description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
     ap.add_argument("--reference-build", required=True)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--only", nargs="+", choices=("checks", "decode", "extend", "verify", "step"),
+    ap.add_argument("--only", nargs="+", choices=("checks", "decode", "extend", "verify", "step", "parts"),
                     default=["checks", "decode", "extend", "verify", "step"])
     args = ap.parse_args(argv)
     ref = load(args.reference_build)
@@ -368,7 +398,7 @@ def main(argv=None):
         checks.append(check_extend(ref, "8x1K+prefix R=16", EXTEND_CASES["8x1K+prefix"][0], [1024] * 8, bf16, 16))
         print(json.dumps(checks[-1]), flush=True)
     save()
-    parts = dict(decode=decode_rows, extend=extend_rows, verify=verify_rows, step=step_rows)
+    parts = dict(decode=decode_rows, extend=extend_rows, verify=verify_rows, step=step_rows, parts=parts_rows)
     for name, run in parts.items():
         if name in args.only:
             result["rows"] += run(ref, args.rounds)
