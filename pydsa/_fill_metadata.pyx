@@ -103,14 +103,15 @@ def fill_metadata_sources(uintptr_t address, *, bint decode, bint has_real_page_
     bs = _length(cache_seqlens, &cs, "cache_seqlens", dev, keep)
     k = _length(cu_seqlens_k, &cu, "cu_seqlens_k", dev, keep)
     if k != bs + 1:
-        raise _bad("cu_seqlens_k", f"expected {bs + 1} elements (bs + 1), got {k}")
+        raise _bad("cu_seqlens_k", f"expected {bs + 1} elements (bs + 1; bs: the length of cache_seqlens), got {k}")
     tensor(page_indices, &pi, "page_indices", I32, dev, 2, ANY, ANY, keep)
     se.data = rp.data = ns.data = fm.data = NULL
     if decode:
         if seqlens_expanded is not None:
             raise _bad("seqlens_expanded", "is not used in DECODE mode")
         if pi.shape[0] != bs:
-            raise _bad("page_indices", f"DECODE copies bs = {bs} rows but page_indices has {pi.shape[0]}")
+            raise _bad("page_indices", f"DECODE copies bs = {bs} rows (the length of cache_seqlens) but page_indices has "
+                                       f"{pi.shape[0]}")
         n = bs
     else:
         if seqlens_expanded is None:
@@ -118,16 +119,17 @@ def fill_metadata_sources(uintptr_t address, *, bint decode, bint has_real_page_
         n = _length(seqlens_expanded, &se, "seqlens_expanded", dev, keep)
     k = _length(dsa_cache_seqlens, &dc, "dsa_cache_seqlens", dev, keep)
     if k != n:
-        raise _bad("dsa_cache_seqlens", f"expected {n} elements, got {k}")
+        raise _bad("dsa_cache_seqlens", f"expected {n} elements (the length of {'cache_seqlens' if decode else 'seqlens_expanded'}), got {k}")
     k = _length(dsa_cu_seqlens_k, &du, "dsa_cu_seqlens_k", dev, keep)
     if k != n + 1:
-        raise _bad("dsa_cu_seqlens_k", f"expected {n + 1} elements, got {k}")
+        raise _bad("dsa_cu_seqlens_k", f"expected {n + 1} elements (one more than the length of "
+                                           f"{'cache_seqlens' if decode else 'seqlens_expanded'}), got {k}")
     if (real_page_table is not None) != has_real_page_table:
         raise _bad("real_page_table", "must be given exactly when the destinations carry real_page_table")
     if real_page_table is not None:
         tensor(real_page_table, &rp, "real_page_table", I32, dev, 2, ANY, ANY, keep)
         if rp.shape[0] != pi.shape[0]:
-            raise _bad("real_page_table", f"has {rp.shape[0]} rows but page_indices has {pi.shape[0]}")
+            raise _bad("real_page_table", f"has {rp.shape[0]} rows but page_indices has {pi.shape[0]} (the rows of page_indices)")
     if ((num_splits is not None or flashmla_metadata is not None) != has_flashmla
             or (num_splits is None) != (flashmla_metadata is None)):
         raise _bad("num_splits/flashmla_metadata", "the FlashMLA group is all-or-nothing and must match the "
@@ -135,7 +137,8 @@ def fill_metadata_sources(uintptr_t address, *, bint decode, bint has_real_page_
     if num_splits is not None:
         k = _length(num_splits, &ns, "num_splits", dev, keep)
         if k != n + 1:
-            raise _bad("num_splits", f"expected {n + 1} elements, got {k}")
+            raise _bad("num_splits", f"expected {n + 1} elements (one more than the length of "
+                                     f"{'cache_seqlens' if decode else 'seqlens_expanded'}), got {k}")
         read(flashmla_metadata, &fm, "flashmla_metadata", keep)
         tensor(flashmla_metadata, &fm, "flashmla_metadata", I32, dev, fm.ndim, ANY, ANY, keep)
         meta = 1

@@ -151,3 +151,35 @@ def test_a_careless_argument_is_refused_by_name_and_nothing_runs(op, arg, how):
 def test_the_trial_reaches_every_argument_of_every_op():
     reached = {(op, arg) for op, arg, _ in _cases()}
     assert reached == {(op, arg) for op, (_, make, _) in OPS.items() for arg in make()}
+
+
+def _metadata_cases():
+    from test_metadata import make_case
+    for mode in ("decode", "target_verify"):
+        src, _ = make_case(torch.device("cpu"), mode, 5, 16, 9, 6, 40, 2, 1, 0)
+        for arg, t in src.items():
+            for how, bad in CARELESS.items():
+                if how in ("negative",) or (how != "None" and bad(t) is None):
+                    continue
+                if arg == "flashmla_metadata" and how == "one row short":
+                    continue  # any length: it is copied flat, as long as the sources say
+                yield mode, arg, how
+
+
+@pytest.mark.parametrize("mode,arg,how", list(_metadata_cases()))
+def test_a_careless_metadata_source_is_refused_by_name_and_nothing_is_written(mode, arg, how):
+    """The metadata copy's per-step sources, each replaced in turn (one bound copy per case, the other
+    sources valid): a pydsa.ArgumentError naming the source, or, for one that sets a size (cache_seqlens,
+    seqlens_expanded, page_indices), naming the first that disagrees and saying where the size comes from;
+    every destination untouched."""
+    from test_metadata import make_case
+    src, dsts = make_case(torch.device("cpu"), mode, 5, 16, 9, 6, 40, 2, 1, 0)
+    copy = pydsa.MetadataCopy(dsts, mode=mode)
+    before = [{k: t.clone() for k, t in d.items()} for d in dsts]
+    src[arg] = CARELESS[how](src[arg])
+    with pytest.raises((TypeError, ValueError)) as caught:
+        copy(**src)
+    err = caught.value
+    assert isinstance(err, pydsa.ArgumentError), f"{type(err).__name__}: {err}"
+    assert arg in err.argument or f"of {arg}" in str(err), (err.argument, str(err))
+    assert all(torch.equal(d[k], b[k]) for d, b in zip(dsts, before) for k in d)
