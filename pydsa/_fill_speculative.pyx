@@ -140,14 +140,16 @@ cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity
     cdef int32_t dev = sl.dev
     cdef int64_t b = sl.shape[0]
     vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
-    vector(accepted, &ac, "accepted", I32, dev, b, keep)
-    vector(indices, &ix, "indices", I32, dev, b, keep)
-    vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep)
+    vector(accepted, &ac, "accepted", I32, dev, b, keep, "B: the length of seq_lens")
+    vector(indices, &ix, "indices", I32, dev, b, keep, "B: the length of seq_lens")
+    vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep, "B: the length of seq_lens")
     optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep)
     int_arg(stride_, "bank_stride", 1, 2**31 - 1, "")
     error_counter(error_count, dev, &errors, keep)
     if (load_indices is None) == (states is None):
-        raise ValueError("give exactly one of load_indices (the slots to resolve) and states (the layers to copy)")
+        raise ArgumentValueError("load_indices" if load_indices is None else "states",
+                                 f"{'load_indices' if load_indices is None else 'states'}: give exactly one of "
+                                 f"load_indices (the slots to resolve) and states (the layers to copy)")
     ld.data = NULL
     if states is None:
         vector(load_indices, &ld, "load_indices", I32, dev, b, keep)

@@ -113,7 +113,8 @@ class DevicePlan:
         if tokens > self.max_tokens:
             raise ArgumentValueError("num_tokens", f"num_tokens {tokens} exceeds this DevicePlan's max_tokens {self.max_tokens}")
         if len(seq_lens) > self.max_batch:
-            raise ValueError(f"{len(seq_lens)} requests exceed this DevicePlan's max_batch {self.max_batch}")
+            raise ArgumentValueError("seq_lens", f"seq_lens: {len(seq_lens)} requests exceed this DevicePlan's max_batch "
+                                                 f"{self.max_batch}")
         _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=tokens, graph=True, out=self._host,
                                            return_counts=True)
         status = _upload(self._upload_address, nc, nw, self._dev, stream)

@@ -6,6 +6,8 @@ from libc.stdint cimport int64_t
 cimport numpy as cnp
 import numpy as np
 
+from pyplan.errors import ArgumentTypeError, ArgumentValueError
+
 cnp.import_array()
 
 cdef extern from "numpy/arrayobject.h":
@@ -39,11 +41,19 @@ cdef extern from "plan_rules.h" nogil:
                       int64_t* num_compress, int64_t* num_write)
 
 
-def compress_capacity(int64_t num_tokens, int64_t batch_size):
+cdef int64_t _int(object x, str name, int64_t lo, int64_t hi) except? -1:
+    """x as an int in lo..hi: a Python or numpy integer, not a bool or a float (never truncated)."""
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise ArgumentTypeError(name, f"{name} must be an int (got {type(x).__name__} {x!r})")
+    if x < lo or x > hi:
+        raise ArgumentValueError(name, f"{name} is {x}; expected {lo}..{hi}")
+    return <int64_t>x
+
+
+def compress_capacity(num_tokens, batch_size):
     """Compress records a plan can need: sum(extend) // 128 + B (write records need at most B)."""
-    if num_tokens < 0 or batch_size < 0:
-        raise ValueError("num_tokens and batch_size must be >= 0")
-    return num_tokens // _CHUNK + batch_size
+    cdef int64_t tokens = _int(num_tokens, "num_tokens", 0, _MAX_COORDINATE)
+    return tokens // _CHUNK + _int(batch_size, "batch_size", 0, _MAX_COORDINATE)
 
 
 cdef cnp.ndarray _as_int64(object x, str name):
@@ -53,15 +63,18 @@ cdef cnp.ndarray _as_int64(object x, str name):
         a = <cnp.ndarray>x
         if cnp.PyArray_TYPE(a) == cnp.NPY_INT64 and cnp.PyArray_NDIM(a) == 1 and cnp.PyArray_IS_C_CONTIGUOUS(a):
             return a
+    if x is None or isinstance(x, (str, bytes, int, float, np.number)):
+        raise ArgumentTypeError(name, f"{name} must be a one-dimensional integer array (numpy, a CPU tensor or a "
+                                      f"sequence; got {type(x).__name__} {x!r})")
     if hasattr(x, "numpy") and hasattr(x, "device"):
         if x.device.type != "cpu":
-            raise ValueError(f"{name} must be on the host (got a tensor on {x.device})")
+            raise ArgumentValueError(name, f"{name} must be on the host (got a tensor on {x.device})")
         x = x.numpy()
     y = np.asarray(x)
     if y.ndim != 1:
-        raise ValueError(f"{name} must be one-dimensional (got shape {y.shape})")
+        raise ArgumentValueError(name, f"{name} must be one-dimensional (got shape {y.shape})")
     if y.dtype.kind not in "iu":
-        raise ValueError(f"{name} must hold integers (got dtype {y.dtype})")
+        raise ArgumentTypeError(name, f"{name} must hold integers (got dtype {y.dtype})")
     return np.ascontiguousarray(y, dtype=np.int64)
 
 
@@ -76,15 +89,16 @@ cdef cnp.ndarray _as_records(object buf, str name):
             return a
     if hasattr(buf, "numpy") and hasattr(buf, "device"):
         if buf.device.type != "cpu":
-            raise ValueError(f"{name} must be in host memory (got a tensor on {buf.device})")
+            raise ArgumentValueError(name, f"{name} must be in host memory (got a tensor on {buf.device})")
         buf = buf.numpy()
     if not isinstance(buf, np.ndarray) or not buf.flags.c_contiguous or not buf.flags.writeable:
-        raise ValueError(f"{name} must be a writable C-contiguous numpy array or CPU tensor")
+        raise ArgumentTypeError(name, f"{name} must be a writable C-contiguous numpy array or CPU tensor (got "
+                                      f"{type(buf).__name__})")
     if buf.dtype not in (np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.uint32)) and buf.dtype != _SEGMENT:
-        raise ValueError(f"{name} must be a buffer of records: SEGMENT_DTYPE, or uint8 / int32 / uint32 holding "
-                         f"whole 16-byte records (got {buf.dtype})")
+        raise ArgumentTypeError(name, f"{name} must be a buffer of records: SEGMENT_DTYPE, or uint8 / int32 / uint32 "
+                                      f"holding whole 16-byte records (got {buf.dtype})")
     if buf.nbytes % 16 != 0:
-        raise ValueError(f"{name} must hold whole 16-byte records (got {buf.nbytes} bytes)")
+        raise ArgumentValueError(name, f"{name} must hold whole 16-byte records (got {buf.nbytes} bytes)")
     return buf.reshape(-1).view(np.uint8).view(SEGMENT_DTYPE)
 
 
@@ -93,8 +107,8 @@ cdef cnp.ndarray _new_records(cnp.npy_intp n):
     return PyArray_Empty(1, &n, _SEGMENT, 0)
 
 
-cdef int _fail(str msg) except -1:
-    raise ValueError(msg)
+cdef int _fail(str name, str msg) except -1:
+    raise ArgumentValueError(name, msg)
 
 
 def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None,
@@ -122,8 +136,13 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
     cdef const int64_t* ext = <const int64_t*>cnp.PyArray_DATA(ext_arr)
     cdef Py_ssize_t B = cnp.PyArray_DIM(seq_arr, 0)
     if cnp.PyArray_DIM(ext_arr, 0) != B:
-        raise ValueError(f"extend_lens has {cnp.PyArray_DIM(ext_arr, 0)} entries but seq_lens has {B}")
-    cdef bint graph_mode = bool(graph)
+        raise ArgumentValueError("extend_lens", f"extend_lens has {cnp.PyArray_DIM(ext_arr, 0)} entries but seq_lens has "
+                                                f"{B} (B: the length of seq_lens)")
+    if graph is not True and graph is not False:
+        raise ArgumentTypeError("graph", f"graph must be a bool (got {graph!r})")
+    if return_counts is not True and return_counts is not False:
+        raise ArgumentTypeError("return_counts", f"return_counts must be a bool (got {return_counts!r})")
+    cdef bint graph_mode = graph
 
     # Validate everything and count records before anything is written.
     cdef int64_t total = 0, n_compress = 0, n_write = 0, bad = 0
@@ -131,50 +150,59 @@ def plan_prefill(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacit
     with nogil:
         why = dsa_plan_count(seq, ext, B, &total, &n_compress, &n_write, &bad)
     if why == DSA_PLAN_BAD_SEQ:
-        _fail(f"seq_lens[{bad}] is {seq[bad]}; expected 0..{_MAX_COORDINATE}")
+        _fail("seq_lens", f"seq_lens[{bad}] is {seq[bad]}; expected 0..{_MAX_COORDINATE}")
     elif why == DSA_PLAN_BAD_EXTEND:
-        _fail(f"extend_lens[{bad}] is {ext[bad]}; expected 1..seq_lens[{bad}] = {seq[bad]}")
+        _fail("extend_lens", f"extend_lens[{bad}] is {ext[bad]}; expected 1..seq_lens[{bad}] = {seq[bad]}")
     elif why == DSA_PLAN_TOO_MANY:
-        _fail(f"sum of extend_lens exceeds {_MAX_COORDINATE} at request {bad}")
+        _fail("extend_lens", f"extend_lens: the sum exceeds {_MAX_COORDINATE} at request {bad}")
 
     cdef int64_t tokens
     if num_tokens is None:
         if graph_mode:
-            raise ValueError("num_tokens is required in graph mode (the padded bucket's token count)")
+            raise ArgumentValueError("num_tokens", "num_tokens is required in graph mode (the padded bucket's token "
+                                                   "count)")
         tokens = total
     else:
-        tokens = num_tokens
-        if tokens < 0 or tokens > _MAX_COORDINATE:
-            raise ValueError(f"num_tokens is {tokens}; expected 0..{_MAX_COORDINATE}")
+        tokens = _int(num_tokens, "num_tokens", 0, _MAX_COORDINATE)
         if graph_mode and tokens < total:
-            raise ValueError(f"num_tokens is {tokens} but the extends sum to {total} (graph mode needs >=)")
+            raise ArgumentValueError("num_tokens", f"num_tokens is {tokens} but the extends sum to {total} (graph mode "
+                                                   f"needs >=)")
         if not graph_mode and tokens != total:
-            raise ValueError(f"num_tokens is {tokens} but the extends sum to {total} (they must be equal)")
+            raise ArgumentValueError("num_tokens", f"num_tokens is {tokens} but the extends sum to {total} (they must "
+                                                   f"be equal)")
 
     cdef int64_t cap_c, cap_w
     cdef cnp.ndarray compress_arr, write_arr
     if out is not None:
         if capacity is not None:
-            raise ValueError("pass either out or capacity; out's sizes are the capacities")
+            raise ArgumentValueError("capacity", "capacity: pass either out or capacity; out's sizes are the "
+                                                 "capacities")
+        if not isinstance(out, (tuple, list)) or len(out) != 2:
+            raise ArgumentTypeError("out", f"out must be a pair of record buffers (compress, write) (got "
+                                           f"{type(out).__name__})")
         compress_arr = _as_records(out[0], "out[0]")
         write_arr = _as_records(out[1], "out[1]")
         cap_c = cnp.PyArray_DIM(compress_arr, 0)
         cap_w = cnp.PyArray_DIM(write_arr, 0)
     else:
         if capacity is not None:
-            cap_c, cap_w = capacity
+            if not isinstance(capacity, (tuple, list)) or len(capacity) != 2:
+                raise ArgumentTypeError("capacity", f"capacity must be a pair of ints (compress, write) (got "
+                                                    f"{capacity!r})")
+            cap_c = _int(capacity[0], "capacity", 0, _MAX_COORDINATE)
+            cap_w = _int(capacity[1], "capacity", 0, _MAX_COORDINATE)
         elif graph_mode:
             cap_c = tokens // _CHUNK + B
             cap_w = B
         else:
             cap_c = n_compress
             cap_w = n_write
-        if cap_c < 0 or cap_w < 0:
-            raise ValueError(f"capacity must be >= 0 (got {(cap_c, cap_w)})")
+    where = "out" if out is not None else "capacity"
     if n_compress > cap_c:
-        raise ValueError(f"the plan needs {n_compress} compress records but the capacity is {cap_c}")
+        raise ArgumentValueError(where, f"{where}: the plan needs {n_compress} compress records but the capacity is "
+                                        f"{cap_c}")
     if n_write > cap_w:
-        raise ValueError(f"the plan needs {n_write} write records but the capacity is {cap_w}")
+        raise ArgumentValueError(where, f"{where}: the plan needs {n_write} write records but the capacity is {cap_w}")
     if out is None:
         compress_arr = _new_records(cap_c)
         write_arr = _new_records(cap_w)
@@ -203,9 +231,11 @@ def record_lists(compress, write):
     arrays (1-D C-contiguous SEGMENT_DTYPE numpy arrays, as plan_prefill returns them), for
     launching with the records read from host memory. Raises TypeError for anything else."""
     if not _is_record_list(compress):
-        raise TypeError("plan[0] (compress) must be a 1-D C-contiguous numpy array of pyplan.SEGMENT_DTYPE records")
+        raise ArgumentTypeError("plan[0]", "plan[0] (compress) must be a 1-D C-contiguous numpy array of "
+                                           "pyplan.SEGMENT_DTYPE records")
     if not _is_record_list(write):
-        raise TypeError("plan[1] (write) must be a 1-D C-contiguous numpy array of pyplan.SEGMENT_DTYPE records")
+        raise ArgumentTypeError("plan[1]", "plan[1] (write) must be a 1-D C-contiguous numpy array of "
+                                           "pyplan.SEGMENT_DTYPE records")
     return (<Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>compress), cnp.PyArray_DIM(<cnp.ndarray>compress, 0),
             <Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>write), cnp.PyArray_DIM(<cnp.ndarray>write, 0))
 
@@ -232,7 +262,7 @@ cdef inline int64_t _ring_row(int64_t slot, int64_t ring_size, int64_t p) nogil:
     return slot * ring_size + p % ring_size
 
 
-def plan_c4(seq_lens, extend_lens, slots, int64_t ring_size, *, num_tokens=None):
+def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None):
     """Plan one c4 extend over pydsa's request-scoped ring (request slot s owns ring rows s*R .. s*R+R-1;
     position p lives at row s*R + p % R).
 
@@ -252,25 +282,28 @@ def plan_c4(seq_lens, extend_lens, slots, int64_t ring_size, *, num_tokens=None)
     cdef const int64_t* ext = <const int64_t*>cnp.PyArray_DATA(ext_arr)
     cdef const int64_t* slot = <const int64_t*>cnp.PyArray_DATA(slot_arr)
     cdef Py_ssize_t B = cnp.PyArray_DIM(seq_arr, 0)
-    if cnp.PyArray_DIM(ext_arr, 0) != B or cnp.PyArray_DIM(slot_arr, 0) != B:
-        raise ValueError(f"seq_lens, extend_lens and slots must have one entry per request (got "
-                         f"{B}, {cnp.PyArray_DIM(ext_arr, 0)}, {cnp.PyArray_DIM(slot_arr, 0)})")
-    if ring_size < 8 or ring_size % 4 != 0:
-        raise ValueError(f"ring_size is {ring_size}; expected a multiple of 4, >= 8")
+    for name, arr in (("extend_lens", ext_arr), ("slots", slot_arr)):
+        if cnp.PyArray_DIM(arr, 0) != B:
+            raise ArgumentValueError(name, f"{name} has {cnp.PyArray_DIM(arr, 0)} entries but seq_lens has {B} (B: the "
+                                           f"length of seq_lens, one entry per request)")
+    cdef int64_t R = _int(ring_size, "ring_size", 8, 2 ** 20)
+    if R % 4 != 0:
+        raise ArgumentValueError("ring_size", f"ring_size is {R}; expected a multiple of 4, >= 8")
     cdef int64_t total = 0, n_c = 0, n_w = 0, b, p, l0, j, off, q
     for b in range(B):
         if ext[b] < 1 or ext[b] > seq[b] or seq[b] > 0x7FFFFFFE:
-            raise ValueError(f"request {b}: extend_lens is {ext[b]} and seq_lens {seq[b]}; expected "
-                             f"1 <= extend_lens <= seq_lens <= 2^31-2")
-        if slot[b] >= 0 and (slot[b] + 1) * ring_size > 0x7FFFFFFF:
-            raise ValueError(f"slots[{b}] is {slot[b]}; its ring rows pass 2^31-1")
+            raise ArgumentValueError("extend_lens", f"extend_lens[{b}] is {ext[b]} and seq_lens[{b}] {seq[b]}; expected "
+                                                    f"1 <= extend_lens <= seq_lens <= 2^31-2")
+        if slot[b] >= 0 and (slot[b] + 1) * R > 0x7FFFFFFF:
+            raise ArgumentValueError("slots", f"slots[{b}] is {slot[b]}; its ring rows pass 2^31-1")
         total += ext[b]
         if slot[b] >= 0:
             n_c += seq[b] // 4 - (seq[b] - ext[b]) // 4
-            n_w += min(ext[b], ring_size)
-    cdef int64_t tokens = total if num_tokens is None else num_tokens
+            n_w += min(ext[b], R)
+    cdef int64_t tokens = total if num_tokens is None else _int(num_tokens, "num_tokens", 0, 65536)
     if tokens < total or tokens > 65536:
-        raise ValueError(f"num_tokens is {tokens}; expected sum(extend_lens) = {total} .. 65536 (16-bit ragged rows)")
+        raise ArgumentValueError("num_tokens", f"num_tokens is {tokens}; expected sum(extend_lens) = {total} .. 65536 "
+                                               f"(16-bit ragged rows)")
     cdef cnp.ndarray compress_arr = np.empty(n_c, C4_COMPRESS_DTYPE)
     cdef cnp.ndarray write_arr = np.empty(n_w, C4_WRITE_DTYPE)
     cdef C4Compress* c = <C4Compress*>cnp.PyArray_DATA(compress_arr)
@@ -287,12 +320,12 @@ def plan_c4(seq_lens, extend_lens, slots, int64_t ring_size, *, num_tokens=None)
                     c[ci].seq_len = <unsigned int>(p + 1)
                     c[ci].ragged_id = <unsigned short>(off + j)
                     c[ci].ring_rows = <unsigned short>(8 - min(j + 1, 8))
-                    c[ci].previous_group = <int>(_ring_row(slot[b], ring_size, q) // 4)
-                    c[ci].current_group = <int>(_ring_row(slot[b], ring_size, p) // 4)
+                    c[ci].previous_group = <int>(_ring_row(slot[b], R, q) // 4)
+                    c[ci].current_group = <int>(_ring_row(slot[b], R, p) // 4)
                     ci += 1
-                for p in range(max(l0, seq[b] - ring_size), seq[b]):
+                for p in range(max(l0, seq[b] - R), seq[b]):
                     w[wi].ragged_id = <unsigned int>(off + p - l0)
-                    w[wi].ring_row = <int>_ring_row(slot[b], ring_size, p)
+                    w[wi].ring_row = <int>_ring_row(slot[b], R, p)
                     wi += 1
             off += ext[b]
     return compress_arr.view(np.uint8).reshape(n_c, 16), write_arr.view(np.uint8).reshape(n_w, 8)

@@ -279,7 +279,7 @@ def test_plan_c4_records_cover_every_closing_position_and_keep_the_last_rows(seq
 
 
 def test_plan_c4_refuses_bad_input_by_name():
-    with pytest.raises(ValueError, match="request 0: extend_lens is 5 and seq_lens 3"):
+    with pytest.raises(pydsa.ArgumentValueError, match=r"extend_lens\[0\] is 5 and seq_lens\[0\] 3"):
         pyplan.plan_c4(np.array([3]), np.array([5]), np.array([0]), 8)
     with pytest.raises(ValueError, match="ring_size is 6"):
         pyplan.plan_c4(np.array([3]), np.array([3]), np.array([0]), 6)

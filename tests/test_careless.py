@@ -1,5 +1,5 @@
-"""A careless-input trial over the public ops: every argument of a valid call, replaced in turn by what a careless
-caller passes (None, a list, a string, a float, the wrong dtype, a wrong shape, a transposed view, a bool for an int, a
+"""A careless-input trial over the public ops, the planners and KVCache: every argument of a valid call, replaced
+in turn by what a careless caller passes (None, a list, a string, a float, the wrong dtype, a wrong shape, a transposed view, a bool for an int, a
 negative int), meets a pydsa.ArgumentError (a TypeError or ValueError) that names that argument, and nothing runs:
 the call's outputs stay as they were. Host backend (the checks are the same code for both backends)."""
 from __future__ import annotations
@@ -78,10 +78,31 @@ def _c4_verify():
     return args
 
 
+def _commit():
+    return dict(seq_lens=_i32(5, 127, 300), accepted=_i32(1, 0, 2), indices=_i32(0, 1, 2), bank_indices=_i32(3, 6, 9),
+                num_drafts=2, bank_stride=1, load_indices=torch.full((B,), -7, dtype=torch.int32), num_slots=16)
+
+
+def _plan():
+    return dict(seq_lens=np.array([300, 130]), extend_lens=np.array([300, 129]), num_tokens=429)
+
+
+def _plan_c4():
+    return dict(seq_lens=np.array([6, 12, 9]), extend_lens=np.array([2, 5, 3]), slots=np.array([0, 1, 2]), ring_size=8)
+
+
+def _kv_cache():
+    return dict(cache=torch.zeros(8, pydsa.kv_page_bytes(D, 2), dtype=torch.uint8), norm_weight=torch.rand(D) + 0.5,
+                rotary=torch.randn(1024, 64), page_size=2, eps=1e-6)
+
+
 OPS = {"c4_decode": (lambda main, kv_score, **kw: pydsa.c4_decode(main, kv_score, **kw), _c4, "out"),
        "c4_extend": (lambda main, kv_score, plan, **kw: pydsa.c4_extend(main, kv_score, plan, **kw), _c4_extend, "out"),
        "c4_verify": (lambda main, drafts, seq_lens, slots, **kw: pydsa.c4_verify(main, drafts, seq_lens, slots, **kw),
                      _c4_verify, "out"),
+       "c128_commit": (pydsa.c128_commit, _commit, "load_indices"),
+       "plan_prefill": (pyplan.plan_prefill, _plan, None), "plan_c4": (pyplan.plan_c4, _plan_c4, None),
+       "KVCache": (pydsa.KVCache, _kv_cache, None),
        "c128_decode": (pydsa.c128_decode, _decode, "out"), "c128_prefill": (pydsa.c128_prefill, _prefill, "out"),
        "c128_verify": (pydsa.c128_verify, _verify, "out"), "kv_store": (pydsa.kv_store, _store, None)}
 
@@ -98,7 +119,8 @@ CARELESS = {
     "negative": lambda t: -1 if isinstance(t, int) and not isinstance(t, bool) else None,
 }
 # Arguments that may be None, and mutations a call may take as valid.
-OPTIONAL = {("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c4_extend", "out"), ("c4_extend", "cache_slots"),
+OPTIONAL = {("plan_prefill", "num_tokens"), ("KVCache", "eps"),
+            ("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c4_extend", "out"), ("c4_extend", "cache_slots"),
             ("c4_verify", "out"), ("c4_verify", "cache_slots"), ("c128_decode", "out"), ("c128_prefill", "out"), ("c128_verify", "out"), ("c128_decode", "seq_lens")}
 
 
@@ -110,8 +132,12 @@ def _applies(op, arg, how) -> bool:
         return (op, arg) not in OPTIONAL
     if CARELESS[how](value) is None:
         return False
-    return not ((how == "int64" and arg == "cache_slots") or (how == "a list" and arg == "plan")
-                or (how == "one row short" and arg == "state"))  # a plan may be a list; fewer slots are valid
+    # valid calls: a plan may be a list; fewer state slots, cache pages or rotary rows are valid; eps may be any
+    # positive float
+    valid = ((how == "int64" and arg == "cache_slots") or (how == "a list" and arg == "plan")
+             or (how == "one row short" and arg in ("state", "cache", "rotary"))
+             or (op == "KVCache" and arg == "eps" and how == "a float"))
+    return not valid
 
 
 def _cases():

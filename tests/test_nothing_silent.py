@@ -138,7 +138,7 @@ def test_more_helpers_and_sglang_arguments_are_judged_by_name():
     from pydsa.sglang import compress as sglang_v2
     with pytest.raises(ValueError, match="max_tokens must be an int in 1"):
         pydsa.DevicePlan(10 ** 15, 4, device="cpu")
-    with pytest.raises(ValueError, match="out\\[0\\] must be a buffer of records"):
+    with pytest.raises(pydsa.ArgumentTypeError, match="out\\[0\\] must be a buffer of records"):
         pyplan.plan_prefill(np.array([5]), np.array([5]), out=(np.zeros(8), np.zeros(8)))
     plan = sglang_v2.CompressorDecodePlan(128, torch.zeros(1, 16, dtype=torch.uint8))
     with pytest.raises(TypeError, match="norm_eps must be a float"):

@@ -165,7 +165,7 @@ class CompressorPrefillPlan(NamedTuple):
             compress, write = records.host_records
         else:
             compress, write, nc, nw = pyplan.plan_prefill(seq, ext, num_tokens=n,
-                                                          graph=use_cuda_graph or n != total,
+                                                          graph=bool(use_cuda_graph) or n != total,
                                                           return_counts=True)
             records = (compress[:nc], write[:nw])  # views of this call's own arrays
             compress, write = records
