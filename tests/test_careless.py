@@ -209,3 +209,23 @@ def test_a_careless_metadata_source_is_refused_by_name_and_nothing_is_written(mo
     assert isinstance(err, pydsa.ArgumentError), f"{type(err).__name__}: {err}"
     assert arg in err.argument or f"of {arg}" in str(err), (err.argument, str(err))
     assert all(torch.equal(d[k], b[k]) for d, b in zip(dsts, before) for k in d)
+
+
+def test_sglang_online_calls_refuse_in_sglangs_words():
+    """pydsa.sglang's c128_online_decode / c128_online_prefill (sglang's argument names over pydsa's ops) name
+    the argument as their caller spelled it."""
+    from pydsa import sglang
+    args = _decode()
+    cases = [("kv_score_buffer", dict(kv_score_buffer=None)), ("kv_score_input", dict(kv_score_input=args["kv_score"].double()))]
+    for name, bad in cases:
+        call = dict(kv_score_buffer=args["state"], kv_score_input=args["kv_score"], out=args["out"], ape=args["ape"],
+                    indices=args["indices"], seq_lens=args["seq_lens"])
+        call.update(bad)
+        with pytest.raises(pydsa.ArgumentError) as caught:
+            sglang.c128_online_decode(**call)
+        assert caught.value.argument == name and str(caught.value).startswith(name), str(caught.value)
+    p = _prefill()
+    with pytest.raises(pydsa.ArgumentError) as caught:
+        sglang.c128_online_prefill(p["state"], p["kv_score"], p["out"], p["ape"], p["indices"], "x",
+                                   torch.zeros(1, 16, dtype=torch.uint8))
+    assert caught.value.argument == "compress_plan", str(caught.value)

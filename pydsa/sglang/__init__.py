@@ -31,12 +31,13 @@ import pyplan
 
 from .._abi import MODE_DECODE
 from .._tensors import _int32
+from ..errors import ArgumentError
 from ..c128 import c128_decode, c128_prefill
 from ..metadata import MetadataCopy
 from ..speculative import c128_commit, c128_verify
 from .c4 import layer as c4_layer
-from .compress import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward, compress_forward_and_store,
-                        compress_norm_rope_store, memo)
+from .compress import (CompressorDecodePlan, CompressorPrefillPlan, _caller_words, compress_forward,
+                        compress_forward_and_store, compress_norm_rope_store, memo)
 
 __all__ = ["fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda", "c128_online_decode",
            "c128_online_prefill", "plan_compress_online_prefill", "online_c128_mtp_write_prefix_states",
@@ -134,10 +135,18 @@ def fused_metadata_copy_multi_cuda(cache_seqlens_src, cu_seqlens_k_src, page_ind
     _copy(_bind(MODE_DECODE, groups), sources, (bs, max_len, 0, seqlens_expanded_size))
 
 
+# pydsa's argument names -> these calls' (sglang's) names, for the errors they raise
+_ONLINE_NAMES = {"state": "kv_score_buffer", "kv_score": "kv_score_input", "plan": "compress_plan",
+                 "plan[0] (compress)": "compress_plan", "plan[1] (write)": "write_plan"}
+
+
 def c128_online_decode(kv_score_buffer, kv_score_input, out, ape, indices, seq_lens, extra=None) -> None:
     """sglang's online c128 decode: kv_score_buffer is the state [S, 1, 3D]; `extra` is unused,
     as in sglang."""
-    c128_decode(kv_score_buffer, kv_score_input, out, ape, indices, seq_lens)
+    try:
+        c128_decode(kv_score_buffer, kv_score_input, out, ape, indices, seq_lens)
+    except ArgumentError as exc:
+        raise _caller_words(exc, _ONLINE_NAMES) from None
 
 
 def c128_online_prefill(kv_score_buffer, kv_score_input, out, ape, indices, compress_plan, write_plan,
@@ -145,8 +154,11 @@ def c128_online_prefill(kv_score_buffer, kv_score_input, out, ape, indices, comp
     """sglang's online c128 prefill: plans are uint8 [M, 16] record tensors (device or host).
     cooperative=False (not in sglang's signature): as in pydsa.c128_prefill, host plans never take
     the one cooperative launch (for kernels of other streams running alongside)."""
-    c128_prefill(kv_score_buffer, kv_score_input, out, ape, indices, (compress_plan, write_plan),
-                 load_indices=load_indices, cooperative=cooperative)
+    try:
+        c128_prefill(kv_score_buffer, kv_score_input, out, ape, indices, (compress_plan, write_plan),
+                     load_indices=load_indices, cooperative=cooperative)
+    except ArgumentError as exc:
+        raise _caller_words(exc, _ONLINE_NAMES) from None
 
 
 def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_plan, use_cuda_graph) -> tuple:
