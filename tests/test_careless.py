@@ -1,7 +1,9 @@
-"""A careless-input trial over the public ops, the planners and KVCache: every argument of a valid call, replaced
-in turn by what a careless caller passes (None, a list, a string, a float, the wrong dtype, a wrong shape, a transposed view, a bool for an int, a
-negative int), meets a pydsa.ArgumentError (a TypeError or ValueError) that names that argument, and nothing runs:
-the call's outputs stay as they were. Host backend (the checks are the same code for both backends)."""
+"""A careless-input trial over the public ops, the planners, KVCache, the metadata copy and pydsa.sglang's online
+and MTP calls: every argument of a valid call, replaced in turn by what a careless caller passes (None, a list, a
+string, a float, the wrong dtype, a wrong shape, a transposed view, a bool for an int, a negative int), meets a
+pydsa.ArgumentError (a TypeError or ValueError; sglang's RuntimeError for a wrong dtype in its calls) that names that
+argument, and nothing runs: the call's outputs stay as they were. Host backend (the checks are the same code for both
+backends)."""
 from __future__ import annotations
 
 import numpy as np
@@ -229,3 +231,57 @@ def test_sglang_online_calls_refuse_in_sglangs_words():
         sglang.c128_online_prefill(p["state"], p["kv_score"], p["out"], p["ape"], p["indices"], "x",
                                    torch.zeros(1, 16, dtype=torch.uint8))
     assert caught.value.argument == "compress_plan", str(caught.value)
+
+
+def _mtp_calls():
+    from pydsa import sglang
+
+    def i64(*v):
+        return torch.tensor(v, dtype=torch.int64)
+
+    def write_prefix():
+        return dict(kv_score_input=torch.randn(4, 2 * D), seq_lens=i64(5, 9), req_pool_indices=i64(0, 1),
+                    req_to_token=torch.zeros(2, 64, dtype=torch.int32), ape=torch.randn(128, D),
+                    state=torch.rand(8, 3 * D), batch_size=2, num_verify_tokens=2, state_slot_stride=2)
+
+    def mark():
+        return dict(seq_lens=i64(5, 9), req_pool_indices=i64(0, 1), pending_seq_lens=torch.full((4,), 3, dtype=torch.int64),
+                    batch_size=2, num_req_slots=4)
+
+    def commit():
+        return dict(seq_lens=i64(6, 10), req_pool_indices=i64(0, 1), req_to_token=torch.zeros(2, 64, dtype=torch.int32),
+                    pending_seq_lens=i64(5, 9, -1, -1), state=torch.rand(8, 3 * D), batch_size=2,
+                    num_verify_tokens=2, state_slot_stride=2, num_req_slots=4)
+    return {"online_c128_mtp_write_prefix_states": (sglang.online_c128_mtp_write_prefix_states, write_prefix, "state"),
+            "online_c128_mtp_mark_pending": (sglang.online_c128_mtp_mark_pending, mark, "pending_seq_lens"),
+            "online_c128_mtp_commit_pending": (sglang.online_c128_mtp_commit_pending, commit, "state")}
+
+
+def _mtp_cases():
+    for op, (_, make, _) in _mtp_calls().items():
+        for arg, value in make().items():
+            for how, bad in CARELESS.items():
+                if how in ("int64", "a transposed view") or (how != "None" and bad(value) is None):
+                    continue
+                # valid: fewer state rows; req_to_token is unused (as in sglang), any tensor
+                if (arg == "state" and how == "one row short") or (arg == "req_to_token" and how in ("float64", "one row short")):
+                    continue
+                yield op, arg, how
+
+
+@pytest.mark.parametrize("op,arg,how", list(_mtp_cases()))
+def test_a_careless_sglang_mtp_argument_is_refused_by_name_and_nothing_is_written(op, arg, how):
+    """pydsa.sglang's MTP calls, each argument replaced in turn: an error naming it in sglang's words (a
+    pydsa.ArgumentError, or sglang's RuntimeError for a wrong dtype), and the buffer the call writes untouched."""
+    fn, make, written = _mtp_calls()[op]
+    args = make()
+    args[arg] = CARELESS[how](args[arg])
+    before = args[written].clone() if isinstance(args[written], torch.Tensor) else None
+    with pytest.raises((TypeError, ValueError, RuntimeError)) as caught:
+        fn(**args)
+    err = caught.value
+    assert isinstance(err, pydsa.ArgumentError) or type(err) is RuntimeError, f"{type(err).__name__}: {err}"
+    # named first; a shortened buffer is named in the message of the size it disagrees with
+    assert str(err).startswith(arg) or (how == "one row short" and arg in str(err)), str(err)
+    if before is not None:
+        assert torch.equal(args[written], before)

@@ -25,13 +25,15 @@ conventions (docs/spec.md, metadata copy where they agree):
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 import pyplan
 
 from .._abi import MODE_DECODE
 from .._tensors import _int32
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..c128 import c128_decode, c128_prefill
 from ..metadata import MetadataCopy
 from ..speculative import c128_commit, c128_verify
@@ -196,7 +198,9 @@ def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_pla
 # drafts from position 0 and writes its bank, as in sglang 0.5.23. Differences from sglang's
 # kernels, on input they do not guard: a negative length is padding (nothing written), and slots
 # outside the state buffer are skipped and counted instead of accessed. int64 index tensors are
-# converted to int32 (one small device op each).
+# converted to int32 (one small device op each). Every argument is judged before anything is written,
+# in these calls' names: counts are ints (a float, a bool or a negative count refused), index tensors
+# int32 or int64, pending_seq_lens int64, each tensor with the rows batch_size and num_verify_tokens read.
 
 def _slots(t, batch_size: int):
     """The first batch_size entries of an index tensor, as int32."""
@@ -212,10 +216,31 @@ def _state_rows(state):
 def _rows(name: str, t, n: int) -> None:
     """t must be a torch.Tensor of at least n rows (what a call's batch_size reads of it)."""
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor (got {type(t).__name__})")
+        raise ArgumentTypeError(name, f"{name} must be a torch.Tensor (got {type(t).__name__})")
     if t.dim() < 1 or t.shape[0] < n:
-        raise ValueError(f"{name} has {t.shape[0] if t.dim() else 0} rows but the call reads {n} of it "
-                         f"(batch_size and num_verify_tokens say so)")
+        raise ArgumentValueError(name, f"{name} has {t.shape[0] if t.dim() else 0} rows but the call reads {n} of it "
+                                       f"(batch_size and num_verify_tokens say so)")
+
+
+def _indices(name: str, t, n: int) -> None:
+    """t must be an integer tensor (int32 or int64, as sglang's) of at least n rows."""
+    _rows(name, t, n)
+    if t.dtype is not torch.int32 and t.dtype is not torch.int64:
+        raise RuntimeError(f"{name} must have dtype int32 or int64 (got {t.dtype})")
+
+
+def _count(name: str, x, least: int) -> int:
+    """x as an int >= least: a Python or numpy integer, not a bool or a float."""
+    if isinstance(x, bool) or not hasattr(type(x), "__index__") or isinstance(x, torch.Tensor):
+        raise ArgumentTypeError(name, f"{name} must be an int (got {type(x).__name__} {x!r})")
+    v = operator.index(x)
+    if v < least:
+        raise ArgumentValueError(name, f"{name} is {v}; expected >= {least}")
+    return v
+
+
+# pydsa's argument names -> the MTP calls' (sglang's) names, for the errors pydsa's ops raise under them
+_MTP_NAMES = {"kv_score": "kv_score_input", "bank_stride": "state_slot_stride", "ape": "ape", "state": "state"}
 
 
 def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indices, req_to_token, ape, state,
@@ -224,32 +249,43 @@ def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indic
     b*num_verify_tokens.. of kv_score_input) at row req + (k+1) * state_slot_stride; main slots are
     only read. req_to_token is accepted and unused, as in sglang 0.5.23. As there, a bf16 state runs
     in fp32 from draft to draft (each bank entry rounded once)."""
-    if batch_size <= 0:
+    batch_size = _count("batch_size", batch_size, 0)
+    num_verify_tokens = _count("num_verify_tokens", num_verify_tokens, 1)
+    if batch_size == 0:
         return
-    for name, t, n in (("kv_score_input", kv_score_input, batch_size * num_verify_tokens), ("seq_lens", seq_lens,
-                       batch_size), ("req_pool_indices", req_pool_indices, batch_size)):
-        _rows(name, t, n)
+    _rows("kv_score_input", kv_score_input, batch_size * num_verify_tokens)
+    _rows("req_to_token", req_to_token, 0)  # unused, as in sglang, whose kernel takes it as a tensor
+    _indices("seq_lens", seq_lens, batch_size)
+    _indices("req_pool_indices", req_pool_indices, batch_size)
+    _rows("state", state, 1)
     if head_dim is not None and state.shape[-1] != 3 * head_dim:
-        raise ValueError(f"head_dim is {head_dim} but state rows hold {state.shape[-1]} = 3 * {state.shape[-1] // 3}")
+        raise ArgumentValueError("head_dim", f"head_dim is {head_dim} but state rows hold {state.shape[-1]} = 3 * "
+                                             f"{state.shape[-1] // 3}")
     req = _slots(req_pool_indices, batch_size)
-    c128_verify(_state_rows(state), kv_score_input[:batch_size * num_verify_tokens], None, ape, req,
-                _slots(seq_lens, batch_size), bank_indices=req, bank_stride=state_slot_stride,
-                round_between_drafts=state.dtype != torch.bfloat16)
+    try:
+        c128_verify(_state_rows(state), kv_score_input[:batch_size * num_verify_tokens], None, ape, req,
+                    _slots(seq_lens, batch_size), bank_indices=req, bank_stride=state_slot_stride,
+                    round_between_drafts=state.dtype != torch.bfloat16)
+    except ArgumentError as exc:
+        raise _caller_words(exc, _MTP_NAMES) from None
 
 
 def online_c128_mtp_mark_pending(seq_lens, req_pool_indices, pending_seq_lens, batch_size, num_req_slots, *,
                                  head_dim=None, state_dtype=None) -> None:
     """pending_seq_lens[0:num_req_slots] = -1, then pending_seq_lens[req] = seq_lens[b] for the
     batch's requests with 0 <= req < num_req_slots (int64; rows past num_req_slots untouched)."""
-    if batch_size <= 0:
+    batch_size = _count("batch_size", batch_size, 0)
+    num_req_slots = _count("num_req_slots", num_req_slots, 0)
+    if batch_size == 0:
         return
-    for name, t, n in (("seq_lens", seq_lens, batch_size), ("req_pool_indices", req_pool_indices, batch_size),
-                       ("pending_seq_lens", pending_seq_lens, 0)):
-        _rows(name, t, n)
+    _indices("seq_lens", seq_lens, batch_size)
+    _indices("req_pool_indices", req_pool_indices, batch_size)
+    _rows("pending_seq_lens", pending_seq_lens, 0)
     if pending_seq_lens.dtype is not torch.int64:
         raise RuntimeError(f"pending_seq_lens must have dtype int64 (got {pending_seq_lens.dtype})")
     if num_req_slots > pending_seq_lens.shape[0]:
-        raise ValueError(f"num_req_slots {num_req_slots} exceeds pending_seq_lens rows {pending_seq_lens.shape[0]}")
+        raise ArgumentValueError("num_req_slots", f"num_req_slots {num_req_slots} exceeds pending_seq_lens rows "
+                                                  f"{pending_seq_lens.shape[0]}")
     pending = pending_seq_lens[:num_req_slots]
     pending.fill_(-1)
     req = req_pool_indices[:batch_size].to(torch.int64)
@@ -264,11 +300,18 @@ def online_c128_mtp_commit_pending(seq_lens, req_pool_indices, req_to_token, pen
     """For each request with a pending length: accept = clamp(seq_lens[b] - pending, 0,
     num_verify_tokens); bank entry `accept` is copied onto the main slot req unless accept is 0 or
     pending + accept ends a chunk. pending_seq_lens is not cleared."""
-    if batch_size <= 0:
+    batch_size = _count("batch_size", batch_size, 0)
+    num_verify_tokens = _count("num_verify_tokens", num_verify_tokens, 1)
+    num_req_slots = _count("num_req_slots", num_req_slots, 0)
+    if batch_size == 0:
         return
-    for name, t, n in (("seq_lens", seq_lens, batch_size), ("req_pool_indices", req_pool_indices, batch_size),
-                       ("pending_seq_lens", pending_seq_lens, num_req_slots), ("state", state, 1)):
-        _rows(name, t, n)
+    _indices("seq_lens", seq_lens, batch_size)
+    _indices("req_pool_indices", req_pool_indices, batch_size)
+    _rows("req_to_token", req_to_token, 0)  # unused, as in sglang, whose kernel takes it as a tensor
+    _rows("pending_seq_lens", pending_seq_lens, num_req_slots)
+    if pending_seq_lens.dtype is not torch.int64:
+        raise RuntimeError(f"pending_seq_lens must have dtype int64 (got {pending_seq_lens.dtype})")
+    _rows("state", state, 1)
     req = req_pool_indices[:batch_size].to(torch.int64)
     valid = (req >= 0) & (req < num_req_slots)
     before = pending_seq_lens[torch.where(valid, req, 0)]
@@ -276,5 +319,8 @@ def online_c128_mtp_commit_pending(seq_lens, req_pool_indices, req_to_token, pen
     accepted = torch.where(live, (seq_lens[:batch_size].to(torch.int64) - before).clamp(0, num_verify_tokens), 0)
     before = torch.where(live, before, 0)  # not pending: accepted 0, nothing copied
     slots = _slots(req_pool_indices, batch_size)
-    c128_commit(before.to(torch.int32), accepted.to(torch.int32), slots, slots, num_drafts=num_verify_tokens,
-                bank_stride=state_slot_stride, states=[_state_rows(state)])
+    try:
+        c128_commit(before.to(torch.int32), accepted.to(torch.int32), slots, slots, num_drafts=num_verify_tokens,
+                    bank_stride=state_slot_stride, states=[_state_rows(state)])
+    except ArgumentError as exc:
+        raise _caller_words(exc, _MTP_NAMES) from None
