@@ -149,3 +149,28 @@ def test_the_plugin_routes_c4_to_pydsa_and_hands_back_what_is_not_ours():
     assert "fp4 indexer" in sglang_v2.outside_pydsa(128, 4, False, indexer=True)
     with pytest.raises(NotImplementedError, match="offline c128 planner"):
         sglang_v2.CompressorDecodePlan.generate(128, ctx["rpi"], ctx["r2t"], ctx["f2s"], torch.tensor([4]), SWA, 8)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_table_entries_past_their_tables_are_records_the_ops_skip_and_count(device):
+    """Index values are data: a request index outside req_to_token, a token outside full_to_state or a negative
+    SWA slot gives records with ring row -1 (no out-of-bounds read in the planner, on either device); the c4
+    decode over them writes no ring row, entry or cache byte for those requests and counts them."""
+    ctx = _context(device, 3, 300)
+    r2t, f2s = ctx["r2t"].clone(), ctx["f2s"].clone()
+    rpi = torch.tensor([0, 7, 2], dtype=torch.int64, device=device)  # request 1: no row 7 in req_to_token
+    r2t[2, 7] = 10 ** 6                                                # request 2's token: outside full_to_state
+    seq = torch.tensor([8, 8, 8], dtype=torch.int64, device=device)     # every request closes an entry
+    plan = sglang_v2.CompressorDecodePlan.generate(4, rpi, r2t, f2s, seq, SWA, 8)
+    words = plan.plan_d.view(torch.int32).reshape(-1, 4).cpu().tolist()
+    assert words[0][1] >= 0 and words[1][1] == -1 and words[2][1] == -1, words
+    main = pydsa.C4Compressor(ctx["main"]["ring"], ctx["main"]["ape"].reshape(8, 512))
+    before = main.ring.clone()
+    out = torch.full((3, 512), float("nan"), device=device)
+    errors = torch.zeros(1, dtype=torch.int32, device=device)
+    kv = torch.randn(3, 4 * 512, device=device)
+    pydsa.c4_decode(main, kv, records=plan.plan_d, out=out, error_count=errors)
+    assert int(errors.item()) == 2
+    assert torch.isfinite(out[0]).all() and torch.isnan(out[1:]).all()
+    changed = (main.ring != before).any(dim=1).nonzero().flatten().tolist()
+    assert changed == [words[0][1]]

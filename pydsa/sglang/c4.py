@@ -37,14 +37,27 @@ class _Ring(NamedTuple):
     use_req_ring: bool
 
     def rows(self, positions, rid):
-        """Ring rows (int64) of positions (int64, >= 0) of requests rid."""
+        """Ring rows (int64) of positions (int64, >= 0) of requests rid, -1 where the tables cannot address one
+        (rid or a position outside req_to_token, a token outside full_to_state, a negative SWA slot): index
+        values are data, never used to index out of bounds; the ops skip and count a record with row -1."""
         if self.use_req_ring:
-            return rid * self.ring_size + positions % self.ring_size
-        swa = self.full_to_state[self.req_to_token[rid, positions].to(torch.int64)]
-        return torch.div(swa, self.swa_page_size, rounding_mode="floor") * self.ring_size + swa % self.ring_size
+            return torch.where(rid >= 0, rid * self.ring_size + positions % self.ring_size, -1)
+        r2t, f2s = self.req_to_token, self.full_to_state
+        if r2t.dim() != 2 or r2t.numel() == 0 or f2s.numel() == 0:
+            return torch.full_like(positions, -1)
+        ok = (rid >= 0) & (rid < r2t.shape[0]) & (positions >= 0) & (positions < r2t.shape[1])
+        tok = r2t[rid.clamp(0, r2t.shape[0] - 1), positions.clamp(0, r2t.shape[1] - 1)].to(torch.int64)
+        ok &= (tok >= 0) & (tok < f2s.shape[0])
+        swa = f2s.reshape(-1)[tok.clamp(0, f2s.numel() - 1)]
+        ok &= swa >= 0
+        row = torch.div(swa, self.swa_page_size, rounding_mode="floor") * self.ring_size + swa % self.ring_size
+        return torch.where(ok, row, -1)
 
 
 def _check_ring(compress_ratio, swa_page_size, ring_size):
+    for name, v in (("swa_page_size", swa_page_size), ("ring_size", ring_size)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise RuntimeError(f"{name} must be an int (got {type(v).__name__} {v!r})")
     if compress_ratio != RATIO:
         raise ValueError(f"compress_ratio {compress_ratio} is not a c4 plan")
     if ring_size <= 0 or ring_size % RATIO or swa_page_size <= 0 or swa_page_size % ring_size:
@@ -63,6 +76,9 @@ def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_pag
         if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:
             raise RuntimeError(f"{name} must be a {'/'.join(str(d) for d in dtypes)} tensor (got "
                                f"{getattr(t, 'dtype', type(t).__name__)})")
+    if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape[0] != seq_lens.shape[0]:
+        raise RuntimeError(f"req_pool_indices must be [B] with B the length of seq_lens (got "
+                           f"{list(req_pool_indices.shape)} and {list(seq_lens.shape)})")
     seq = seq_lens.to(req_pool_indices.device, torch.int64)
     rid = req_pool_indices
     p1 = (seq - 1).clamp_min(0)
