@@ -115,7 +115,7 @@ cdef object _device(int32_t dev):
 
 
 cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv_name, out, str out_name,
-               int64_t rows, int64_t out_rows, int32_t dev, list keep) except -1:
+               int64_t rows, int64_t out_rows, int32_t dev, list keep, str rows_of, str out_rows_of) except -1:
     """Compressor k of the call (`name`: main or indexer): its described ring, ape and store, and this call's
     input and output."""
     cdef Arg kv, o
@@ -129,13 +129,10 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
     elif comp.ring_dtype != p.ring_dtype:
         raise ArgumentValueError("indexer", f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have "
                                             f"one dtype (main.ring's)")
-    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep,
-           "the rows of drafts" if kv_name.endswith("drafts") else "the rows of kv_score")
+    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep, rows_of)
     o.data = NULL
     if out is not None:
-        tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep,
-               "the rows of plan[0], one per compress record" if p.compress != NULL else
-               "the rows of drafts" if kv_name.endswith("drafts") else "the rows of kv_score")
+        tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep, out_rows_of)
     p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data
@@ -189,12 +186,15 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         out_rows = p.num_compress
     else:
         int_arg(num_drafts, "num_drafts", 1, 16, "")
+    # where each size comes from, for the messages of a size that disagrees (plain literals: no work per call)
+    rows_of = "the rows of drafts" if kind == VERIFY else "the rows of kv_score"
+    out_rows_of = "the rows of plan[0], one per compress record" if kind == EXTEND else rows_of
     _side(p, 0, main, "main", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows, out_rows, dev,
-          keep)
+          keep, rows_of, out_rows_of)
     p.num_compressors = 1
     if indexer is not None:
         _side(p, 1, indexer, "indexer", indexer_kv_score, "indexer_kv_score" if kind != VERIFY else "indexer_drafts",
-              indexer_out, "indexer_out", rows, out_rows, dev, keep)
+              indexer_out, "indexer_out", rows, out_rows, dev, keep, rows_of, out_rows_of)
         p.num_compressors = 2
     if p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL):
         if cache_slots is None:
