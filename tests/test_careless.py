@@ -285,3 +285,56 @@ def test_a_careless_sglang_mtp_argument_is_refused_by_name_and_nothing_is_writte
     assert str(err).startswith(arg) or (how == "one row short" and arg in str(err)), str(err)
     if before is not None:
         assert torch.equal(args[written], before)
+
+
+def _sglang_planners():
+    from pydsa.sglang.compress import CompressorDecodePlan, CompressorPrefillPlan
+
+    def c4_prefill():
+        return dict(compress_ratio=4, req_pool_indices=torch.tensor([0, 1]), seq_lens=torch.tensor([16, 9]),
+                    extend_lens=torch.tensor([6, 9]), req_to_token=torch.arange(1024, dtype=torch.int32).reshape(2, 512),
+                    full_to_state=torch.arange(1280), swa_page_size=256, ring_size=8, num_q_tokens=15)
+
+    def c4_decode():
+        return dict(compress_ratio=4, req_pool_indices=torch.tensor([0, 1]),
+                    req_to_token=torch.arange(1024, dtype=torch.int32).reshape(2, 512), full_to_state=torch.arange(1280),
+                    seq_lens=torch.tensor([5, 9]), swa_page_size=256, ring_size=8)
+
+    def online():
+        return dict(seq_lens=torch.tensor([300, 130]), extend_lens=torch.tensor([300, 129]),
+                    req_pool_indices=torch.tensor([0, 1]), req_to_token=torch.zeros(2, 512, dtype=torch.int32),
+                    num_q_tokens=429)
+    return {"CompressorPrefillPlan.generate": (CompressorPrefillPlan.generate, c4_prefill),
+            "CompressorDecodePlan.generate": (CompressorDecodePlan.generate, c4_decode),
+            "CompressorPrefillPlan.generate_online": (CompressorPrefillPlan.generate_online, online)}
+
+
+def _sglang_planner_cases():
+    for op, (_, make) in _sglang_planners().items():
+        for arg, value in make().items():
+            if arg == "compress_ratio":
+                continue  # another ratio is handed back to sglang (NotImplementedError), by design
+            for how, bad in CARELESS.items():
+                if how in ("int64", "a transposed view") or (how != "None" and bad(value) is None):
+                    continue
+                # valid: the tables' values are data (rows they cannot address are skipped and counted by the
+                # ops); host lengths may be any sequence of ints
+                if (arg in ("req_to_token", "full_to_state") and how == "one row short") or (
+                        op.endswith("online") and arg in ("seq_lens", "extend_lens") and how == "a list"):
+                    continue
+                yield op, arg, how
+
+
+@pytest.mark.parametrize("op,arg,how", list(_sglang_planner_cases()))
+def test_a_careless_sglang_planner_argument_is_refused_by_name(op, arg, how):
+    """pydsa.sglang's planners (sglang's signatures): a careless argument meets sglang's RuntimeError or a
+    pydsa.ArgumentError, naming it (or, shortened, naming it in the message of the size it disagrees with),
+    never an internal exception and never an out-of-bounds read."""
+    fn, make = _sglang_planners()[op]
+    args = make()
+    args[arg] = CARELESS[how](args[arg])
+    with pytest.raises((TypeError, ValueError, RuntimeError)) as caught:
+        fn(**args)
+    err = caught.value
+    assert isinstance(err, pydsa.ArgumentError) or type(err) is RuntimeError, f"{type(err).__name__}: {err}"
+    assert arg in str(err), str(err)

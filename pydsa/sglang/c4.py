@@ -65,17 +65,27 @@ def _check_ring(compress_ratio, swa_page_size, ring_size):
                            f"ring_size a multiple of 4")
 
 
+def _described(x) -> str:
+    return f"{str(x.dtype).replace('torch.', '')} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+
+
+def _check_tables(req_pool_indices, req_to_token, full_to_state):
+    """The tables' kinds (their values are data: _Ring.rows never indexes past them)."""
+    for name, t, dtype, dim in (("req_pool_indices", req_pool_indices, torch.int64, 1),
+                                ("req_to_token", req_to_token, torch.int32, 2),
+                                ("full_to_state", full_to_state, torch.int64, 1)):
+        if not isinstance(t, torch.Tensor) or t.dtype is not dtype or t.dim() != dim:
+            raise RuntimeError(f"{name} must be a {dim}-D {dtype} tensor (got {_described(t)})")
+
+
 def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size: int, ring_size: int,
                 use_req_ring: bool = False) -> torch.Tensor:
     """sglang's c4 decode plan (plan_d uint8 [B, 16]) on the device of req_pool_indices, in a few launches, no
     host synchronization. A seq_len <= 0 gives a padding record (seq_len 0, nothing read or written)."""
     _check_ring(RATIO, swa_page_size, ring_size)
-    for name, t, dtypes in (("req_pool_indices", req_pool_indices, (torch.int64,)), ("seq_lens", seq_lens,
-                            (torch.int64, torch.int32)), ("req_to_token", req_to_token, (torch.int32,)),
-                            ("full_to_state", full_to_state, (torch.int64,))):
-        if not isinstance(t, torch.Tensor) or t.dtype not in dtypes:
-            raise RuntimeError(f"{name} must be a {'/'.join(str(d) for d in dtypes)} tensor (got "
-                               f"{getattr(t, 'dtype', type(t).__name__)})")
+    _check_tables(req_pool_indices, req_to_token, full_to_state)
+    if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int64, torch.int32):
+        raise RuntimeError(f"seq_lens must be a torch.int64/torch.int32 tensor (got {_described(seq_lens)})")
     if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape[0] != seq_lens.shape[0]:
         raise RuntimeError(f"req_pool_indices must be [B] with B the length of seq_lens (got "
                            f"{list(req_pool_indices.shape)} and {list(seq_lens.shape)})")
@@ -116,6 +126,18 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     (int64), its host planner's records (sum of extends == num_q_tokens); with device ones (CUDA graphs,
     target verify), records in request and position order, both lists padded to num_q_tokens rows."""
     _check_ring(RATIO, swa_page_size, ring_size)
+    _check_tables(req_pool_indices, req_to_token, full_to_state)
+    for name, t in (("seq_lens", seq_lens), ("extend_lens", extend_lens)):
+        if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32) or t.dim() != 1 \
+                or t.shape[0] != req_pool_indices.shape[0]:
+            raise RuntimeError(f"{name} must be an int64 or int32 tensor [B] with B the length of req_pool_indices "
+                               f"(got {_described(t)}; req_pool_indices {list(req_pool_indices.shape)})")
+    for name, v in (("use_cuda_graph", use_cuda_graph), ("use_req_ring", use_req_ring)):
+        if v is not True and v is not False:
+            raise RuntimeError(f"{name} must be a bool (got {v!r})")
+    if isinstance(num_q_tokens, bool) or not hasattr(type(num_q_tokens), "__index__") or (
+            isinstance(num_q_tokens, torch.Tensor) and num_q_tokens.dim() != 0):
+        raise RuntimeError(f"num_q_tokens must be an int (got {_described(num_q_tokens)})")
     n = int(num_q_tokens)
     dev = req_pool_indices.device
     host = seq_lens.device.type == "cpu"

@@ -35,7 +35,7 @@ import pyplan
 from .. import _fill_records
 from .._abi import DEFAULT_PDL_FLAG, check as _check_status
 from ..c128 import DevicePlan, c128_decode, c128_prefill
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentValueError
 from ..store import KVCache, kv_store
 from . import c4 as sglang_c4
 
@@ -141,8 +141,11 @@ class CompressorPrefillPlan(NamedTuple):
         """sglang's argument order. seq_lens / extend_lens are read on the host (sglang passes host
         copies); req_pool_indices int64 on the device. In CUDA-graph mode pydsa's records live in a
         DevicePlan that copy_ refreshes, so a captured compress_forward reads the new plan."""
-        seq, ext = _host_int64(seq_lens), _host_int64(extend_lens)
-        n, b = int(num_q_tokens), int(seq.shape[0])
+        seq, ext = _host_int64(seq_lens, "seq_lens"), _host_int64(extend_lens, "extend_lens")
+        n, b = _length("num_q_tokens", num_q_tokens), int(seq.shape[0])
+        if ext.shape[0] != b:  # as the planner says it
+            raise ArgumentValueError("extend_lens", f"extend_lens has {ext.shape[0]} entries but seq_lens has {b} (B: "
+                                                    f"the length of seq_lens)")
         if not isinstance(req_pool_indices, torch.Tensor) or req_pool_indices.dim() != 1 \
                 or req_pool_indices.dtype not in (torch.int64, torch.int32):
             raise RuntimeError(f"req_pool_indices must be a 1-D int64 tensor (got {_described(req_pool_indices)})")
@@ -150,8 +153,8 @@ class CompressorPrefillPlan(NamedTuple):
             raise RuntimeError(f"req_pool_indices has {req_pool_indices.shape[0]} entries but seq_lens has {b}")
         if state_slot_offset < 0:
             raise RuntimeError(f"state_slot_offset must be >= 0 (got {state_slot_offset})")
-        if req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
-            raise RuntimeError("req_to_token must be a 2-D int32 tensor")
+        if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
+            raise RuntimeError(f"req_to_token must be a 2-D int32 tensor (got {_described(req_to_token)})")
         total = int(ext.sum())
         if n != total and not use_cuda_graph:
             raise RuntimeError(f"num_q_tokens is {n} but the extends sum to {total} (sglang's planner refuses this "
@@ -194,11 +197,29 @@ def _described(x) -> str:
     return type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
 
 
-def _host_int64(t) -> np.ndarray:
-    """A host int64 array of a length list (a CPU int64 tensor is read in place)."""
+def _host_int64(t, name: str) -> np.ndarray:
+    """A host int64 array of a length list (a CPU int64 tensor is read in place): a 1-D integer tensor, array or
+    sequence of ints; anything else is refused by name (sglang's RuntimeError)."""
     if type(t) is torch.Tensor and t.dtype is torch.int64 and t.device.type == "cpu" and t.is_contiguous():
         return t.numpy()
-    return np.ascontiguousarray(torch.as_tensor(t).detach().to(torch.int64).cpu().numpy())
+    try:
+        a = torch.as_tensor(t).detach()
+    except (TypeError, ValueError, RuntimeError):
+        a = None
+    if a is None or t is None or isinstance(t, (str, bytes)) or a.dim() != 1 or a.is_floating_point() \
+            or a.dtype is torch.bool or a.is_complex():
+        raise RuntimeError(f"{name} must be a 1-D integer tensor or sequence of lengths (got {_described(t)})")
+    return np.ascontiguousarray(a.to(torch.int64).cpu().numpy())
+
+
+def _length(name: str, x) -> int:
+    """A count (num_q_tokens): an int >= 0, not a bool, a float or a string; sglang's RuntimeError otherwise."""
+    if isinstance(x, bool) or not hasattr(type(x), "__index__") or isinstance(x, torch.Tensor) and x.dim() != 0:
+        raise RuntimeError(f"{name} must be an int (got {_described(x)})")
+    v = int(x)
+    if v < 0:
+        raise RuntimeError(f"{name} is {v}; expected >= 0")
+    return v
 
 
 def _plan_of(plan):
