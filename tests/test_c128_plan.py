@@ -43,15 +43,18 @@ def check_chunk_vectors(out, seq, ext, stream, ape):
     assert int((~torch.isnan(got[:, 0])).sum()) == len(compress)
 
 
+def _replan_rig(d, seed, max_tokens, batch, slots, device):
+    """What a re-planning test starts from: the token stream and ape (host) of `seed`, a DevicePlan of
+    max_tokens tokens and `batch` requests, and a poisoned state of `slots` slots."""
+    return (TokenStream(d, seed), ape_for(d, seed).numpy(), pydsa.DevicePlan(max_tokens, batch, device=device),
+            torch.full((slots, 1, 3 * d), POISON, device=device))
+
+
 def test_device_plan_reused_across_replans(device):
     """A DevicePlan padded to its capacity: re-plan with other lengths, launch the prepared op
     again (no re-validation) and get the right chunk vectors; the work follows real counts."""
-    d = 128
-    stream = TokenStream(d, 11)
-    ape = ape_for(d, 11).numpy()
-    max_tokens = 1024
-    plan = pydsa.DevicePlan(max_tokens, 4, device=device)
-    state = torch.full((6, 1, 3 * d), POISON, device=device)
+    d, max_tokens = 128, 1024
+    stream, ape, plan, state = _replan_rig(d, 11, max_tokens, 4, 6, device)
     kv = torch.zeros(max_tokens, 2 * d, device=device)
     out = torch.full((max_tokens, d), POISON, device=device)
     idx = torch.tensor([4, 1, 2, 0], dtype=torch.int32, device=device)
@@ -63,13 +66,8 @@ def test_device_plan_reused_across_replans(device):
 @pytest.mark.gpu
 def test_cuda_graph_capture_once_replan_and_replay():
     """Capture prefill once; re-plan with other lengths outside the graph; replay; compare."""
-    d = 256
-    stream = TokenStream(d, 5)
-    ape = ape_for(d, 5).numpy()
-    dev = torch.device("cuda")
-    max_tokens = 2048
-    plan = pydsa.DevicePlan(max_tokens, 3, device=dev)
-    state = torch.full((3, 1, 3 * d), POISON, device=dev)
+    d, max_tokens, dev = 256, 2048, torch.device("cuda")
+    stream, ape, plan, state = _replan_rig(d, 5, max_tokens, 3, 3, dev)
     kv = torch.zeros(max_tokens, 2 * d, device=dev)
     out = torch.full((max_tokens, d), POISON, device=dev)
     idx = torch.tensor([2, 0, 1], dtype=torch.int32, device=dev)
@@ -194,13 +192,8 @@ def test_upload_plan_refuses_bad_input_and_writes_nothing(device, change, status
 def test_replans_queued_behind_gpu_work_each_reach_their_own_launch():
     """Re-plans and prefills queued far ahead of the GPU (behind a long sleep, nothing waited on)
     each run on their own plan: stream order alone carries every plan to its launch."""
-    d = 128
-    token_stream = TokenStream(d, 21)
-    ape = ape_for(d, 21).numpy()
-    dev = torch.device("cuda")
-    max_tokens = 1024
-    plan = pydsa.DevicePlan(max_tokens, 3, device=dev)
-    state = torch.full((3, 1, 3 * d), POISON, device=dev)
+    d, max_tokens, dev = 128, 1024, torch.device("cuda")
+    token_stream, ape, plan, state = _replan_rig(d, 21, max_tokens, 3, 3, dev)
     idx = torch.tensor([1, 2, 0], dtype=torch.int32, device=dev)
     ape_dev = torch.from_numpy(ape).to(dev)
     schedule = ([300, 5, 128], [200, 300, 1], [1, 250, 127], [600, 2, 129], [128, 128, 128])

@@ -25,8 +25,6 @@ conventions (docs/spec.md, metadata copy where they agree):
 """
 from __future__ import annotations
 
-import operator
-
 import torch
 
 import pyplan
@@ -37,6 +35,7 @@ from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..c128 import c128_decode, c128_prefill
 from ..metadata import MetadataCopy
 from ..speculative import c128_commit, c128_verify
+from ._args import count_of
 from .c4 import layer as c4_layer
 from .compress import (CompressorDecodePlan, CompressorPrefillPlan, _caller_words, compress_forward,
                         compress_forward_and_store, compress_norm_rope_store, memo)
@@ -230,10 +229,10 @@ def _indices(name: str, t, n: int) -> None:
 
 
 def _count(name: str, x, least: int) -> int:
-    """x as an int >= least: a Python or numpy integer, not a bool or a float."""
-    if isinstance(x, bool) or not hasattr(type(x), "__index__") or isinstance(x, torch.Tensor):
+    """x as an int >= least (_args.count_of: never a bool, a float or a string)."""
+    v = count_of(x)
+    if v is None:
         raise ArgumentTypeError(name, f"{name} must be an int (got {type(x).__name__} {x!r})")
-    v = operator.index(x)
     if v < least:
         raise ArgumentValueError(name, f"{name} is {v}; expected >= {least}")
     return v

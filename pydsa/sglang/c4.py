@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from ..c4 import C4Compressor, c4_decode, c4_extend
+from ._args import count_of, described as _described
 
 WINDOW, RATIO = 8, 4
 MAX_TOKENS = 65536
@@ -56,17 +57,13 @@ class _Ring(NamedTuple):
 
 def _check_ring(compress_ratio, swa_page_size, ring_size):
     for name, v in (("swa_page_size", swa_page_size), ("ring_size", ring_size)):
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise RuntimeError(f"{name} must be an int (got {type(v).__name__} {v!r})")
+        if count_of(v) is None:
+            raise RuntimeError(f"{name} must be an int (got {_described(v)} {v!r})")
     if compress_ratio != RATIO:
         raise ValueError(f"compress_ratio {compress_ratio} is not a c4 plan")
     if ring_size <= 0 or ring_size % RATIO or swa_page_size <= 0 or swa_page_size % ring_size:
         raise RuntimeError(f"swa_page_size ({swa_page_size}) must be a multiple of ring_size ({ring_size}), and "
                            f"ring_size a multiple of 4")
-
-
-def _described(x) -> str:
-    return f"{str(x.dtype).replace('torch.', '')} {list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 def _check_tables(req_pool_indices, req_to_token, full_to_state):
@@ -135,10 +132,9 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     for name, v in (("use_cuda_graph", use_cuda_graph), ("use_req_ring", use_req_ring)):
         if v is not True and v is not False:
             raise RuntimeError(f"{name} must be a bool (got {v!r})")
-    if isinstance(num_q_tokens, bool) or not hasattr(type(num_q_tokens), "__index__") or (
-            isinstance(num_q_tokens, torch.Tensor) and num_q_tokens.dim() != 0):
+    n = count_of(num_q_tokens)
+    if n is None:
         raise RuntimeError(f"num_q_tokens must be an int (got {_described(num_q_tokens)})")
-    n = int(num_q_tokens)
     dev = req_pool_indices.device
     host = seq_lens.device.type == "cpu"
     seq, ext = seq_lens.to(torch.int64), extend_lens.to(torch.int64)

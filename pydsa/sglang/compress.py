@@ -38,6 +38,7 @@ from ..c128 import DevicePlan, c128_decode, c128_prefill
 from ..errors import ArgumentError, ArgumentValueError
 from ..store import KVCache, kv_store
 from . import c4 as sglang_c4
+from ._args import count_of, described as _described
 
 _decode_records = _fill_records.decode_records
 _prefill_records = _fill_records.prefill_records
@@ -189,12 +190,7 @@ class CompressorPrefillPlan(NamedTuple):
         return False
 
 
-def _described(x) -> str:
-    """What the caller passed, in its own terms: a tensor's dtype, shape and device, else its type."""
-    if isinstance(x, torch.Tensor):
-        return f"{str(x.dtype).replace('torch.', '')} {list(x.shape)} on {x.device}"
-    module = type(x).__module__
-    return type(x).__name__ if module == "builtins" else f"{module}.{type(x).__name__}"
+_INTEGER_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
 
 def _host_int64(t, name: str) -> np.ndarray:
@@ -206,17 +202,16 @@ def _host_int64(t, name: str) -> np.ndarray:
         a = torch.as_tensor(t).detach()
     except (TypeError, ValueError, RuntimeError):
         a = None
-    if a is None or t is None or isinstance(t, (str, bytes)) or a.dim() != 1 or a.is_floating_point() \
-            or a.dtype is torch.bool or a.is_complex():
+    if a is None or a.dim() != 1 or a.dtype not in _INTEGER_DTYPES:
         raise RuntimeError(f"{name} must be a 1-D integer tensor or sequence of lengths (got {_described(t)})")
     return np.ascontiguousarray(a.to(torch.int64).cpu().numpy())
 
 
 def _length(name: str, x) -> int:
     """A count (num_q_tokens): an int >= 0, not a bool, a float or a string; sglang's RuntimeError otherwise."""
-    if isinstance(x, bool) or not hasattr(type(x), "__index__") or isinstance(x, torch.Tensor) and x.dim() != 0:
+    v = count_of(x)
+    if v is None:
         raise RuntimeError(f"{name} must be an int (got {_described(x)})")
-    v = int(x)
     if v < 0:
         raise RuntimeError(f"{name} is {v}; expected >= 0")
     return v
