@@ -210,16 +210,6 @@ PDL_DEFAULT = _pdl_everywhere()
 DEFAULT_PDL_FLAG = FLAG_PDL if PDL_DEFAULT else 0
 
 
-def pdl_flag(pdl) -> int:
-    """The launch flag of every op's `pdl` argument: FLAG_PDL for True, 0 for False, None: PDL_DEFAULT
-    (each op's default is None or False, as its docstring says)."""
-    if pdl is None:
-        return DEFAULT_PDL_FLAG
-    if pdl is True or pdl is False:
-        return FLAG_PDL if pdl else 0
-    raise TypeError(f"pdl must be True, False or None (got {pdl!r})")
-
-
 class DsaError(RuntimeError):
     """A libdsa_kernels call returned a non-OK status; the message is dsa_last_error()."""
 

@@ -12,6 +12,7 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
     int DSA_STRUCT_DECODE_PARAMS
     int DSA_STRUCT_PREFILL_PARAMS
     int DSA_STRUCT_PLAN_UPLOAD_PARAMS
+    int DSA_FLAG_NO_COOPERATIVE
     ctypedef struct dsa_c128_decode_params:
         uint32_t struct_size
         uint32_t flags
@@ -78,12 +79,37 @@ cdef int OP_UPLOAD = declare_op("upload", "dsa_c128_upload_plan", DSA_STRUCT_PLA
 
 # ---- decode -----------------------------------------------------------------------------------
 
+def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
+                stream=None, pdl=None, error_count=None):
+    """One new token per request (docs/spec.md, decode). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
+    out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
+    int32 (one slot per live row: two rows updating one slot race on the GPU), seq_lens [B] int32
+    (<= 0: padding); or, with seq_lens None, `indices` holds one 16-byte record per request, int32
+    [B, 4] or uint8 [B, 16]: {seq_len, slot, load slot, unused} (sglang 0.5.23's decode plan records,
+    read in place). load_indices [B] int32: the slot each request's state is read from (e.g. the
+    accepted bank entry that c128_commit resolved; negative: not held on this GPU, skipped); the
+    new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
+    vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
+    launches with programmatic dependent launch where every compiled architecture supports it."""
+    status = _decode(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
+                     cache_slots=cache_slots, stream=stream, flags=pdl_flag(pdl), error_count=error_count, into=0)
+    if status:
+        raise_status(status)
+
+
 def decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
-           stream=None, uint32_t flags=0, error_count=None, uintptr_t into=0):
-    """The c128 decode (pydsa.c128_decode's arguments, pdl as `flags`): checks every argument (a wrong one
-    raises, naming it) and fills the params, then launches them and returns the library's status; or, with
-    `into` (the address of a params buffer: a prepared call), writes them there and returns (device, the
-    views the params point into) without launching. Nothing is written when an argument is wrong."""
+           pdl=None, error_count=None, uintptr_t into):
+    """C128Decode's fill: c128_decode's arguments judged and its params written at `into` (a prepared call's
+    params buffer); returns (device, the views the params point into)."""
+    return _decode(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
+                   cache_slots=cache_slots, stream=None, flags=pdl_flag(pdl), error_count=error_count, into=into)
+
+
+cdef object _decode(state, kv_score, out, ape, indices, seq_lens, load_indices, store, cache_slots, stream,
+                    uint32_t flags, error_count, uintptr_t into):
+    """The decode's one fill: judges every argument (a wrong one raises, naming it) and fills the params, then
+    launches them and returns the library's status; or, with `into`, writes them there and returns (device,
+    the views the params point into) without launching. Nothing is written when an argument is wrong."""
     cdef dsa_c128_decode_params p
     cdef Arg st, kv, o, ap, ix, sl, lx
     cdef int32_t sdt
@@ -190,12 +216,48 @@ cdef object _device(int32_t dev):
     return "cpu" if dev < 0 else f"cuda:{dev}"
 
 
+def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
+                 cache_slots=None, stream=None, pdl=None, error_count=None, cooperative=True):
+    """Many new tokens per request (docs/spec.md, prefill). kv_score [N,2D] ragged; indices / load_indices [B]
+    int32 (requests that store a trailing partial need distinct `indices`: stores into one slot
+    race on the GPU); plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
+    out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
+    row i for compress record i (C = the plan's compress capacity; docs/spec.md, the state, output layouts).
+    cooperative=False: never the one cooperative launch a small eager pyplan plan takes, always
+    ordinary launches (for engines that run kernels on other streams alongside: a cooperative grid
+    waits until all its blocks fit; and for device-bound eager steps: the ordinary launches cost
+    more host time but, for plans of many whole chunks, less device time).
+    store / cache_slots (int64 [N], the slot of the vector a ragged row closes): store every closed
+    vector into a pydsa.KVCache as well, in the same call (on the GPU by a store launch behind the
+    prefill's own, reading the vectors from out); `out` may then be None (the call then takes out rows
+    of its own from torch's allocator)."""
+    status = _prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact,
+                      store=store, cache_slots=cache_slots, stream=stream, flags=_prefill_flags(pdl, cooperative),
+                      error_count=error_count, into=0)
+    if status:
+        raise_status(status)
+
+
 def prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
-            cache_slots=None, stream=None, uint32_t flags=0, error_count=None, uintptr_t into=0):
-    """The c128 prefill (pydsa.c128_prefill's arguments; pdl and cooperative as `flags`): checks, fills and
-    launches (the library's status), or with `into` fills a prepared call's params there and returns
-    (device, the buffers the params point into besides the arguments: views, a storing prefill's own out
-    rows). Nothing is written when an argument is wrong."""
+            cache_slots=None, pdl=None, error_count=None, cooperative=True, uintptr_t into):
+    """C128Prefill's fill: c128_prefill's arguments judged and its params written at `into`; returns (device,
+    the buffers the params point into besides the arguments: views, a storing prefill's own out rows)."""
+    return _prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact,
+                    store=store, cache_slots=cache_slots, stream=None, flags=_prefill_flags(pdl, cooperative),
+                    error_count=error_count, into=into)
+
+
+cdef uint32_t _prefill_flags(pdl, cooperative) except? 0xFFFFFFFF:
+    if cooperative is not True and cooperative is not False:
+        raise ArgumentTypeError("cooperative", f"cooperative must be a bool (got {cooperative!r})")
+    return pdl_flag(pdl) | (0 if cooperative else DSA_FLAG_NO_COOPERATIVE)
+
+
+cdef object _prefill(state, kv_score, out, ape, indices, plan, load_indices, compact, store, cache_slots, stream,
+                     uint32_t flags, error_count, uintptr_t into):
+    """The prefill's one fill: judges, fills and launches (the library's status), or with `into` fills the
+    params there and returns (device, the buffers the params point into besides the arguments). Nothing is
+    written when an argument is wrong."""
     cdef dsa_c128_prefill_params p
     cdef Arg st, kv, o, ap, ix, lx
     cdef const void* store_address

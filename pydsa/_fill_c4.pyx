@@ -48,7 +48,6 @@ cdef int OP_C4_EXTEND = declare_op("c4_extend", "dsa_c4_extend", DSA_STRUCT_C4_P
 cdef int OP_C4_VERIFY = declare_op("c4_verify", "dsa_c4_verify", DSA_STRUCT_C4_PARAMS, sizeof(dsa_c4_params))
 cdef int[3] _C4_OPS = [OP_C4_DECODE, OP_C4_EXTEND, OP_C4_VERIFY]
 
-REJECT_ALL = DSA_FLAG_C4_REJECT_ALL
 
 cdef enum:
     DECODE = 0
@@ -238,17 +237,73 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
     return 0
 
 
-def c4(int kind, *, main, kv_score, out=None, indexer=None, indexer_kv_score=None, indexer_out=None, records=None,
-       write=None, seq_lens=None, slots=None, ring_size=None, num_drafts=None, cache_slots=None, stream=None,
-       uint32_t flags=0, error_count=None, uintptr_t into=0):
-    """A c4 op (kind 0 decode, 1 extend, 2 verify; pydsa.c4_*'s arguments, pdl as `flags`): checks, fills and
-    launches (the library's status), or with `into` fills a prepared call's params there and returns
-    (device, the views the params point into). Nothing is written when an argument is wrong."""
+def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
+              slots=None, ring_size=None, out=None, indexer_out=None, cache_slots=None, stream=None, pdl=None,
+              error_count=None):
+    """One decode step of a c4 layer: kv_score [B, 4D] (and indexer_kv_score [B, 4 * 128]) hold each
+    request's new token. Its row goes to the ring; a request whose length (with the token) is a multiple
+    of 4 closes an entry: written to out [B, D] (optional) and stored at cache_slots[b] (int64 [B]) into
+    each compressor's store, rotary row seq_len - 4. One launch for both compressors.
+
+    Rows: records= (uint8 [B, 16], sglang's decode records: seq_len, write row, previous and current
+    group; seq_len 0 is padding), or seq_lens= (int32 [B], with the new token; <= 0 padding), slots=
+    (int32 [B]; negative: not held here) and ring_size= for pydsa's request-scoped ring."""
     cdef dsa_c4_params p
-    cdef list keep = [] if into else None
-    _fill(&p, kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, write, seq_lens, slots,
-          ring_size, num_drafts, cache_slots, flags, error_count, keep)
-    if into:
-        (<dsa_c4_params*>into)[0] = p
-        return p.device, keep
-    return launch(_C4_OPS[kind], &p, p.device, stream)
+    _fill(&p, DECODE, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, None, seq_lens, slots,
+          ring_size, None, cache_slots, pdl_flag(pdl), error_count, None)
+    _launch(&p, DECODE, stream)
+
+
+def c4_extend(main, kv_score, plan, *, indexer=None, indexer_kv_score=None, out=None, indexer_out=None,
+              cache_slots=None, stream=None, pdl=None, error_count=None):
+    """New tokens of a c4 layer at ragged rows of kv_score [N, 4D] (N <= 65536): plan = (compress uint8
+    [C, 16], write uint8 [W, 8]) on the op's device (sglang's records, or pyplan.plan_c4's). Compress
+    record i closes an entry: out [C, D] row i (optional) and stored at cache_slots[its ragged row]
+    (int64 [N]); then each write record copies its input row into the ring."""
+    cdef dsa_c4_params p
+    try:
+        compress, write = plan
+    except (TypeError, ValueError):
+        raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
+                                        f"{type(plan).__name__})") from None
+    _fill(&p, EXTEND, main, kv_score, out, indexer, indexer_kv_score, indexer_out, compress, write, None, None,
+          None, None, cache_slots, pdl_flag(pdl), error_count, None)
+    _launch(&p, EXTEND, stream)
+
+
+def c4_verify(main, drafts, seq_lens, slots, *, num_drafts, ring_size, indexer=None, indexer_drafts=None,
+              out=None, indexer_out=None, cache_slots=None, reject_all=False, stream=None, pdl=None,
+              error_count=None):
+    """V = num_drafts drafts per request over pydsa's request-scoped ring: drafts [B * V, 4D], draft j of
+    request b at row b * V + j, at position seq_lens[b] + j (seq_lens int32 [B]: committed length; < 0
+    padding). Entries the drafts close go to out [B * V, D] at the closing draft's row and are stored at
+    cache_slots[that row]; every draft's row is written to the ring. No commit: the next decode or extend
+    starts at the first rejected position and overwrites the rejected rows. V is at most
+    c4_max_drafts(ring_size, reject_all=...); a larger V is refused, naming the bound."""
+    cdef dsa_c4_params p
+    if reject_all is not True and reject_all is not False:
+        raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
+    _fill(&p, VERIFY, main, drafts, out, indexer, indexer_drafts, indexer_out, None, None, seq_lens, slots,
+          ring_size, num_drafts, cache_slots, pdl_flag(pdl) | (DSA_FLAG_C4_REJECT_ALL if reject_all else 0),
+          error_count, None)
+    _launch(&p, VERIFY, stream)
+
+
+cdef int _launch(const dsa_c4_params* p, int kind, stream) except -1:
+    cdef int status = launch(_C4_OPS[kind], p, p.device, stream)
+    if status:
+        raise_status(status)
+    return 0
+
+
+def decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
+           slots=None, ring_size=None, out=None, indexer_out=None, cache_slots=None, pdl=None, error_count=None,
+           uintptr_t into):
+    """C4Decode's fill: c4_decode's arguments judged and its params written at `into`; returns (device, the
+    views the params point into)."""
+    cdef dsa_c4_params p
+    cdef list keep = []
+    _fill(&p, DECODE, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, None, seq_lens, slots,
+          ring_size, None, cache_slots, pdl_flag(pdl), error_count, keep)
+    (<dsa_c4_params*>into)[0] = p
+    return p.device, keep

@@ -11,6 +11,7 @@ from pydsa.errors import ArgumentTypeError, ArgumentValueError
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_VERIFY_PARAMS
     int DSA_STRUCT_COMMIT_PARAMS
+    int DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS
     ctypedef struct dsa_c128_verify_params:
         uint32_t struct_size
         uint32_t flags
@@ -62,12 +63,43 @@ cdef enum:
     STACK_LAYERS = 256  # a one-shot copying commit's layer pointers live on the C stack up to this many
 
 
+def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1, verify_lens=None,
+                store=None, cache_slots=None, stream=None, pdl=None, error_count=None, round_between_drafts=True):
+    """Runs each request's drafts through the decode arithmetic (docs/spec.md, speculative decoding) and stores the state after
+    every draft prefix in the bank; main slots are never written.
+
+    state [S,1,3D] f32 or bf16 (the bank is slots of it); kv_score [B*V,2D] f32, draft j of request b
+    at row b*V+j (V = rows / B, 1..16); out [B*V,D] f32 or None: a chunk closed by draft j goes to row
+    b*V+j, other rows untouched; ape [128,D]; indices [B] int32: slot holding the state after seq
+    tokens (read when seq is not a multiple of 128); seq_lens [B] int32: committed length before the
+    drafts (< 0: padding; 0: a request with no committed tokens); bank_indices [B] int32: slot of bank
+    entry 0, entry j at + j*bank_stride; verify_lens [B] int32: drafts of each request (0..V), default V.
+    store: a pydsa.KVCache that the vector a draft closes is stored into, at cache_slots[b*V+j] (int64
+    [B*V]); an engine ignores the entries of rejected drafts. Nothing with B == 0 rows.
+    round_between_drafts False (bf16 state only): the running state stays fp32 from draft to draft,
+    each bank entry rounded once, as sglang 0.5.23 keeps it; by default it is rounded as a decode's
+    store rounds it, so a verified token leaves exactly the state a decoded one would."""
+    status = _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices=bank_indices, bank_stride=bank_stride,
+                     verify_lens=verify_lens, store=store, cache_slots=cache_slots, stream=stream, flags=pdl_flag(pdl),
+                     round_between_drafts=round_between_drafts, error_count=error_count, into=0)
+    if status:
+        raise_status(status)
+
+
 def verify(state, kv_score, out, ape, indices, seq_lens, *, bank_indices, bank_stride=1, verify_lens=None,
-           store=None, cache_slots=None, stream=None, uint32_t flags=0, error_count=None, uintptr_t into=0):
-    """The c128 verify (pydsa.c128_verify's arguments; pdl and round_between_drafts as `flags`): checks, fills
-    and launches (the library's status; B = 0 is a no-op), or with `into` fills a prepared call's params
-    there and returns (device, the views the params point into). Nothing is written when an argument is
-    wrong."""
+           store=None, cache_slots=None, pdl=None, error_count=None, round_between_drafts=True, uintptr_t into):
+    """C128Verify's fill: c128_verify's arguments judged and its params written at `into`; returns (device,
+    the views the params point into)."""
+    return _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices=bank_indices, bank_stride=bank_stride,
+                   verify_lens=verify_lens, store=store, cache_slots=cache_slots, stream=None, flags=pdl_flag(pdl),
+                   round_between_drafts=round_between_drafts, error_count=error_count, into=into)
+
+
+cdef object _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, store,
+                    cache_slots, stream, uint32_t flags, round_between_drafts, error_count, uintptr_t into):
+    """The verify's one fill: judges, fills and launches (the library's status; B = 0 is a no-op), or with
+    `into` fills the params there and returns (device, the views the params point into). Nothing is
+    written when an argument is wrong."""
     cdef dsa_c128_verify_params p
     cdef list keep = [] if into else None
     cdef Arg st, kv, o, ap, ix, sl, bk, vl
@@ -75,7 +107,14 @@ def verify(state, kv_score, out, ape, indices, seq_lens, *, bank_indices, bank_s
     cdef const int64_t* slots
     cdef int32_t sdt
     cdef uint32_t* errors
+    if round_between_drafts is not True and round_between_drafts is not False:
+        raise ArgumentTypeError("round_between_drafts", f"round_between_drafts must be a bool (got {round_between_drafts!r})")
     state_arg(state, &st, &sdt, "state", keep)
+    if not round_between_drafts:
+        if sdt != DSA_STATE_BFLOAT16:
+            raise ArgumentValueError("round_between_drafts", f"round_between_drafts=False applies to a bf16 state only "
+                                     f"(state is {state.dtype}: its running state is fp32 already)")
+        flags |= DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3
     tensor(seq_lens, &sl, "seq_lens", I32, dev, 1, ANY, ANY, keep)
@@ -197,14 +236,41 @@ cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity
     return 0
 
 
+def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
+                load_indices=None, num_slots=2**31 - 1, states=None, stream=None, pdl=False, error_count=None):
+    """Commits the accepted drafts of a verify step (docs/spec.md, speculative decoding), with no host synchronization.
+
+    seq_lens, indices, bank_indices, bank_stride, verify_lens: as given to c128_verify; accepted [B]
+    int32: drafts accepted (clamped to 0..v_b). Either load_indices [B] int32 (may be `indices`
+    itself): written with the slot holding each request's state after seq + a_b tokens, for every
+    layer at once (num_slots: rows of the state buffers, for the range check); or states, a list of
+    state buffers alike: the accepted bank entry is copied onto indices[b] in every one, in one
+    launch per 64 layers."""
+    status = _commit(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
+                     verify_lens=verify_lens, load_indices=load_indices, num_slots=num_slots, states=states,
+                     stream=stream, flags=pdl_flag(pdl), error_count=error_count, into=0, layers=0, capacity=0)
+    if status:
+        raise_status(status)
+
+
 def commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
-           load_indices=None, num_slots=2**31 - 1, states=None, stream=None, uint32_t flags=0, error_count=None,
-           uintptr_t into=0, uintptr_t layers=0, int64_t capacity=0):
-    """The c128 commit, either form (pydsa.c128_commit's arguments, pdl as `flags`): load_indices (the slots
-    to resolve; num_slots bounds them) or states (a list of state buffers alike). Checks, fills and launches
-    (the library's status), or with `into` fills a prepared call's params there (a copying commit's layer
-    pointers into `layers`, room for `capacity`) and returns (device, the views the params point into).
-    Nothing is written when an argument is wrong."""
+           load_indices=None, num_slots=2**31 - 1, states=None, pdl=False, error_count=None, uintptr_t into,
+           uintptr_t layers, int64_t capacity):
+    """C128Commit's fill: c128_commit's arguments judged and its params written at `into` (a copying commit's
+    layer pointers into `layers`, room for `capacity`); returns (device, the views the params point into)."""
+    return _commit(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
+                   verify_lens=verify_lens, load_indices=load_indices, num_slots=num_slots, states=states,
+                   stream=None, flags=pdl_flag(pdl), error_count=error_count, into=into, layers=layers,
+                   capacity=capacity)
+
+
+cdef object _commit(seq_lens, accepted, indices, bank_indices, num_drafts, bank_stride, verify_lens, load_indices,
+                    num_slots, states, stream, uint32_t flags, error_count, uintptr_t into, uintptr_t layers,
+                    int64_t capacity):
+    """The commit's one fill, either form: load_indices (the slots to resolve; num_slots bounds them) or
+    states (a list of state buffers alike). Judges, fills and launches (the library's status), or with
+    `into` fills the params there and returns (device, the views the params point into). Nothing is
+    written when an argument is wrong."""
     cdef dsa_c128_commit_params p
     cdef void* stack[STACK_LAYERS]
     cdef void** table = <void**>layers

@@ -28,12 +28,31 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
 cdef int OP_STORE = declare_op("store", "dsa_kv_store", DSA_STRUCT_KV_STORE_PARAMS, sizeof(dsa_kv_store_params))
 
 
+def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=False, ratio=128, stream=None, pdl=None,
+             error_count=None):
+    """Stores vectors [N, D] float32 into `cache` (a pydsa.KVCache): vector i at cache slot cache_slots[i]
+    (int64 [N]; negative: skipped; past the cache: skipped and counted) with rotary row positions[i]
+    (int32 [N], its chunk's first position; outside the table: skipped and counted).
 
-def store(vectors, positions, cache_slots, cache, *, records=None, extend=False, int32_t ratio=128, stream=None,
-          uint32_t flags=0, error_count=None):
-    """One-shot store of vectors [N, D] into a KVCache (pydsa.kv_store's arguments, pdl as `flags`): the
-    library's status (a wrong argument raises, naming it). With records (uint8 [M, 16], M <= N), positions
-    and slots come from them."""
+    With records (uint8 [M, 16], M <= N: sglang 0.5.23's plan records) and positions None, vector i's
+    position and slot come from records[i] (docs/spec.md, the store): decode records (extend False) store
+    row i when its seq_len is a positive multiple of 128, at cache_slots[i]; extend records store every
+    record but padding, at cache_slots[its ragged row]; the position is seq_len - 128. ratio=4: a c4
+    layer's records (decode rows stored when seq_len is a positive multiple of 4; position seq_len - 4).
+
+    A cache of layout "indexer" takes the c4 indexer's store (D = 128)."""
+    if type(ratio) is not int or (ratio != 4 and ratio != 128):
+        raise ArgumentValueError("ratio", f"ratio must be 128 (c128 records) or 4 (c4 records) (got {ratio!r})")
+    cdef int status = _store(vectors, positions, cache_slots, cache, records, extend, ratio, stream, pdl_flag(pdl),
+                             error_count)
+    if status:
+        raise_status(status)
+
+
+cdef int _store(vectors, positions, cache_slots, cache, records, extend, int32_t ratio, stream, uint32_t flags,
+                error_count) except? -9:
+    """The store's fill: judges every argument (a wrong one raises, naming it), fills the params and launches
+    them (the library's status). With records, positions and slots come from them."""
     cdef dsa_kv_store_params p
     cdef Arg v, ps, cs, rc
     cdef uint32_t* errors

@@ -14,7 +14,7 @@ import torch
 import pyplan
 
 from . import _read, _tensors
-from ._abi import check as check_status, lib
+from ._abi import PDL_DEFAULT, check as check_status, lib
 
 
 
@@ -30,7 +30,7 @@ _read.init(tensor_type=torch.Tensor,
                        uint8=torch.uint8),
            raw_stream=getattr(torch._C, "_cuda_getCurrentRawStream", None), resolve=_entry,
            struct_size=lib.dsa_struct_size, messages=_tensors, ndarray_type=np.ndarray,
-           record_lists=pyplan.record_lists)
+           record_lists=pyplan.record_lists, pdl_default=PDL_DEFAULT, status_error=check_status)
 SIZES = _read.SIZES
 """Bytes of each op's params, by op name (the op table's, as the fillers declared them)."""
 OPS = _read.OPS

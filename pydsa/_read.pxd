@@ -5,6 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 
 cdef extern from "dsa_kernels.h":
     int DSA_ABI_VERSION
+    int DSA_FLAG_PDL
     int DSA_FLAG_HOST_PLAN
     int DSA_FLAG_DECODE_RECORDS
     int DSA_FLAG_STORE_DECODE_RECORDS
@@ -77,3 +78,6 @@ cdef bint is_ndarray(object x)
 cdef object record_lists(object compress, object write)
 cdef object new_rows(object like, int64_t rows, int64_t cols)
 cdef int launch(int op, const void* params, int32_t dev, object stream) except? -9
+# An op's `pdl` argument as its launch flag (or the error naming pdl); a one-shot call's non-OK status raised.
+cpdef uint32_t pdl_flag(object pdl) except? 0xFFFFFFFF
+cdef int raise_status(int status) except -1

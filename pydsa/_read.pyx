@@ -101,6 +101,8 @@ cdef dict _dtypes = {}                         # dtype keys -> its dtype objects
 cdef object _raw_stream = None                 # current raw stream of a device, without the exchange API
 cdef bint _attributes_only = False             # tests: read every tensor through the slower reader
 cdef object _messages = None                   # pydsa._tensors, the formatters (bound by init)
+cdef uint32_t _default_pdl = 0                 # the launch flag of pdl=None (bound by init)
+cdef object _status_error = None               # status -> raises the library's error (bound by init)
 
 available = False
 """True once init() found the exchange API on the framework's tensor type."""
@@ -116,13 +118,17 @@ cdef const ExchangeAPI* _table(object tensor_type):
     return api
 
 
-def init(*, tensor_type, dict dtypes, raw_stream, resolve, struct_size, messages, ndarray_type, record_lists):
+def init(*, tensor_type, dict dtypes, raw_stream, resolve, struct_size, messages, ndarray_type, record_lists,
+         bint pdl_default, status_error):
     """Binds the framework's tensor type (its dtypes by name: float32, bfloat16, int32, int64, uint8;
     its current-stream reader), the library (resolve: an entry symbol's address; struct_size: the
-    library's dsa_struct_size), the message formatters (pydsa._tensors) and pyplan's reader of record
-    arrays; binds every op declared so far (later ones as they are declared); returns `available`."""
+    library's dsa_struct_size; pdl_default: whether pdl=None launches with PDL; status_error: raises
+    the library's error for a status), the message formatters (pydsa._tensors) and pyplan's reader of
+    record arrays; binds every op declared so far (later ones as they are declared); returns `available`."""
     global _streams, _ndarray_type, _record_lists, available, _tensor_type, _dtype_keys, _dtypes, _raw_stream
-    global _messages, _resolve, _struct_size
+    global _messages, _resolve, _struct_size, _default_pdl, _status_error
+    _default_pdl = DSA_FLAG_PDL if pdl_default else 0
+    _status_error = status_error
     keys = dict(float32=F32, bfloat16=BF16, int32=I32, int64=I64, uint8=U8)
     _dtype_keys = {dtype: keys[name] for name, dtype in dtypes.items()}
     _dtypes = {keys[name]: dtype for name, dtype in dtypes.items()}
@@ -442,6 +448,24 @@ cdef int launch(int op, const void* params, int32_t dev, object stream) except? 
             status = entry(params, s)
         return status
     return entry(params, s)
+
+
+cpdef uint32_t pdl_flag(object pdl) except? 0xFFFFFFFF:
+    """The launch flag of every op's `pdl` argument: DSA_FLAG_PDL for True, 0 for False; None: the
+    library's default (PDL where every architecture it holds supports it)."""
+    if pdl is None:
+        return _default_pdl
+    if pdl is True:
+        return DSA_FLAG_PDL
+    if pdl is False:
+        return 0
+    raise ArgumentTypeError("pdl", f"pdl must be True, False or None (got {pdl!r})")
+
+
+cdef int raise_status(int status) except -1:
+    """Raises the library's error for a non-OK status (its dsa_last_error())."""
+    _status_error(status)
+    return 0
 
 
 def launch_prepared(int op, uintptr_t address, int32_t dev, stream):

@@ -19,33 +19,15 @@ import torch
 import pyplan
 
 from . import _abi, _fill_c128, _read
-from ._abi import CHUNK, FLAG_NO_COOPERATIVE, check as _check_status, lib, new, pdl_flag
+from ._abi import check as _check_status, lib, new
 from ._op import SIZES, Prepared
 from ._tensors import resolve_device
-from .errors import ArgumentTypeError, ArgumentValueError
+from .errors import ArgumentValueError
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan"]
 
-_decode = _fill_c128.decode
-_prefill = _fill_c128.prefill
-
-
-def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
-                stream=None, pdl=None, error_count=None) -> None:
-    """One new token per request (docs/spec.md, decode). state [S,1,3D] f32 or bf16, kv_score [B,2D] f32,
-    out [B,D] f32 (rows of requests that close a chunk are written), ape [128,D] f32, indices [B]
-    int32 (one slot per live row: two rows updating one slot race on the GPU), seq_lens [B] int32
-    (<= 0: padding); or, with seq_lens None, `indices` holds one 16-byte record per request, int32
-    [B, 4] or uint8 [B, 16]: {seq_len, slot, load slot, unused} (sglang 0.5.23's decode plan records,
-    read in place). load_indices [B] int32: the slot each request's state is read from (e.g. the
-    accepted bank entry that c128_commit resolved; negative: not held on this GPU, skipped); the
-    new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
-    vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
-    launches with programmatic dependent launch where every compiled architecture supports it."""
-    status = _decode(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
-                     cache_slots=cache_slots, stream=stream, flags=pdl_flag(pdl), error_count=error_count)
-    if status:
-        _check_status(status)  # raises
+c128_decode = _fill_c128.c128_decode  # compiled: the call goes straight to its fill (pydsa/_fill_c128.pyx)
+c128_prefill = _fill_c128.c128_prefill
 
 
 class C128Decode(Prepared):
@@ -57,7 +39,7 @@ class C128Decode(Prepared):
     def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None,
                  cache_slots=None, pdl=None, error_count=None):
         self._bind(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
-                   cache_slots=cache_slots, flags=pdl_flag(pdl), error_count=error_count)
+                   cache_slots=cache_slots, pdl=pdl, error_count=error_count)
 
 
 class DevicePlan:
@@ -129,34 +111,6 @@ class DevicePlan:
         return self._host[0][:self.num_compress], self._host[1][:self.num_write]
 
 
-def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
-                 cache_slots=None, stream=None, pdl=None, error_count=None, cooperative=True) -> None:
-    """Many new tokens per request (docs/spec.md, prefill). kv_score [N,2D] ragged; indices / load_indices [B]
-    int32 (requests that store a trailing partial need distinct `indices`: stores into one slot
-    race on the GPU); plan from pyplan.plan_prefill (read from host memory during the call) or a DevicePlan.
-    out: [N,D] with each chunk's vector at its closing ragged row, or with compact=True [C,D] with
-    row i for compress record i (C = the plan's compress capacity; docs/spec.md, the state, output layouts).
-    cooperative=False: never the one cooperative launch a small eager pyplan plan takes, always
-    ordinary launches (for engines that run kernels on other streams alongside: a cooperative grid
-    waits until all its blocks fit; and for device-bound eager steps: the ordinary launches cost
-    more host time but, for plans of many whole chunks, less device time).
-    store / cache_slots (int64 [N], the slot of the vector a ragged row closes): store every closed
-    vector into a pydsa.KVCache as well, in the same call (on the GPU by a store launch behind the
-    prefill's own, reading the vectors from out); `out` may then be None (the call then takes out rows
-    of its own from torch's allocator)."""
-    status = _prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact,
-                      store=store, cache_slots=cache_slots, stream=stream, flags=_prefill_flags(pdl, cooperative),
-                      error_count=error_count)
-    if status:
-        _check_status(status)  # raises
-
-
-def _prefill_flags(pdl, cooperative) -> int:
-    if cooperative is not True and cooperative is not False:
-        raise ArgumentTypeError("cooperative", f"cooperative must be a bool (got {cooperative!r})")
-    return pdl_flag(pdl) | (0 if cooperative else FLAG_NO_COOPERATIVE)
-
-
 _upload = _fill_c128.upload
 _read.register_type("device_plan", DevicePlan)
 
@@ -174,7 +128,7 @@ class C128Prefill(Prepared):
     def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
                  cache_slots=None, pdl=None, error_count=None, cooperative=True):
         self._bind(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact, store=store,
-                   cache_slots=cache_slots, flags=_prefill_flags(pdl, cooperative), error_count=error_count)
+                   cache_slots=cache_slots, pdl=pdl, error_count=error_count, cooperative=cooperative)
 
 
 def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None):

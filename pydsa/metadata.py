@@ -16,7 +16,8 @@ import torch
 
 from . import _fill_metadata
 from ._abi import (MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY, MetadataDestination,
-                   check as _check_status, pdl_flag)
+                   check as _check_status)
+from ._read import pdl_flag
 from ._op import OPS, SIZES, _launch
 from ._tensors import _int32, as_tensor, device_index
 from .errors import ArgumentTypeError, ArgumentValueError

@@ -13,14 +13,13 @@ import ctypes as C
 import torch
 
 from . import _abi, _fill_store, _read
-from ._abi import CACHE_INDEXER, CACHE_V4, KvCache, check as _check_status, lib, new, pdl_flag
+from ._abi import CACHE_INDEXER, CACHE_V4, KvCache, lib, new
 from ._tensors import _float32, as_tensor, device_index, ptr
 from .errors import ArgumentValueError
 
 __all__ = ["KVCache", "kv_store", "kv_page_bytes", "indexer_page_bytes"]
 
 _int64 = torch.int64
-_store = _fill_store.store
 
 
 def _page_size(page_size) -> None:
@@ -138,30 +137,9 @@ class KVCache:
                 f"{self.page_bytes} B/page, device={self.cache.device}{dcp})")
 
 
-
-
 _read.register_type("kv_cache", KVCache)
 
 
-def kv_store(vectors, positions, cache_slots, cache: KVCache, *, records=None, extend: bool = False, ratio: int = 128,
-             stream=None, pdl=None, error_count=None) -> None:
-    """Stores vectors [N, D] float32 into `cache`: vector i at cache slot cache_slots[i] (int64 [N];
-    negative: skipped; past the cache: skipped and counted) with rotary row positions[i] (int32 [N],
-    its chunk's first position; outside the table: skipped and counted).
-
-    With records (uint8 [M, 16], M <= N: sglang 0.5.23's plan records) and positions None, vector i's
-    position and slot come from records[i] (docs/spec.md, the store): decode records (extend False) store
-    row i when its seq_len is a positive multiple of 128, at cache_slots[i]; extend records store every
-    record but padding, at cache_slots[its ragged row]; the position is seq_len - 128. ratio=4: a c4
-    layer's records (decode rows stored when seq_len is a positive multiple of 4; position seq_len - 4).
-
-    A cache of layout "indexer" takes the c4 indexer's store (D = 128)."""
-    if ratio not in (4, 128) or isinstance(ratio, bool):
-        raise ArgumentValueError("ratio", f"ratio must be 128 (c128 records) or 4 (c4 records) (got {ratio!r})")
-    status = _store(vectors, positions, cache_slots, cache, records=records, extend=extend, ratio=ratio, stream=stream,
-                    flags=pdl_flag(pdl), error_count=error_count)
-    if status:
-        _check_status(status)  # raises
-
+kv_store = _fill_store.kv_store  # compiled: the call goes straight to its fill (pydsa/_fill_store.pyx)
 
 del _abi

@@ -22,9 +22,9 @@ POISON = b"\xab"
 for _dev in [-1] + list(range(torch.cuda.device_count())):
     error_counter(_dev)  # the default counters exist (the first call of a process makes them)
 
-DECODE_NAMES = ("state", "kv_score", "out", "ape", "indices", "seq_lens", "flags", "error_count", "load_indices",
+DECODE_NAMES = ("state", "kv_score", "out", "ape", "indices", "seq_lens", "pdl", "error_count", "load_indices",
                 "store", "cache_slots")
-PREFILL_NAMES = ("state", "kv_score", "out", "ape", "indices", "plan", "load_indices", "flags", "error_count",
+PREFILL_NAMES = ("state", "kv_score", "out", "ape", "indices", "plan", "load_indices", "pdl", "cooperative", "error_count",
                  "compact", "store", "cache_slots")
 
 
@@ -107,7 +107,7 @@ def _numpy_views(args):
 def test_decode_fills_the_same_params_through_every_reader(device, d, b, slots, bf16, pdl, own_counter, seed):
     dev = torch.device(device)
     args = _decode_args(dev, d, b, slots, bf16, torch.Generator().manual_seed(seed))
-    args.update(flags=1 if pdl else 0,
+    args.update(pdl=pdl,
                 error_count=torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None)
     got = _every_reader("decode", args)
     if dev.type == "cpu":
@@ -124,7 +124,7 @@ def test_prefill_fills_the_same_params_through_every_reader(device, d, extends, 
                                                             cooperative, own_counter, seed):
     dev = torch.device(device)
     args = _prefill_args(dev, d, extends, bf16, plan_kind, compact, load, torch.Generator().manual_seed(seed))
-    args.update(compact=compact, flags=(1 if pdl else 0) | (0 if cooperative else pydsa._abi.FLAG_NO_COOPERATIVE),
+    args.update(compact=compact, pdl=pdl, cooperative=cooperative,
                 error_count=torch.zeros(1, dtype=torch.int32, device=dev) if own_counter else None)
     got = _every_reader("prefill", args)
     if dev.type == "cpu" and plan_kind != "device_plan":

@@ -10,7 +10,7 @@ import pytest
 
 import c_structs
 import pydsa
-from pydsa import _fill_c4, _fill_c128, _fill_speculative, _fill_store
+from pydsa import _fill_c4, _fill_c128, _fill_speculative
 
 ROOT = Path(__file__).resolve().parents[1]
 MOST_POSITIONAL = 6
@@ -42,43 +42,47 @@ def _names(fn) -> list:
     return [p.name for p in inspect.signature(fn).parameters.values() if p.name != "self"]
 
 
-# (public one-shot, prepared class or None, compiled call, header struct, the public arguments that cross as
-# launch flags, the compiled call's prepared-call plumbing)
+# (public one-shot, prepared class or None, the prepared class's compiled fill or None, header struct, the fill's
+# prepared-call plumbing)
 OPS = [
-    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.DecodeParams, {"pdl"}, {"into"}),
-    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.PrefillParams, {"pdl", "cooperative"},
-     {"into"}),
-    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.VerifyParams,
-     {"pdl", "round_between_drafts"}, {"into"}),
-    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.CommitParams, {"pdl"},
+    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.DecodeParams, {"into"}),
+    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.PrefillParams, {"into"}),
+    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.VerifyParams, {"into"}),
+    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.CommitParams,
      {"into", "layers", "capacity"}),
-    (pydsa.kv_store, None, _fill_store.store, c_structs.KvStoreParams, {"pdl"}, set()),
+    (pydsa.kv_store, None, None, c_structs.KvStoreParams, set()),
+    (pydsa.c4_decode, pydsa.C4Decode, _fill_c4.decode, c_structs.C4Params, {"into"}),
+    (pydsa.c4_extend, None, None, c_structs.C4Params, set()),
+    (pydsa.c4_verify, None, None, c_structs.C4Params, set()),
 ]
 # public arguments that the params struct holds in another form (a plan as its record pointers, compact as the
-# output layout, extend as a flag)
-HELD_ELSEWHERE = {"plan", "compact", "extend", "stream"}
+# output layout, extend and the flag arguments as flags); a c4 call's per-compressor arguments are the fields of
+# its compressors' sides (dsa_c4_compressor), its records the decode_records
+HELD_ELSEWHERE = {"plan", "compact", "extend", "stream", "pdl", "cooperative", "round_between_drafts", "reject_all"}
+C4_SIDES = {"main", "indexer", "kv_score", "drafts", "indexer_kv_score", "indexer_drafts", "out", "indexer_out",
+            "records"}
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op[0].__name__)
 def test_each_argument_has_one_name_in_every_layer(op):
-    public, prepared, compiled, struct, as_flags, plumbing = op
+    public, prepared, fill, struct, plumbing = op
     outer = _names(public)
-    inner = _names(compiled)
-    assert [n for n in outer if n not in as_flags] == [n for n in inner if n not in plumbing | {"flags"}]
     if prepared is not None:
         assert _names(prepared) == [n for n in outer if n != "stream"]
+        assert [n for n in _names(fill) if n not in plumbing] == _names(prepared)
+    held = HELD_ELSEWHERE | (C4_SIDES if struct is c_structs.C4Params else set())
     fields = {f[0] for f in struct._fields_}
-    missing = [n for n in outer if n not in as_flags | HELD_ELSEWHERE and n not in fields
-               and not (n == "cache" and "cache" in fields)]
+    missing = [n for n in outer if n not in fields | held]
     assert not missing, f"{public.__name__}: {missing} are not fields of {struct.__name__}"
 
 
-def test_c4_ops_cross_by_keyword_with_the_names_of_the_public_calls():
-    inner = set(_names(_fill_c4.c4))
-    for public in (pydsa.c4_decode, pydsa.c4_extend, pydsa.c4_verify):
-        outer = set(_names(public)) - {"pdl", "reject_all", "plan", "drafts", "indexer_drafts"}
-        assert outer <= inner, (public.__name__, outer - inner)
-    assert _names(pydsa.C4Decode) == [n for n in _names(pydsa.c4_decode) if n != "stream"]
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op[0].__name__)
+def test_a_public_one_shot_call_is_its_compiled_fill(op):
+    """No Python frame between the caller and the fill: the one-shot function is the compiled one (its host
+    time per call is the fill's), and its error is the library's error."""
+    public = op[0]
+    assert public.__module__.startswith("pydsa._fill_"), public.__module__
+    assert public.__doc__ and len(public.__doc__) > 200
 
 
 def _imports(path: Path) -> set:

@@ -585,7 +585,7 @@ def test_storing_calls_through_every_reader_write_the_same_bytes():
     """A storing decode, verify, prefill and standalone store write the same bytes whether the filler
     reads the tensors through the exchange API, through their attributes (an older torch), or the
     reader views numpy arrays through DLPack; and the filler itself refuses a store it cannot take, by name."""
-    from pydsa import _fill_c128, _fill_store, _read
+    from pydsa import _read
     d, b = 512, 6
     gen = torch.Generator().manual_seed(4)
     state = torch.randn(4 * b, 1, 3 * d, generator=gen)
@@ -625,10 +625,10 @@ def test_storing_calls_through_every_reader_write_the_same_bytes():
     # cache_slots without a store, or of the wrong dtype: refused by name, nothing written
     before = cache.cache.clone()
     with pytest.raises(ValueError, match="cache_slots is given without store="):
-        _fill_c128.decode(state, kv, None, ape, idx, seq, error_count=errors, cache_slots=slots)
+        pydsa.c128_decode(state, kv, None, ape, idx, seq, error_count=errors, cache_slots=slots)
     with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
-        _fill_c128.decode(state, kv, None, ape, idx, seq, error_count=errors, store=cache,
+        pydsa.c128_decode(state, kv, None, ape, idx, seq, error_count=errors, store=cache,
                           cache_slots=slots.int())
     with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
-        _fill_store.store(vectors, positions, slots.int(), cache, error_count=errors)
+        pydsa.kv_store(vectors, positions, slots.int(), cache, error_count=errors)
     assert torch.equal(cache.cache, before)

@@ -51,8 +51,7 @@ struct C4Thread {
 
 template <int VEC>
 __device__ __forceinline__ C4Thread c4_thread(const C4Launch& p) {
-  constexpr int kBlockLog2 = VEC == 2 ? 8 : 7;  // log2 c4_block_threads(VEC)
-  static_assert(C4Form<VEC>::kThreads == 1 << kBlockLog2, "rows per block below are the block >> log2(lanes)");
+  constexpr int kBlockLog2 = C4Form<VEC>::kThreadsLog2;  // rows per block: the block >> log2(lanes)
   C4Thread t;
   const bool second = blockIdx.x >= p.blocks0;
   t.c = &p.side[second ? 1 : 0];

@@ -214,10 +214,14 @@ inline int c4_channels(int64_t count) { return count <= kC4NarrowRows ? 2 : 4; }
 // (registers held across the window loads cost more when many rows close).
 template <int VEC>
 struct C4Form {
-  static constexpr int kThreads = kC4MaxDim / VEC;
+  static_assert(VEC == 2 || VEC == 4, "c4_channels picks 2 or 4");
+  static constexpr int kThreadsLog2 = VEC == 2 ? 8 : 7;  // kC4MaxDim / VEC threads (kC4MaxDim is 512)
+  static constexpr int kThreads = 1 << kThreadsLog2;
   static constexpr bool kAimsEarly = VEC == 2;
+  static_assert(kThreads == kC4MaxDim / VEC, "a block holds one row of the largest D");
 };
-inline int c4_block_threads(int vec) { return kC4MaxDim / vec; }
+// The host's reading of the same form (the launch's block size).
+inline int c4_block_threads(int vec) { return vec == 2 ? C4Form<2>::kThreads : C4Form<4>::kThreads; }
 
 // Blocks for `count` rows of a compressor of head_dim D, VEC channels per thread: D / VEC threads a row,
 // c4_block_threads(VEC) a block.
