@@ -18,7 +18,7 @@ The checks run on the device, so the loop waits for the GPU only at checkpoints:
   entry is compared before its slot is reused;
 - the index errors the ops skip and count (must stay 0).
 At each checkpoint the counters are read with the device memory in use and the process's resident
-memory, which must not grow after the first checkpoint.
+memory, which must stay flat from the first checkpoint on.
 """
 from __future__ import annotations
 
@@ -44,6 +44,12 @@ TOLERANCE = 1e-5
 # TOKEN_BUDGET / CHUNK + MAX_RUNNING entries, so an entry lives at least CACHE_SLOTS / 80 = 51 steps
 # before its slot is reused, and every entry ever written is compared at least once.
 COMPARE_EVERY = 16
+# The float64 check runs every CHECK_EVERY steps over the vectors closed since the last one (their raw
+# windows gathered from the ring at the step that closed them), or sooner when the held buffers could
+# not take another step's closings (at most TOKEN_BUDGET / CHUNK + 2 * MAX_RUNNING).
+CHECK_EVERY, MAX_CLOSED = 8, TOKEN_BUDGET // CHUNK + 2 * MAX_RUNNING
+WINDOWS_HELD, VECTORS_HELD = 256, 512
+TRASH = MAX_RUNNING * RING  # the ring row that takes what must not be kept
 FAULTS = ("out", "leak", "cache")  # what a self-test may break: each must fail the run
 
 # int32 staging: the ops' host-known index buffers at fixed offsets (MAX_RUNNING each), then the
@@ -102,6 +108,7 @@ class _Staging:
         self.d64[:self.n64].copy_(self.t64[:self.n64], non_blocking=True)
 
 
+@torch.inference_mode()
 def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, progress=True, pool_rows=1 << 14) -> dict:
     """Runs the soak; returns its summary (ok: every check passed, every step busy, memory flat).
     fault: break one thing on purpose (`out`: perturb the outputs before the check; `leak`: commit
@@ -134,7 +141,9 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     cache = KVCache(torch.zeros(CACHE_SLOTS // 2, page, dtype=torch.uint8, device=device), w, rot, page_size=2)
     mirror = KVCache(torch.zeros(CACHE_SLOTS // 2, page, dtype=torch.uint8, device=device), w, rot, page_size=2)
     errors = torch.zeros(1, dtype=torch.int32, device=device)  # the ops' skipped-and-counted indices
-    ring = torch.empty(num_main * RING, 2 * D, **f32)
+    ring = torch.zeros(num_main * RING + 1, 2 * D, **f32)  # the last row takes the rejected drafts' rows
+    vectors = torch.zeros(VECTORS_HELD, D, **f32)  # the vectors closed since the last check, in order
+    held = torch.zeros(WINDOWS_HELD * CHUNK, 2 * D, **f32)  # the raw windows of those to check
     # device-side results, read at checkpoints only
     failures = torch.zeros((), dtype=torch.int64, device=device)
     mismatches = torch.zeros((), dtype=torch.int64, device=device)
@@ -200,6 +209,8 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     for b in (1 << i for i in range(MAX_RUNNING.bit_length())):  # every bucket's op now: memory stays flat
         decode_op(b)
         verify_op(b)
+    draft_of = {nb: np.divmod(np.arange(nb * DRAFTS), DRAFTS) for nb in range(1, MAX_RUNNING + 1)}  # (request, draft)
+    pending, pending_rows, pending_windows, vec_used = 0, [], [], 0
     broken = False
     started = time.perf_counter()
     tty = progress and sys.stderr.isatty()
@@ -215,102 +226,104 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
             counts["arrived"] += 1
         pre = np.flatnonzero(active & (done < prompt))
         dec = np.flatnonzero(active & (done >= prompt))
-        store_parts, store_pos, store_slot, check_sel, check_win = [], [], [], [], []
-        nstored = 0
+        stores = []  # (op output, its rows that closed a chunk, whether each is checked, window slots, closings)
 
         # --- host side of the prefill: its plan, slots and the rows it absorbs ----------------------
         if len(pre):
             e = np.minimum(prompt[pre] - done[pre], rng.integers(1, MAX_EXTEND + 1, len(pre)))
-            e = np.clip(np.minimum(e, TOKEN_BUDGET - (np.cumsum(e) - e)), 0, None)
+            e = np.minimum(e, TOKEN_BUDGET - (np.cumsum(e) - e))
             keep = e > 0
             pre, e = pre[keep], e[keep]
             n = int(e.sum())
             plan.plan(done[pre] + e, e)
             comp = plan.host_records[0]
-            ragged, batch, closing = (comp["ragged_id"].astype(np.int64), comp["batch_id"].astype(np.int64),
-                                      comp["position"].astype(np.int64))
             k = len(comp)
             st.h32[P_IDX:P_IDX + len(pre)] = pre
             st.h32[P_LOAD:P_LOAD + len(pre)] = pre  # a prefilling request's state is in its main slot
             st.h64[P_SLOTS:P_SLOTS + TOKEN_BUDGET] = -1
             slots = cache_slots(k)
-            st.h64[P_SLOTS + ragged] = slots
-            start = np.repeat(np.cumsum(e) - e, e)
-            pre_ring = st.put64(np.repeat(pre * RING, e) + (np.repeat(done[pre], e) + np.arange(n) - start) % RING)
+            st.h64[P_SLOTS + comp["ragged_id"]] = slots
+            position = np.repeat(done[pre] - (np.cumsum(e) - e), e) + np.arange(n)
+            pre_ring = st.put64(np.repeat(pre * RING, e) + position % RING)
             if k:
-                store_parts.append((out_pre, st.put64(np.arange(k))))
-                store_pos.append(closing - (CHUNK - 1))
-                store_slot.append(slots)
-                check_sel.append(np.arange(k))
-                check_win.append(windows(pre[batch], closing))
-                nstored += k
+                closing = comp["position"].astype(np.int64)
+                stores.append((out_pre, np.arange(k), None, pre[comp["batch_id"]], closing, slots))
             kv_src = pool_rows_at(n)
 
         # --- host side of the decode or speculative step ------------------------------------------
-        verify = len(dec) and step % 3 != 0
+        verify = bool(len(dec)) and step % 3 != 0
         if len(dec):
             nb = len(dec)
             b = _bucket(nb)
+            at = done[dec]
             load_gather = st.put64(np.concatenate([dec + np.where(on_device[dec], 0, num_main),
                                                    np.full(b - nb, num_main, np.int64)]))
         if len(dec) and not verify:
             kv, out, load, op = decode_op(b)
-            st.h32[D_IDX:D_IDX + b] = np.concatenate([dec, np.zeros(b - nb, np.int64)])
-            st.h32[D_SEQ:D_SEQ + b] = np.concatenate([done[dec] + 1, np.zeros(b - nb, np.int64)])  # 0: padding
-            closes = np.flatnonzero(done[dec] % CHUNK == CHUNK - 1)
+            st.h32[D_IDX:D_IDX + nb] = dec
+            st.h32[D_IDX + nb:D_IDX + b] = 0
+            st.h32[D_SEQ:D_SEQ + nb] = at + 1
+            st.h32[D_SEQ + nb:D_SEQ + b] = 0  # 0: padding
+            closes = np.flatnonzero(at % CHUNK == CHUNK - 1)
             slots = cache_slots(len(closes))
             st.h64[D_SLOTS:D_SLOTS + b] = -1
             st.h64[D_SLOTS + closes] = slots
-            dec_ring = st.put64(dec * RING + done[dec] % RING)
+            dec_ring = st.put64(np.concatenate([dec * RING + at % RING, np.full(b - nb, TRASH, np.int64)]))
             if len(closes):
-                store_parts.append((out, st.put64(closes)))
-                store_pos.append(done[dec][closes] - (CHUNK - 1))
-                store_slot.append(slots)
-                check_sel.append(nstored + np.arange(len(closes)))
-                check_win.append(windows(dec[closes], done[dec][closes]))
-                nstored += len(closes)
+                stores.append((out, closes, None, dec[closes], at[closes], slots))
             dec_src = pool_rows_at(b)
             accepted = np.ones(nb, np.int64)
         elif len(dec):
             drafts, out, load, vop, cop = verify_op(b)
-            left = total[dec] - done[dec]
+            j, i = draft_of[nb]
             lens = np.where(rng.random(nb) < 0.2, rng.integers(0, DRAFTS + 1, nb), DRAFTS)
-            lens = np.minimum(lens, left)
-            to_end = CHUNK - done[dec] % CHUNK
+            lens = np.minimum(lens, total[dec] - at)
             pick = rng.integers(0, 4, nb)  # none, all, up to the chunk end, or any number
-            accepted = np.choose(pick, [np.zeros(nb, np.int64), lens, np.minimum(lens, to_end),
+            accepted = np.choose(pick, [np.zeros(nb, np.int64), lens, np.minimum(lens, CHUNK - at % CHUNK),
                                         (rng.random(nb) * (lens + 1)).astype(np.int64)])
-            pad = np.zeros(b - nb, np.int64)
-            st.h32[V_SEQ:V_SEQ + b] = np.concatenate([done[dec], pad])  # 0: padding
-            st.h32[V_BANK:V_BANK + b] = np.concatenate([num_main + dec * (DRAFTS + 1), pad])
-            st.h32[V_LENS:V_LENS + b] = np.concatenate([lens, pad])
-            st.h32[V_ACC:V_ACC + b] = np.concatenate([lens if fault == "leak" else accepted, pad])
-            j, i = np.divmod(np.arange(nb * DRAFTS), DRAFTS)
-            pos = done[dec][j] + i
+            st.h32[V_SEQ:V_SEQ + nb] = at
+            st.h32[V_BANK:V_BANK + nb] = num_main + dec * (DRAFTS + 1)
+            st.h32[V_LENS:V_LENS + nb] = lens
+            st.h32[V_ACC:V_ACC + nb] = lens if fault == "leak" else accepted
+            for o in (V_SEQ, V_BANK, V_LENS, V_ACC):
+                st.h32[o + nb:o + b] = 0  # 0: padding
+            pos = at[j] + i
             closes = np.flatnonzero((i < lens[j]) & (pos % CHUNK == CHUNK - 1))  # every draft that closes
             slots = cache_slots(len(closes))
             st.h64[V_SLOTS:V_SLOTS + b * DRAFTS] = -1
             st.h64[V_SLOTS + closes] = slots
-            taken = np.flatnonzero(i < accepted[j])  # the accepted drafts' rows, absorbed into the ring
-            dec_take = st.put64(taken)
-            dec_ring = st.put64(dec[j[taken]] * RING + pos[taken] % RING)
+            # the accepted drafts' rows go into the ring, the others to a row never read
+            rows = np.full(b * DRAFTS, TRASH, np.int64)
+            rows[:nb * DRAFTS] = np.where(i < accepted[j], dec[j] * RING + pos % RING, TRASH)
+            dec_ring = st.put64(rows)
             scatter = st.put64(dec)
             if len(closes):
-                store_parts.append((out, st.put64(closes)))
-                store_pos.append(pos[closes] - (CHUNK - 1))
-                store_slot.append(slots)
-                kept = i[closes] < accepted[j[closes]]
-                check_sel.append(nstored + np.flatnonzero(kept))
-                check_win.append(windows(dec[j[closes[kept]]], pos[closes[kept]]))
-                nstored += len(closes)
+                stores.append((out, closes, i[closes] < accepted[j[closes]], dec[j[closes]], pos[closes], slots))
             dec_src = pool_rows_at(b * DRAFTS)
 
-        if nstored:
-            positions = st.put32(np.concatenate(store_pos))
-            mirror_slots = st.put64(np.concatenate(store_slot))
-            sel = np.concatenate(check_sel)
-            check_idx = st.put64(sel) if len(sel) else None
-            window = st.put64(np.concatenate(check_win)) if len(sel) else None
+        # every vector closed this step: stored again into the mirror, and kept for the float64 check
+        stored = sum(len(x[1]) for x in stores)
+        if stored:
+            parts = []
+            for o, rows, kept, owners, closing, slots in stores:
+                parts.append((o, st.put64(rows), vectors[vec_used:vec_used + len(rows)]))
+                sel = np.arange(vec_used, vec_used + len(rows))
+                if kept is not None:
+                    sel, owners, closing = sel[kept], owners[kept], closing[kept]
+                pending_rows.append(sel)
+                pending_windows.append(windows(owners, closing))
+                pending += len(sel)
+                vec_used += len(rows)
+            positions = st.put32(np.concatenate([x[4] for x in stores]) - (CHUNK - 1))
+            mirror_slots = st.put64(np.concatenate([x[5] for x in stores]))
+            window = np.concatenate(pending_windows[-len(stores):])
+            window = st.put64(window) if len(window) else None
+            step_vectors = vectors[vec_used - stored:vec_used]
+        check_now = pending and (pending + MAX_CLOSED > WINDOWS_HELD or vec_used + MAX_CLOSED > VECTORS_HELD
+                                 or step % CHECK_EVERY == CHECK_EVERY - 1 or (step + 1) % checkpoint == 0
+                                 or step + 1 == steps)
+        if check_now:
+            check_rows = st.put64(np.concatenate(pending_rows))
 
         # --- the device side: one copy of the indices, the ops, the checks ---------------------------
         st.send()
@@ -328,7 +341,7 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
             if not verify:
                 kv.copy_(dec_src)
                 op.launch()
-                ring.index_copy_(0, dec_ring, kv[:nb])
+                ring.index_copy_(0, dec_ring, kv)
                 on_device[dec] = False
                 counts["decode_steps"] += 1
             else:
@@ -336,31 +349,38 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
                 vop.launch()
                 cop.launch()
                 load_table.index_copy_(0, scatter, load[:nb])
-                ring.index_copy_(0, dec_ring, drafts.index_select(0, dec_take))
+                ring.index_copy_(0, dec_ring, drafts)
                 on_device[dec] = True
                 counts["verify_steps"] += 1
                 counts["drafts_accepted"] += int(accepted.sum())
                 counts["drafts_rejected"] += int((lens - accepted).sum())
             counts["tokens"] += int(accepted.sum())
             done[dec] += accepted
-        if nstored:
-            vectors = torch.cat([o.index_select(0, rows) for o, rows in store_parts])
-            kv_store(vectors, positions, mirror_slots, mirror, error_count=errors)
+        if stored:
+            for o, rows, into in parts:
+                torch.index_select(o, 0, rows, out=into)
+            kv_store(step_vectors, positions, mirror_slots, mirror, error_count=errors)
+            if window is not None:
+                torch.index_select(ring, 0, window, out=held[pending * CHUNK - len(window):pending * CHUNK])
             if fault == "cache" and not broken and step >= steps // 2:
-                cache.cache.view(-1)[int(store_slot[0][0]) // 2 * page] ^= 1
+                cache.cache.view(-1)[int(stores[0][5][0]) // 2 * page] ^= 1
                 broken = True
-            if check_idx is not None:
-                got = vectors.index_select(0, check_idx).double()
-                if fault == "out":
-                    got[:, 0] += 1e-3
-                raw = ring.index_select(0, window).view(-1, CHUNK, 2 * D).double()
-                weights = torch.softmax(raw[..., D:] + ape64, dim=1)
-                ref = (weights * raw[..., :D]).sum(1)
-                err = torch.linalg.vector_norm(got - ref, dim=1) / torch.linalg.vector_norm(ref, dim=1)
-                failures += (~(err < TOLERANCE)).sum()
-                torch.maximum(max_err, err.max(), out=max_err)
-                counts["chunks"] += len(sel)
-            counts["entries"] += nstored
+            counts["entries"] += stored
+        if check_now:  # the float64 reference of every vector held since the last check
+            got = vectors.index_select(0, check_rows).double()
+            if fault == "out":
+                got[:, 0] += 1e-3
+            raw = held[:pending * CHUNK].view(pending, CHUNK, 2 * D).double()
+            weights = torch.softmax(raw[..., D:] + ape64, dim=1)
+            ref = (weights * raw[..., :D]).sum(1)
+            err = torch.linalg.vector_norm(got - ref, dim=1) / torch.linalg.vector_norm(ref, dim=1)
+            failures += (~(err < TOLERANCE)).sum()
+            torch.maximum(max_err, err.max(), out=max_err)
+            counts["chunks"] += pending
+            del got, raw, weights, ref, err  # nothing of a check outlives it: the memory at checkpoints is exact
+            pending, pending_rows, pending_windows = 0, [], []
+        if not pending:
+            vec_used = 0  # no held vector is waiting for its check: the rows are free again (stream order)
         if step % COMPARE_EVERY == 0 or step + 1 == steps:
             mismatches += (cache.cache != mirror.cache).any()
         counts["busy"] += bool(len(pre) or len(dec))
@@ -382,8 +402,11 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     wall = time.perf_counter() - started
     last = marks[-1]
     first = marks[0]
-    device_growth = last[5] - first[5] if cuda else 0.0
-    rss_growth = last[6] - first[6]
+    # Flat: the device memory in use never above the first checkpoint's; the resident memory (noisier:
+    # the host allocator keeps freed pages a while) at most 64 MB above the highest of the first half.
+    early = marks[:max(1, len(marks) // 2)]
+    device_growth = max(m[5] for m in marks) - first[5] if cuda else 0.0
+    rss_growth = last[6] - max(m[6] for m in early)
     flat = (device_growth <= 0.0) and not rss_growth > 64.0
     ok = (last[1] == 0 and last[2] == 0 and last[3] == 0 and counts["chunks"] > 0 and counts["busy"] == steps
           and flat)
