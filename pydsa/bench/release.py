@@ -1,6 +1,6 @@
 """pydsa beside sglang 0.5.23's own online c128 kernels (its v2 decode, prefill and store kernel, its MTP
 kernels), in one process, on the same inputs, timed with the same graph method and a busy start, PDL as
-each side ships it (sglang: on every launch; pydsa: its defaults). Targets P18, P20, P21, P23, P24, P25, P27 (docs/performance.md).
+each side ships it (sglang: on every launch; pydsa: its defaults). Targets P16, P18, P20, P21, P23, P24, P25, P27 (docs/performance.md).
 
     python -m pydsa.bench.release OUT.json --reference-build DIR
 
@@ -274,6 +274,57 @@ def verify_rows(ref, bs, dtypes, rounds=5, v=8):
     return rows
 
 
+def commit_rows(ref, bs, dtypes, rounds=5, v=8, layers=30):
+    """P16: the commit of a speculative step over `layers` c128 layers, against sglang 0.5.23's own MTP calls
+    on the same lengths and acceptances. sglang: mark_pending, then commit_pending per layer (each copies a
+    request's accepted bank entry onto its main slot: the mark is in the graph so that every replay commits).
+    pydsa: one c128_commit for every layer (it writes the slot holding each request's accepted state; no state
+    moves), and the same with states= (the accepted entry copied onto the main slot of every layer in one
+    launch: sglang's result)."""
+    rows = []
+    rng = np.random.default_rng(8)
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    for dtype in dtypes:
+        for b in bs:
+            stride = b
+            seq = rng.integers(1, 4000, b).astype(np.int64)
+            acc = rng.integers(0, v + 1, b)
+            rid = torch.arange(b, dtype=torch.int64, device="cuda")
+            r2t = torch.zeros(b, 8, dtype=torch.int32, device="cuda")
+            before = torch.from_numpy(seq).cuda()
+            after = torch.from_numpy(seq + acc).cuda()
+            pending = torch.full((b,), -1, dtype=torch.int64, device="cuda")
+            theirs = [(torch.randn(stride * (v + 1), 3 * D, device="cuda", generator=gen) * 0.1).to(dtype)
+                      for _ in range(layers)]
+            ours_states = [(torch.randn(b * (v + 2), 1, 3 * D, device="cuda", generator=gen) * 0.1).to(dtype)
+                           for _ in range(layers)]
+            seq32 = before.to(torch.int32)
+            accepted = torch.from_numpy(acc.astype(np.int32)).cuda()
+            main = rid.to(torch.int32)
+            bank = (main + b).contiguous()
+            load = torch.empty(b, dtype=torch.int32, device="cuda")
+            resolve = pydsa.C128Commit(seq32, accepted, main, bank, num_drafts=v, bank_stride=b, load_indices=load,
+                                       num_slots=b * (v + 2))
+            copying = pydsa.C128Commit(seq32, accepted, main, bank, num_drafts=v, bank_stride=b, states=ours_states)
+            calls = [lambda: ref.mark_pending(before, rid, pending, b, stride, dtype)]
+            calls += [lambda s=s: ref.commit_pending(after, rid, r2t, pending, s, b, v, stride, stride) for s in theirs]
+            t = {"pydsa": [], "pydsa copying": [], "sglang": []}
+            for _ in range(rounds):
+                t["pydsa"].append(graph_us([resolve.launch]))
+                t["pydsa copying"].append(graph_us([copying.launch]))
+                t["sglang"].append(graph_us(calls) * len(calls))
+            m = {k: statistics.median(x) for k, x in t.items()}
+            row = {"b": b, "v": v, "layers": layers, "state": str(dtype).replace("torch.", ""),
+                   "pydsa commit (load slots) us": round(m["pydsa"], 3),
+                   "pydsa commit copying onto main slots us": round(m["pydsa copying"], 3),
+                   "sglang mark_pending + commit_pending per layer us": round(m["sglang"], 3),
+                   "P16 speedup": round(m["sglang"] / m["pydsa"], 2),
+                   "copying speedup": round(m["sglang"] / m["pydsa copying"], 3)}
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
 def planning_rows(ref) -> list:
     """P23: host time per call of the sglang-shaped planning calls, pydsa.sglang's generate_online beside
     the reference's (sglang's host steps: its pinned buffer, copies and plan kernel), alternating in
@@ -423,7 +474,7 @@ def main(argv=None):
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
-    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "step", "floor", "sglang-api", "planning", "offline"],
+    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "commit", "step", "floor", "sglang-api", "planning", "offline"],
                     help="one part")
     args = ap.parse_args(argv)
     ref = _load(args.reference_build)
@@ -451,6 +502,8 @@ def main(argv=None):
         result["prefill"] = prefill_rows(ref, rounds)
     if args.only in (None, "verify"):
         result["verify"] = verify_rows(ref, [1, 32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
+    if args.only in (None, "commit"):
+        result["commit"] = commit_rows(ref, [32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "step"):
         result["model_step"] = model_step_rows(ref, [32, 256, 1024], [torch.float32, torch.bfloat16], rounds)
     if args.only in (None, "floor"):
