@@ -417,7 +417,9 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
                 chunks_checked=counts["chunks"], chunk_failures=last[1], max_relative_error=last[4],
                 cache_entries_stored=counts["entries"], cache_mismatches=last[2], index_errors=last[3],
                 device_mb_first=first[5], device_mb_last=last[5], rss_mb_first=first[6], rss_mb_last=last[6],
-                memory_flat=flat, checkpoints=len(marks), fault=fault, seed=seed,
+                memory_flat=flat, checkpoints=[dict(zip(("step", "chunk_failures", "cache_mismatches", "index_errors",
+                                                         "max_relative_error", "device_mb", "rss_mb"), m)) for m in marks],
+                fault=fault, seed=seed,
                 wall_s=wall, ms_per_step=wall / steps * 1e3, ok=ok)
 
 
@@ -469,8 +471,14 @@ def main(argv=None) -> int:
           f"{'resident memory, first / last':<34}{r['rss_mb_first']:.1f} / {r['rss_mb_last']:.1f} MB "
           f"({'flat' if r['memory_flat'] else 'GROWING'})\n"
           f"{'time':<34}{r['wall_s']:.1f} s, {r['ms_per_step']:.3f} ms per step\n\n{'PASS' if r['ok'] else 'FAIL'}")
-    if args.json:
-        clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+    if args.json:  # strict JSON, with where and how it ran
+        import datetime
+        from . import __version__
+        r = dict(gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "none (host backend)",
+                 date=datetime.date.today().isoformat(), command="python -m pydsa soak " + " ".join(argv or sys.argv[1:]),
+                 pydsa=__version__, torch=torch.__version__, python=sys.version.split()[0], **r)
+        nan = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (no sample: null)
+        clean = {k: [{a: nan(b) for a, b in c.items()} for c in v] if k == "checkpoints" else nan(v) for k, v in r.items()}
         with open(args.json, "w") as f:
             json.dump(clean, f, indent=1, allow_nan=False)
     return 0 if r["ok"] else 1

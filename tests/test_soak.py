@@ -13,7 +13,7 @@ def test_soak_keeps_every_step_busy_and_checks_every_op(device):
     r = soak.run(160, device, seed=3, checkpoint=40, progress=False, pool_rows=4096)
     assert r["ok"], r
     assert r["busy_steps"] == r["steps"] == 160
-    assert r["checkpoints"] == 4
+    assert [c["step"] for c in r["checkpoints"]] == [40, 80, 120, 160]
     # every op ran, slots were reused, drafts were both accepted and rejected
     assert r["prefill_launches"] > 0 and r["decode_steps"] > 0 and r["verify_steps"] > 0
     assert r["requests_finished"] > 0 and r["requests_arrived"] > soak.MAX_RUNNING
@@ -44,7 +44,8 @@ def test_soak_command_line(tmp_path, capsys):
     out = tmp_path / "soak.json"
     assert cli(["soak", "--steps", "30", "--checkpoint", "10", "--device", "cpu", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["steps"] == r["busy_steps"] == 30 and r["ok"] is True
+    assert r["steps"] == r["busy_steps"] == 30 and r["ok"] is True and len(r["checkpoints"]) == 3
+    assert r["command"].endswith("--steps 30 --checkpoint 10 --device cpu --json " + str(out)) and r["date"]
     assert "PASS" in capsys.readouterr().out
     for bad in (["--steps", "0"], ["--checkpoint", "0"], ["--seed", "-1"], ["--device", "tpu"]):
         with pytest.raises(SystemExit) as e:
