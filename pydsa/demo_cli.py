@@ -20,7 +20,7 @@ def main(argv=None) -> int:
                     f"{MAX_RUNNING} are served at once; the rest wait for a free slot)")
     ap.add_argument("--soak", action="store_true", help="requests keep arriving for every step (no end): slots, "
                     "cache entries and bank entries reused over and over; the summary counts the busy steps (for a "
-                    "million steps, python -m pydsa soak: the same ops checked on the device, far faster)")
+                    "million steps, python -m pydsa soak: the same ops, checked on the device without waiting for it)")
     ap.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the built-in data (0..2^32-1)")
     ap.add_argument("--json", help="write the summary here")
