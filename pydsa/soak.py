@@ -394,8 +394,8 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
             if progress:
                 m = marks[-1]
                 print(("\r" if tty else "") + f"step {m[0]}/{steps}: {counts['chunks']} chunks checked, {m[1]} failed, "
-                      f"{m[2]} cache mismatches, {m[3]} index errors, max err {m[4]:.1e}, device {m[5]:.0f} MB, "
-                      f"rss {m[6]:.0f} MB, {(time.perf_counter() - started) / (step + 1) * 1e3:.3f} ms/step",
+                      f"{m[2]} cache mismatches, {m[3]} index errors, max err {m[4]:.1e}, "
+                      + (f"device {m[5]:.0f} MB, " if cuda else "") + f"rss {m[6]:.0f} MB, {(time.perf_counter() - started) / (step + 1) * 1e3:.3f} ms/step",
                       end="" if tty else "\n", file=sys.stderr, flush=True)
     if tty:
         print(file=sys.stderr)
