@@ -3,11 +3,10 @@ error), the run (pydsa/demo.py) and its report; --json writes the summary as str
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
 
-from ._tensors import resolve_device
+from ._cli import add_run_flags, judge_run_flags, write_json
 from . import demo_c4
 from .demo import DRAFTS, MAX_RUNNING, TOLERANCE, __doc__ as _about, run
 
@@ -21,29 +20,9 @@ def main(argv=None) -> int:
     ap.add_argument("--soak", action="store_true", help="requests keep arriving for every step (no end): slots, "
                     "cache entries and bank entries reused over and over; the summary counts the busy steps (for a "
                     "million steps, python -m pydsa soak: the same ops, checked on the device without waiting for it)")
-    ap.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the built-in data (0..2^32-1)")
-    ap.add_argument("--json", help="write the summary here")
+    add_run_flags(ap)
     args = ap.parse_args(argv)
-    from .info import replaced_files
-    for problem in replaced_files():
-        ap.error(f"this install is broken: {problem}")
-    if args.steps < 1 or args.requests < 1:
-        ap.error(f"--steps and --requests must be at least 1 (got {args.steps}, {args.requests})")
-    if not 0 <= args.seed < 2**32:
-        ap.error(f"--seed must be in 0..2^32-1 (got {args.seed})")
-    try:
-        device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except (ValueError, RuntimeError) as exc:
-        ap.error(f"--device {args.device}: {exc}")
-    if device.type not in ("cpu", "cuda"):
-        ap.error(f"--device {args.device}: expected cpu, cuda or cuda:N")
-    if args.json:  # fail before the run, not after it
-        try:
-            with open(args.json, "a"):
-                pass
-        except OSError as exc:
-            ap.error(f"--json {args.json}: cannot write there ({exc.strerror})")
+    device = judge_run_flags(ap, args, {"--steps": args.steps, "--requests": args.requests})
     if device.type == "cpu":
         print("pydsa demo: no GPU in use, running the host backend (same C entry points, host memory)")
     else:
@@ -79,8 +58,6 @@ def main(argv=None) -> int:
     print(f"\n{'PASS' if r['ok'] else 'FAIL'}: {r['chunk_failures']} chunk, {r['cache_entry_failures']} cache entry, "
           f"{r['c4_failures']} c4 entry and {r['metadata_failures']} metadata check failures "
           f"in {r['wall_s']:.1f} s")
-    if args.json:  # strict JSON: a figure with no sample (NaN) is null
-        clean = {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
-        with open(args.json, "w") as f:
-            json.dump(clean, f, indent=1, allow_nan=False)
+    if args.json:
+        write_json(args.json, r)
     return 0 if r["ok"] else 1

@@ -90,18 +90,17 @@ class _Staging:
 
     def put64(self, values) -> torch.Tensor:
         """Appends values to the int64 staging; returns their device view (valid after send())."""
-        k = len(values)
-        self.h64[self.n64:self.n64 + k] = values
-        view = self.d64[self.n64:self.n64 + k]
-        self.n64 += k
+        view, self.n64 = self._put(self.h64, self.d64, self.n64, values)
         return view
 
     def put32(self, values) -> torch.Tensor:
-        k = len(values)
-        self.h32[self.n32:self.n32 + k] = values
-        view = self.d32[self.n32:self.n32 + k]
-        self.n32 += k
+        view, self.n32 = self._put(self.h32, self.d32, self.n32, values)
         return view
+
+    @staticmethod
+    def _put(host, dev, at, values):
+        host[at:at + len(values)] = values
+        return dev[at:at + len(values)], at + len(values)
 
     def send(self):
         self.d32[:self.n32].copy_(self.t32[:self.n32], non_blocking=True)  # pageable: staged before it returns
@@ -426,34 +425,14 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
 def main(argv=None) -> int:
     """`python -m pydsa soak`'s command line: flags checked first, the run, its summary (--json: strict JSON)."""
     import argparse
-    import json
+    from ._cli import add_run_flags, judge_run_flags, write_json
     ap = argparse.ArgumentParser(prog="python -m pydsa soak", description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100_000, help="serving steps to run, every one busy (default 100000)")
     ap.add_argument("--checkpoint", type=int, default=10_000, help="steps between checkpoints: the only points "
                     "where the loop waits for the device, reads the counters and the memory in use (default 10000)")
-    ap.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the built-in data (0..2^32-1)")
-    ap.add_argument("--json", help="write the summary here")
+    add_run_flags(ap)
     args = ap.parse_args(argv)
-    from .info import replaced_files
-    for problem in replaced_files():
-        ap.error(f"this install is broken: {problem}")
-    if args.steps < 1 or args.checkpoint < 1:
-        ap.error(f"--steps and --checkpoint must be at least 1 (got {args.steps}, {args.checkpoint})")
-    if not 0 <= args.seed < 2**32:
-        ap.error(f"--seed must be in 0..2^32-1 (got {args.seed})")
-    try:
-        device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    except (ValueError, RuntimeError) as exc:
-        ap.error(f"--device {args.device}: {exc}")
-    if device.type not in ("cpu", "cuda"):
-        ap.error(f"--device {args.device}: expected cpu, cuda or cuda:N")
-    if args.json:  # fail before the run, not after it
-        try:
-            with open(args.json, "a"):
-                pass
-        except OSError as exc:
-            ap.error(f"--json {args.json}: cannot write there ({exc.strerror})")
+    device = judge_run_flags(ap, args, {"--steps": args.steps, "--checkpoint": args.checkpoint})
     where = "the host backend" if device.type == "cpu" else torch.cuda.get_device_name(device)
     print(f"pydsa soak: {args.steps} steps on {where}, checked on the device, a checkpoint every {args.checkpoint}")
     r = run(args.steps, device, args.seed, args.checkpoint)
@@ -477,8 +456,5 @@ def main(argv=None) -> int:
         r = dict(gpu=torch.cuda.get_device_name(device) if device.type == "cuda" else "none (host backend)",
                  date=datetime.date.today().isoformat(), command="python -m pydsa soak " + " ".join(argv or sys.argv[1:]),
                  pydsa=__version__, torch=torch.__version__, python=sys.version.split()[0], **r)
-        nan = lambda v: None if isinstance(v, float) and v != v else v  # noqa: E731  (no sample: null)
-        clean = {k: [{a: nan(b) for a, b in c.items()} for c in v] if k == "checkpoints" else nan(v) for k, v in r.items()}
-        with open(args.json, "w") as f:
-            json.dump(clean, f, indent=1, allow_nan=False)
+        write_json(args.json, r)
     return 0 if r["ok"] else 1
