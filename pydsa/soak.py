@@ -29,17 +29,18 @@ import time
 import numpy as np
 import torch
 
+from ._abi import CHUNK
 from ._tensors import resolve_device
 from .c128 import C128Decode, C128Prefill, DevicePlan
+from .demo import TOLERANCE, _bucket  # the demo's check limit and its CUDA-graph batch buckets
 from .speculative import C128Commit, C128Verify
 from .store import KVCache, kv_page_bytes, kv_store
 
-CHUNK, D, DRAFTS = 128, 512, 4
+D, DRAFTS = 512, 4
 MAX_RUNNING = 32  # requests served at once, one main state slot each
 MAX_EXTEND, TOKEN_BUDGET = 512, 2048  # a prefill chunk's tokens per request, and per step
 RING = 1024  # raw rows kept per slot (>= MAX_EXTEND + CHUNK: a closing's window is always there)
 CACHE_SLOTS = 4096
-TOLERANCE = 1e-5
 # The cache is compared with its mirror every COMPARE_EVERY steps: a step stores at most
 # TOKEN_BUDGET / CHUNK + MAX_RUNNING entries, so an entry lives at least CACHE_SLOTS / 80 = 51 steps
 # before its slot is reused, and every entry ever written is compared at least once.
@@ -60,10 +61,6 @@ I32_FIXED = 8 * MAX_RUNNING
 # step's gather and scatter indices.
 P_SLOTS, D_SLOTS, V_SLOTS = 0, TOKEN_BUDGET, TOKEN_BUDGET + MAX_RUNNING
 I64_FIXED = TOKEN_BUDGET + MAX_RUNNING * (1 + DRAFTS)
-
-
-def _bucket(n: int) -> int:
-    return 1 << (n - 1).bit_length()
 
 
 def _rss_mb() -> float:
