@@ -70,22 +70,21 @@ for d, layout in ((512, "v4"), (128, "indexer")):
     c4_cache = pydsa.KVCache(torch.zeros(8, page, dtype=torch.uint8, device=dev), torch.ones(d, device=dev), rotary,
                              page_size=64, layout=layout)
     compressors.append(pydsa.C4Compressor(torch.zeros(B * R, 4 * d, device=dev), torch.randn(8, d, device=dev),
-                                          store=c4_cache))
+                                          store=c4_cache, ring_size=R))   # B slots of R rows: the ring owns R
 main, indexer = compressors
 c4_lens = np.array([9, 4, 13, 6], np.int64)                    # a prefill, planned on the host
-compress, write = pyplan.plan_c4(c4_lens, c4_lens, np.arange(B), R)
+c4_plan = pyplan.plan_c4(c4_lens, c4_lens, np.arange(B), R, num_slots=main.num_slots)   # carries its geometry
 n4 = int(c4_lens.sum())
 c4_slots = torch.arange(n4, dtype=torch.int64, device=dev) // 4   # the cache slot of the entry each row closes
-pydsa.c4_extend(main, torch.randn(n4, 2048, device=dev), (torch.from_numpy(compress).to(dev),
-                torch.from_numpy(write).to(dev)), indexer=indexer, indexer_kv_score=torch.randn(n4, 512, device=dev),
-                cache_slots=c4_slots)
+pydsa.c4_extend(main, torch.randn(n4, 2048, device=dev), c4_plan.to(dev), indexer=indexer,
+                indexer_kv_score=torch.randn(n4, 512, device=dev), cache_slots=c4_slots)
 c4_seq = torch.tensor(c4_lens + 1, **i32)                      # a decode step: one token per request
 pydsa.c4_decode(main, torch.randn(B, 2048, device=dev), indexer=indexer, indexer_kv_score=torch.randn(B, 512, device=dev),
-                seq_lens=c4_seq, slots=slots, ring_size=R, cache_slots=torch.arange(B, dtype=torch.int64, device=dev) + 64)
-pydsa.c4_verify(main, torch.randn(B * V, 2048, device=dev), c4_seq, slots, num_drafts=V, ring_size=R, indexer=indexer,
+                seq_lens=c4_seq, slots=slots, cache_slots=torch.arange(B, dtype=torch.int64, device=dev) + 64)
+pydsa.c4_verify(main, torch.randn(B * V, 2048, device=dev), c4_seq, slots, num_drafts=V, indexer=indexer,
                 indexer_drafts=torch.randn(B * V, 512, device=dev),
                 cache_slots=torch.arange(B * V, dtype=torch.int64, device=dev) + 128)
-print(f"c4: {len(compress)} entries from a prefill, a decode step and a verify of {V} drafts "
+print(f"c4: {len(c4_plan[0])} entries from a prefill, a decode step and a verify of {V} drafts "
       f"(up to {pydsa.c4_max_drafts(R)} with R = {R}), both caches stored")
 
 # Metadata refresh of one backend's static buffers (int32), DECODE mode: one launch for every field.

@@ -59,20 +59,28 @@ cdef class C4Compressor:
     """One compressor of a c4 layer, described once: its ring (fp32 or bf16 [rows, 4D], rows a multiple of 4,
     contiguous, on the host or a CUDA device), its ape (fp32 [8, D] on the ring's device: rows 0..3 bias the
     A halves, 4..7 the B halves) and an optional store (a KVCache on that device: layout "v4" for the main
-    compressor, "indexer" for the indexer's). D is 128, 256 or 512. The three are judged and read when the
-    compressor is made (a wrong one raises, naming it); each call then reads only its own tensors. They are
-    read-only attributes: a compressor stands for these buffers, whatever they hold."""
+    compressor, "indexer" for the indexer's). D is 128, 256 or 512.
+
+    ring_size=R makes the ring pydsa's request-scoped one: request slot s owns rows s*R .. s*R+R-1, the
+    ring's rows are num_slots * R (R a multiple of 4, >= 8), and the ops that address the ring by request
+    (c4_decode with seq_lens=/slots=, c4_verify, an extend planned by pyplan.plan_c4) take R from here.
+    Without it the ring is addressed only by records (sglang's page-scoped rings).
+
+    Everything is judged and read when the compressor is made (a wrong one raises, naming it); each call
+    then reads only its own tensors. They are read-only attributes: a compressor stands for these buffers,
+    whatever they hold."""
 
     cdef readonly object ring, ape, store
     cdef readonly int head_dim
-    cdef int32_t dev, ring_dtype
+    cdef readonly object ring_size, num_slots  # None for a ring addressed by records only
+    cdef int32_t dev, ring_dtype, rows_per_slot  # rows_per_slot: R, or 0
     cdef void* ring_data
     cdef int64_t ring_rows
     cdef const float* ape_data
     cdef const void* store_address
     cdef list views  # DLPack views of arrays of another framework, alive as long as the compressor
 
-    def __init__(self, ring, ape, *, store=None):
+    def __init__(self, ring, ape, *, store=None, ring_size=None):
         cdef Arg r, a
         cdef list views = []
         shape = getattr(ring, "shape", None)
@@ -103,9 +111,19 @@ cdef class C4Compressor:
         self.ring_rows = r.shape[0]
         self.ape_data = <const float*>a.data
         self.views = views
+        self.rows_per_slot = 0
+        self.ring_size = self.num_slots = None
+        if ring_size is not None:
+            int_arg(ring_size, "ring_size", 8, 2 ** 20, " (a multiple of 4: rows per request slot)")
+            if ring_size % 4 or self.ring_rows % ring_size:
+                raise ArgumentValueError("ring_size", f"ring_size is {ring_size}; expected a multiple of 4 that divides "
+                                                      f"the ring's {self.ring_rows} rows (num_slots * ring_size)")
+            self.rows_per_slot = ring_size
+            self.ring_size, self.num_slots = ring_size, self.ring_rows // ring_size
 
     def __repr__(self):
-        return (f"C4Compressor(D={self.head_dim}, ring={tuple(self.ring.shape)} {self.ring.dtype}, "
+        geometry = "" if self.ring_size is None else f", ring_size={self.ring_size}, num_slots={self.num_slots}"
+        return (f"C4Compressor(D={self.head_dim}, ring={tuple(self.ring.shape)} {self.ring.dtype}{geometry}, "
                 f"store={self.store!r})")
 
 
@@ -114,10 +132,11 @@ cdef object _device(int32_t dev):
 
 
 cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv_name, out, str out_name,
-               int64_t rows, int64_t out_rows, int32_t dev, list keep, str rows_of, str out_rows_of) except -1:
+               int64_t rows, int64_t out_rows, int32_t dev, list keep, str rows_of, str out_rows_of,
+               object p_main) except -1:
     """Compressor k of the call (`name`: main or indexer): its described ring, ape and store, and this call's
-    input and output."""
-    cdef Arg kv, o
+    input and output (which must not share memory with the input or the ring)."""
+    cdef Arg kv, o, ring_arg
     if type(comp_) is not C4Compressor:
         raise ArgumentTypeError(name, f"{name} must be a pydsa.C4Compressor (got {type(comp_).__name__})")
     cdef C4Compressor comp = <C4Compressor>comp_
@@ -128,10 +147,19 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
     elif comp.ring_dtype != p.ring_dtype:
         raise ArgumentValueError("indexer", f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have "
                                             f"one dtype (main.ring's)")
+    if k == 1 and comp.rows_per_slot != (<C4Compressor>p_main).rows_per_slot:
+        raise ArgumentValueError("indexer", f"indexer.ring_size is {comp.ring_size} but main.ring_size is "
+                                            f"{(<C4Compressor>p_main).ring_size}: both rings serve the same requests")
     tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep, rows_of)
     o.data = NULL
     if out is not None:
         tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep, out_rows_of)
+        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &kv, rows * 4 * comp.head_dim * 4, kv_name)
+        ring_arg.data = <char*>comp.ring_data
+        ring_arg.dev = comp.dev
+        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg,
+                 comp.ring_rows * 4 * comp.head_dim * (2 if comp.ring_dtype == DSA_STATE_BFLOAT16 else 4),
+                 f"{name}.ring")
     p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data
@@ -140,6 +168,36 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
     p.compressors[k].ape = comp.ape_data
     p.compressors[k].out = <float*>o.data
     p.compressors[k].store = comp.store_address
+    return 0
+
+
+cdef int32_t _request_ring(object main, object ring_size, str op) except -1:
+    """R of pydsa's request-scoped ring, as main owns it; a call's ring_size, when given, must agree."""
+    cdef C4Compressor m = <C4Compressor>main
+    if m.rows_per_slot == 0:
+        raise ArgumentValueError("main", f"main was made without ring_size: {op} over pydsa's request-scoped ring needs "
+                                         f"C4Compressor(ring, ape, ring_size=R), the rows each request slot owns")
+    if ring_size is not None and (type(ring_size) is not int or ring_size != m.rows_per_slot):
+        raise ArgumentValueError("ring_size", f"ring_size is {ring_size!r} but main's ring has ring_size {m.ring_size} "
+                                              f"(the ring owns its geometry: leave ring_size out, or pass its own)")
+    return m.rows_per_slot
+
+
+cdef int _distinct_slots(const Arg* seq, const Arg* slots, int64_t n, int32_t live_from) except -1:
+    """On the host backend: live requests (seq_lens >= live_from, slot >= 0) must hold distinct slots (two
+    would write one ring's rows). Device tensors are data the call does not read on the host."""
+    if seq.dev != -1:
+        return 0
+    cdef const int32_t* q = <const int32_t*>seq.data
+    cdef const int32_t* s = <const int32_t*>slots.data
+    cdef dict seen = {}
+    cdef int64_t i
+    for i in range(n):
+        if q[i] >= live_from and s[i] >= 0:
+            first = seen.setdefault(s[i], i)
+            if first != i:
+                raise ArgumentValueError("slots", f"slots[{first}] and slots[{i}] are both {s[i]}: live requests must "
+                                                  f"hold distinct slots (each owns its slot's ring rows)")
     return 0
 
 
@@ -171,9 +229,12 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
             if seq_lens is None or slots is None:
                 missing = "seq_lens" if seq_lens is None else "slots"
                 raise ArgumentValueError(missing, f"{missing} is None: c4_decode needs records= (uint8 [B, 16]) or "
-                                                  f"seq_lens= and slots= with ring_size=")
+                                                  f"seq_lens= and slots= over main's request-scoped ring")
+            p.ring_size = _request_ring(main, ring_size, "c4_decode")
         elif seq_lens is not None or slots is not None:
             raise ArgumentValueError("records", "records= and seq_lens=/slots= are two ways to give the rows: pass one")
+        elif ring_size is not None:
+            raise ArgumentValueError("ring_size", "ring_size is given with records=: records carry their ring rows")
     elif kind == EXTEND:
         tensor(records, &rc, "plan[0]", U8, dev, 2, ANY, 16, keep)
         tensor(write, &wr, "plan[1]", U8, dev, 2, ANY, 8, keep)
@@ -185,15 +246,16 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         out_rows = p.num_compress
     else:
         int_arg(num_drafts, "num_drafts", 1, 16, "")
+        p.ring_size = _request_ring(main, ring_size, "c4_verify")
     # where each size comes from, for the messages of a size that disagrees (plain literals: no work per call)
     rows_of = "the rows of drafts" if kind == VERIFY else "the rows of kv_score"
     out_rows_of = "the rows of plan[0], one per compress record" if kind == EXTEND else rows_of
     _side(p, 0, main, "main", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows, out_rows, dev,
-          keep, rows_of, out_rows_of)
+          keep, rows_of, out_rows_of, main)
     p.num_compressors = 1
     if indexer is not None:
         _side(p, 1, indexer, "indexer", indexer_kv_score, "indexer_kv_score" if kind != VERIFY else "indexer_drafts",
-              indexer_out, "indexer_out", rows, out_rows, dev, keep, rows_of, out_rows_of)
+              indexer_out, "indexer_out", rows, out_rows, dev, keep, rows_of, out_rows_of, main)
         p.num_compressors = 2
     if p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL):
         if cache_slots is None:
@@ -209,14 +271,12 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
             tensor(records, &rc, "records", U8, dev, 2, rows, 16, keep)
             p.decode_records = rc.data
         else:
-            int_arg(ring_size, "ring_size", 8, 2 ** 20, " (a multiple of 4)")
             vector(seq_lens, &sl, "seq_lens", I32, dev, rows, keep, "B: the rows of kv_score")
             vector(slots, &sx, "slots", I32, dev, rows, keep, "B: the rows of kv_score")
+            _distinct_slots(&sl, &sx, rows, 1)
             p.seq_lens = <const int32_t*>sl.data
             p.slots = <const int32_t*>sx.data
-            p.ring_size = ring_size
     elif kind == VERIFY:
-        int_arg(ring_size, "ring_size", 8, 2 ** 20, " (a multiple of 4)")
         read(seq_lens, &sl, "seq_lens", keep)
         b = sl.shape[0] if sl.ndim == 1 else -1
         if b < 0 or rows != b * num_drafts:
@@ -225,15 +285,38 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
                              f"length per request)")
         vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
         vector(slots, &sx, "slots", I32, dev, b, keep)
+        _distinct_slots(&sl, &sx, b, 0)
         p.batch_size = b
         p.seq_lens = <const int32_t*>sl.data
         p.slots = <const int32_t*>sx.data
-        p.ring_size = ring_size
         p.num_drafts = num_drafts
     error_counter(error_count, dev, &errors, keep)
     p.flags = flags
     p.device = dev
     p.error_count = errors
+    return 0
+
+
+cdef int _plan_fits(object plan, object main, object kv_score) except -1:
+    """A plan from pyplan.plan_c4 carries the geometry it was made for (ring_size, num_slots, num_tokens): it
+    must be main's ring and this call's input. Record tuples of another origin carry none."""
+    cdef C4Compressor m = <C4Compressor>main
+    plan_ring = getattr(plan, "ring_size", None)
+    if plan_ring is None:
+        return 0
+    if m.rows_per_slot == 0:
+        raise ArgumentValueError("main", f"plan was made by pyplan.plan_c4 for a request-scoped ring (ring_size "
+                                         f"{plan_ring}) but main was made without ring_size")
+    if plan_ring != m.ring_size:
+        raise ArgumentValueError("plan", f"plan was made for ring_size {plan_ring} but main.ring_size is {m.ring_size}")
+    plan_slots = getattr(plan, "num_slots", None)
+    if plan_slots is not None and plan_slots > m.num_slots:
+        raise ArgumentValueError("plan", f"plan was made for {plan_slots} slots but main's ring holds {m.num_slots}")
+    plan_tokens = getattr(plan, "num_tokens", None)
+    shape = getattr(kv_score, "shape", None)
+    if plan_tokens is not None and shape is not None and len(shape) == 2 and shape[0] != plan_tokens:
+        raise ArgumentValueError("kv_score", f"kv_score has {shape[0]} rows but plan was made for num_tokens = "
+                                             f"{plan_tokens} (its input rows)")
     return 0
 
 
@@ -246,8 +329,9 @@ def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=No
     each compressor's store, rotary row seq_len - 4. One launch for both compressors.
 
     Rows: records= (uint8 [B, 16], sglang's decode records: seq_len, write row, previous and current
-    group; seq_len 0 is padding), or seq_lens= (int32 [B], with the new token; <= 0 padding), slots=
-    (int32 [B]; negative: not held here) and ring_size= for pydsa's request-scoped ring."""
+    group; seq_len 0 is padding), or seq_lens= (int32 [B], with the new token; <= 0 padding) and slots=
+    (int32 [B]; negative: not held here; live slots distinct) over main's request-scoped ring (made with
+    ring_size=; a ring_size= given here must agree). B = 0 does nothing."""
     cdef dsa_c4_params p
     _fill(&p, DECODE, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, None, seq_lens, slots,
           ring_size, None, cache_slots, pdl_flag(pdl), error_count, None)
@@ -257,7 +341,8 @@ def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=No
 def c4_extend(main, kv_score, plan, *, indexer=None, indexer_kv_score=None, out=None, indexer_out=None,
               cache_slots=None, stream=None, pdl=None, error_count=None):
     """New tokens of a c4 layer at ragged rows of kv_score [N, 4D] (N <= 65536): plan = (compress uint8
-    [C, 16], write uint8 [W, 8]) on the op's device (sglang's records, or pyplan.plan_c4's). Compress
+    [C, 16], write uint8 [W, 8]) on the op's device (sglang's records, or pyplan.plan_c4's, whose plan
+    carries the ring it was made for: it must be main's, and N its num_tokens). Compress
     record i closes an entry: out [C, D] row i (optional) and stored at cache_slots[its ragged row]
     (int64 [N]); then each write record copies its input row into the ring."""
     cdef dsa_c4_params p
@@ -266,20 +351,26 @@ def c4_extend(main, kv_score, plan, *, indexer=None, indexer_kv_score=None, out=
     except (TypeError, ValueError):
         raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
                                         f"{type(plan).__name__})") from None
+    if type(main) is C4Compressor:
+        _plan_fits(plan, main, kv_score)
+    # numpy records are pyplan's host plan: checked by the library before anything runs (one that does not
+    # fit fails the call, naming it); record tensors are data, skipped and counted
+    host_plan = DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0
     _fill(&p, EXTEND, main, kv_score, out, indexer, indexer_kv_score, indexer_out, compress, write, None, None,
-          None, None, cache_slots, pdl_flag(pdl), error_count, None)
+          None, None, cache_slots, pdl_flag(pdl) | host_plan, error_count, None)
     _launch(&p, EXTEND, stream)
 
 
-def c4_verify(main, drafts, seq_lens, slots, *, num_drafts, ring_size, indexer=None, indexer_drafts=None,
+def c4_verify(main, drafts, seq_lens, slots, *, num_drafts, ring_size=None, indexer=None, indexer_drafts=None,
               out=None, indexer_out=None, cache_slots=None, reject_all=False, stream=None, pdl=None,
               error_count=None):
-    """V = num_drafts drafts per request over pydsa's request-scoped ring: drafts [B * V, 4D], draft j of
-    request b at row b * V + j, at position seq_lens[b] + j (seq_lens int32 [B]: committed length; < 0
-    padding). Entries the drafts close go to out [B * V, D] at the closing draft's row and are stored at
+    """V = num_drafts drafts per request over main's request-scoped ring (C4Compressor(..., ring_size=R); a
+    ring_size= given here must agree): drafts [B * V, 4D], draft j of request b at row b * V + j, at
+    position seq_lens[b] + j (seq_lens int32 [B]: committed length; < 0 padding; slots int32 [B], live ones
+    distinct). Entries the drafts close go to out [B * V, D] at the closing draft's row and are stored at
     cache_slots[that row]; every draft's row is written to the ring. No commit: the next decode or extend
     starts at the first rejected position and overwrites the rejected rows. V is at most
-    c4_max_drafts(ring_size, reject_all=...); a larger V is refused, naming the bound."""
+    c4_max_drafts(main.ring_size, reject_all=...); a larger V is refused, naming the bound."""
     cdef dsa_c4_params p
     if reject_all is not True and reject_all is not False:
         raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")

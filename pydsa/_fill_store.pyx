@@ -28,7 +28,7 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
 cdef int OP_STORE = declare_op("store", "dsa_kv_store", DSA_STRUCT_KV_STORE_PARAMS, sizeof(dsa_kv_store_params))
 
 
-def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=False, ratio=128, stream=None, pdl=None,
+def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=False, ratio=None, stream=None, pdl=None,
              error_count=None):
     """Stores vectors [N, D] float32 into `cache` (a pydsa.KVCache): vector i at cache slot cache_slots[i]
     (int64 [N]; negative: skipped; past the cache: skipped and counted) with rotary row positions[i]
@@ -37,12 +37,19 @@ def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=Fal
     With records (uint8 [M, 16], M <= N: sglang 0.5.23's plan records) and positions None, vector i's
     position and slot come from records[i] (docs/spec.md, the store): decode records (extend False) store
     row i when its seq_len is a positive multiple of 128, at cache_slots[i]; extend records store every
-    record but padding, at cache_slots[its ragged row]; the position is seq_len - 128. ratio=4: a c4
-    layer's records (decode rows stored when seq_len is a positive multiple of 4; position seq_len - 4).
+    record but padding, at cache_slots[its ragged row]; the position is seq_len - 128. The records do not
+    say which layer made them, so records= needs ratio=: 128 for a c128 layer's records, 4 for a c4
+    layer's (decode rows stored when seq_len is a positive multiple of 4; position seq_len - 4).
 
     A cache of layout "indexer" takes the c4 indexer's store (D = 128)."""
-    if type(ratio) is not int or (ratio != 4 and ratio != 128):
-        raise ArgumentValueError("ratio", f"ratio must be 128 (c128 records) or 4 (c4 records) (got {ratio!r})")
+    if records is None:
+        if ratio is not None:
+            raise ArgumentValueError("ratio", f"ratio is given without records= (it says what the records' layer is; "
+                                              f"got {ratio!r})")
+        ratio = 128
+    elif type(ratio) is not int or (ratio != 4 and ratio != 128):
+        raise ArgumentValueError("ratio", f"records= needs ratio=: 128 (a c128 layer's records) or 4 (a c4 layer's); "
+                                          f"the records do not say which (got {ratio!r})")
     cdef int status = _store(vectors, positions, cache_slots, cache, records, extend, ratio, stream, pdl_flag(pdl),
                              error_count)
     if status:

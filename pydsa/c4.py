@@ -19,24 +19,36 @@ from __future__ import annotations
 from . import _fill_c4
 from ._abi import lib
 from ._op import Prepared
-from .errors import ArgumentValueError
+from .errors import ArgumentTypeError, ArgumentValueError, int_argument
 
 __all__ = ["C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_verify", "c4_max_drafts", "c4_ring_bytes"]
 
+
+
+def _ring_size(ring_size) -> int:
+    r = int_argument(ring_size, "ring_size", 8, 2 ** 20, " (rows per request slot, a multiple of 4)")
+    if r % 4:
+        raise ArgumentValueError("ring_size", f"ring_size is {r}; expected a multiple of 4, >= 8")
+    return r
 
 
 def c4_max_drafts(ring_size: int, *, reject_all: bool = False) -> int:
     """The most drafts c4_verify takes with a ring of `ring_size` rows per request: R - 6 when the first
     draft is always accepted (a target verify: it is the token already sampled), R - 7 with
     reject_all=True (a step may accept none). A larger V would overwrite ring rows the next step reads."""
-    if isinstance(ring_size, bool) or not isinstance(ring_size, int) or ring_size < 8 or ring_size % 4:
-        raise ArgumentValueError("ring_size", f"ring_size must be a multiple of 4, >= 8 (got {ring_size!r})")
-    return lib.dsa_c4_max_drafts(ring_size, 1 if reject_all else 0)
+    r = _ring_size(ring_size)
+    if reject_all is not True and reject_all is not False:
+        raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
+    return lib.dsa_c4_max_drafts(r, 1 if reject_all else 0)
 
 
 def c4_ring_bytes(head_dim: int, ring_size: int, *, bf16: bool = False) -> int:
-    """Bytes of one request's ring: ring_size rows of 4 * head_dim values."""
-    return ring_size * 4 * head_dim * (2 if bf16 else 4)
+    """Bytes of one request's ring: ring_size rows of 4 * head_dim values (fp32, or bf16 with bf16=True)."""
+    if head_dim not in (128, 256, 512) or isinstance(head_dim, bool) or not isinstance(head_dim, int):
+        raise ArgumentValueError("head_dim", f"head_dim must be 128, 256 or 512 (got {head_dim!r})")
+    if bf16 is not True and bf16 is not False:
+        raise ArgumentTypeError("bf16", f"bf16 must be a bool (got {bf16!r})")
+    return _ring_size(ring_size) * 4 * head_dim * (2 if bf16 else 4)
 
 
 C4Compressor = _fill_c4.C4Compressor

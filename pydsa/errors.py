@@ -9,4 +9,14 @@ from __future__ import annotations
 
 from pyplan.errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 
-__all__ = ["ArgumentError", "ArgumentTypeError", "ArgumentValueError"]
+__all__ = ["ArgumentError", "ArgumentTypeError", "ArgumentValueError", "int_argument"]
+
+
+def int_argument(x, name: str, low: int, high: int, what: str = "") -> int:
+    """x when it is an int in low..high (numpy integers too; never a bool, a float or an int-like string,
+    which would be converted silently); else the error naming `name`."""
+    if isinstance(x, bool) or not (isinstance(x, int) or type(x).__module__ == "numpy" and hasattr(x, "__index__")):
+        raise ArgumentTypeError(name, f"{name} must be an int{what} (got {type(x).__name__} {x!r})")
+    if not low <= x <= high:
+        raise ArgumentValueError(name, f"{name} is {x}; expected {low}..{high}{what}")
+    return int(x)

@@ -32,6 +32,8 @@ def bank_bytes(batch_size: int, num_drafts: int, head_dim: int = 512, state_dtyp
                          ("state_dtype_bytes", state_dtype_bytes, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < low:
             raise ArgumentValueError(name, f"{name} must be an int >= {low} (got {v!r})")
+    if head_dim % 64:
+        raise ArgumentValueError("head_dim", f"head_dim must be a multiple of 64, as a state's D is (got {head_dim})")
     if state_dtype_bytes not in (2, 4):
         raise ArgumentValueError("state_dtype_bytes", f"state_dtype_bytes must be 4 (fp32) or 2 (bf16) (got {state_dtype_bytes})")
     return batch_size * (num_drafts + 1) * 3 * head_dim * state_dtype_bytes

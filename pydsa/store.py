@@ -15,7 +15,7 @@ import torch
 from . import _abi, _fill_store, _read
 from ._abi import CACHE_INDEXER, CACHE_V4, KvCache, lib, new
 from ._tensors import _float32, as_tensor, device_index, ptr
-from .errors import ArgumentValueError
+from .errors import ArgumentValueError, int_argument
 
 __all__ = ["KVCache", "kv_store", "kv_page_bytes", "indexer_page_bytes"]
 
@@ -32,7 +32,7 @@ def kv_page_bytes(head_dim: int = 512, page_size: int = 2) -> int:
     """Bytes of one cache page: page_size entries of D + 64 data bytes and a scale row of 8 bytes
     per 512 channels, padded to a multiple of D + 64 (D = 512, page 2: 1728)."""
     _page_size(page_size)
-    n = lib.dsa_kv_page_bytes(head_dim, page_size)
+    n = lib.dsa_kv_page_bytes(int_argument(head_dim, "head_dim", 128, 2 ** 16, " (a multiple of 64)"), page_size)
     if n <= 0:
         raise ArgumentValueError("head_dim", f"head_dim must be a multiple of 64 >= 128 and page_size >= 1 (got {head_dim}, {page_size})")
     return n
@@ -42,7 +42,7 @@ def indexer_page_bytes(head_dim: int = 128, page_size: int = 64) -> int:
     """Bytes of one page of the c4 indexer's cache: page_size entries of 128 fp8 codes and a 4-byte fp32
     scale (page 64: 8448)."""
     _page_size(page_size)
-    n = lib.dsa_indexer_page_bytes(head_dim, page_size)
+    n = lib.dsa_indexer_page_bytes(int_argument(head_dim, "head_dim", 128, 128, " (the indexer's D)"), page_size)
     if n <= 0:
         raise ArgumentValueError("head_dim", f"head_dim must be 128 and page_size >= 1 for an indexer cache (got {head_dim}, "
                                  f"{page_size})")

@@ -262,19 +262,45 @@ cdef inline int64_t _ring_row(int64_t slot, int64_t ring_size, int64_t p) nogil:
     return slot * ring_size + p % ring_size
 
 
-def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None):
+class C4Plan(tuple):
+    """One c4 extend's records, (compress, write) (unpacks as the pair), with the geometry it was planned
+    for: ring_size (R), num_slots (the slots it may address; None when not given) and num_tokens (the rows
+    of the input it indexes). pydsa's c4_extend refuses it for a ring or an input of another geometry."""
+
+    def __new__(cls, compress, write, ring_size, num_slots, num_tokens):
+        plan = tuple.__new__(cls, (compress, write))
+        plan._geometry = (ring_size, num_slots, num_tokens)
+        return plan
+
+    ring_size = property(lambda self: self._geometry[0], doc="R: ring rows per request slot")
+    num_slots = property(lambda self: self._geometry[1], doc="slots the plan may address, or None")
+    num_tokens = property(lambda self: self._geometry[2], doc="rows of the ragged input")
+
+    def to(self, device):
+        """The same plan with its records as torch tensors on `device` (a GPU call reads them there)."""
+        import torch
+        return C4Plan(torch.from_numpy(np.asarray(self[0])).to(device), torch.from_numpy(np.asarray(self[1])).to(device),
+                      *self._geometry)
+
+    def __repr__(self):
+        return (f"C4Plan(compress=[{len(self[0])}, 16], write=[{len(self[1])}, 8], ring_size={self.ring_size}, "
+                f"num_slots={self.num_slots}, num_tokens={self.num_tokens})")
+
+
+def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None, num_slots=None):
     """Plan one c4 extend over pydsa's request-scoped ring (request slot s owns ring rows s*R .. s*R+R-1;
     position p lives at row s*R + p % R).
 
     seq_lens, extend_lens: int64 [B]; request b's new tokens are positions seq_lens[b] - extend_lens[b] ..
     seq_lens[b] - 1 at consecutive ragged rows (request after request). slots: int [B] (a negative slot:
-    the request is not held here and gets no records). ring_size: R, a multiple of 4, >= 8.
-    num_tokens: rows of the ragged input, >= sum(extend_lens) (default: the sum); <= 65536.
+    the request is not held here and gets no records; the others distinct, below num_slots when given).
+    ring_size: R, a multiple of 4, >= 8 (the ring's: C4Compressor(..., ring_size=R)). num_tokens: rows of
+    the ragged input, >= sum(extend_lens) (default: the sum); <= 65536.
 
-    Returns (compress, write) as uint8 arrays [C, 16] and [W, 8] in sglang's record formats
-    (C4_COMPRESS_DTYPE, C4_WRITE_DTYPE viewed as bytes): one compress record per position p with
-    (p + 1) % 4 == 0, its window rows before the extend read from the ring; one write record for each of
-    the last min(extend, R) positions of each request."""
+    Returns a C4Plan: (compress, write) as uint8 arrays [C, 16] and [W, 8] in sglang's record formats
+    (C4_COMPRESS_DTYPE, C4_WRITE_DTYPE viewed as bytes), with the geometry it was made for: one compress
+    record per position p with (p + 1) % 4 == 0, its window rows before the extend read from the ring; one
+    write record for each of the last min(extend, R) positions of each request."""
     cdef cnp.ndarray seq_arr = _as_int64(seq_lens, "seq_lens")
     cdef cnp.ndarray ext_arr = _as_int64(extend_lens, "extend_lens")
     cdef cnp.ndarray slot_arr = _as_int64(slots, "slots")
@@ -289,19 +315,31 @@ def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None):
     cdef int64_t R = _int(ring_size, "ring_size", 8, 2 ** 20)
     if R % 4 != 0:
         raise ArgumentValueError("ring_size", f"ring_size is {R}; expected a multiple of 4, >= 8")
+    cdef int64_t slot_limit = 0x7FFFFFFF // R if num_slots is None else _int(num_slots, "num_slots", 0, 0x7FFFFFFF // R)
     cdef int64_t total = 0, n_c = 0, n_w = 0, b, p, l0, j, off, q
+    cdef dict seen = {}
     for b in range(B):
         if ext[b] < 1 or ext[b] > seq[b] or seq[b] > 0x7FFFFFFE:
             raise ArgumentValueError("extend_lens", f"extend_lens[{b}] is {ext[b]} and seq_lens[{b}] {seq[b]}; expected "
                                                     f"1 <= extend_lens <= seq_lens <= 2^31-2")
-        if slot[b] >= 0 and (slot[b] + 1) * R > 0x7FFFFFFF:
-            raise ArgumentValueError("slots", f"slots[{b}] is {slot[b]}; its ring rows pass 2^31-1")
+        if slot[b] >= slot_limit:
+            raise ArgumentValueError("slots", f"slots[{b}] is {slot[b]}; expected below "
+                                     + (f"num_slots = {slot_limit}" if num_slots is not None else
+                                        f"{slot_limit} (its ring rows pass 2^31-1)"))
+        if slot[b] >= 0:
+            first = seen.setdefault(slot[b], b)
+            if first != b:
+                raise ArgumentValueError("slots", f"slots[{first}] and slots[{b}] are both {slot[b]}: requests of one "
+                                                  f"extend must hold distinct slots")
         total += ext[b]
         if slot[b] >= 0:
             n_c += seq[b] // 4 - (seq[b] - ext[b]) // 4
             n_w += min(ext[b], R)
+    if num_tokens is None and total > 65536:
+        raise ArgumentValueError("extend_lens", f"the extends sum to {total} tokens; a c4 extend takes at most 65536 "
+                                                f"(16-bit ragged rows): split it")
     cdef int64_t tokens = total if num_tokens is None else _int(num_tokens, "num_tokens", 0, 65536)
-    if tokens < total or tokens > 65536:
+    if tokens < total:
         raise ArgumentValueError("num_tokens", f"num_tokens is {tokens}; expected sum(extend_lens) = {total} .. 65536 "
                                                f"(16-bit ragged rows)")
     cdef cnp.ndarray compress_arr = np.empty(n_c, C4_COMPRESS_DTYPE)
@@ -328,4 +366,5 @@ def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None):
                     w[wi].ring_row = <int>_ring_row(slot[b], R, p)
                     wi += 1
             off += ext[b]
-    return compress_arr.view(np.uint8).reshape(n_c, 16), write_arr.view(np.uint8).reshape(n_w, 8)
+    return C4Plan(compress_arr.view(np.uint8).reshape(n_c, 16), write_arr.view(np.uint8).reshape(n_w, 8), R,
+                  None if num_slots is None else slot_limit, tokens)

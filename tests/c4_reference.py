@@ -107,7 +107,7 @@ class Layer:
                 page = pydsa.indexer_page_bytes(d, 64) if k == 1 else pydsa.kv_page_bytes(d, 64)
                 cache_t = torch.full((pages, page), 0xA5, dtype=torch.uint8).to(device)
                 cache = pydsa.KVCache(cache_t, w, self.rotary, page_size=64, eps=1e-6, layout=layout)
-            self.compressors.append(pydsa.C4Compressor(ring, ape, store=cache))
+            self.compressors.append(pydsa.C4Compressor(ring, ape, store=cache, ring_size=ring_size))
             self.apes.append(ape.cpu().numpy())
             self.weights.append(w.cpu().numpy())
             self.caches.append(cache)
@@ -137,24 +137,22 @@ class Layer:
             pydsa.c4_decode(**kw, records=torch.from_numpy(recs).to(self.device), pdl=pdl, error_count=error_count)
         else:
             pydsa.c4_decode(**kw, seq_lens=torch.tensor(seqs, dtype=torch.int32, device=self.device),
-                            slots=torch.tensor(slots, dtype=torch.int32, device=self.device), ring_size=self.R,
-                            pdl=pdl, error_count=error_count)
+                            slots=torch.tensor(slots, dtype=torch.int32, device=self.device), pdl=pdl, error_count=error_count)
         return [kw["out"].cpu().numpy()] + ([kw["indexer_out"].cpu().numpy()] if len(self.dims) > 1 else [])
 
     def extend(self, seqs, exts, slots):
         """One extend (positions seq - ext .. seq - 1 of each request); returns (outs, compress records)."""
         rows = [np.concatenate([self.tokens[k][slots[i], seqs[i] - exts[i]:seqs[i]] for i in range(len(seqs))])
                 for k in range(len(self.dims))]
-        compress, write = pyplan.plan_c4(np.array(seqs, np.int64), np.array(exts, np.int64),
-                                         np.array(slots, np.int64), self.R)
+        plan = pyplan.plan_c4(np.array(seqs, np.int64), np.array(exts, np.int64), np.array(slots, np.int64), self.R)
+        compress = plan[0]
         kw = self.kwargs(rows, compress.shape[0])
         if self.caches[0]:
             slots_of_rows = []
             for i in range(len(seqs)):
                 slots_of_rows += [p // 4 + 32 * slots[i] for p in range(seqs[i] - exts[i], seqs[i])]
             kw["cache_slots"] = torch.tensor(slots_of_rows, dtype=torch.int64, device=self.device)
-        plan = (torch.from_numpy(compress).to(self.device), torch.from_numpy(write).to(self.device))
-        pydsa.c4_extend(**kw, plan=plan)
+        pydsa.c4_extend(**kw, plan=plan.to(self.device))
         return [kw["out"].cpu().numpy()] + ([kw["indexer_out"].cpu().numpy()] if len(self.dims) > 1 else []), compress
 
 

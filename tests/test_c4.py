@@ -258,7 +258,8 @@ def test_plan_c4_records_cover_every_closing_position_and_keep_the_last_rows(seq
     """pyplan.plan_c4: one compress record per closing position (in request and position order) with the
     window rows before the extend from the ring; write records for the last min(extend, R) positions."""
     ext = [data.draw(st.integers(1, s)) for s in seq]
-    slots = [data.draw(st.integers(-1, 20)) for _ in seq]
+    held = data.draw(st.permutations(range(21)))  # live requests hold distinct slots (plan_c4 refuses others)
+    slots = [-1 if data.draw(st.booleans()) else held[i] for i in range(len(seq))]
     R = data.draw(st.sampled_from([8, 12, 16]))
     compress, write = pyplan.plan_c4(np.array(seq), np.array(ext), np.array(slots), R)
     c = compress.view(pyplan.C4_COMPRESS_DTYPE).reshape(-1)
@@ -283,8 +284,10 @@ def test_plan_c4_refuses_bad_input_by_name():
         pyplan.plan_c4(np.array([3]), np.array([5]), np.array([0]), 8)
     with pytest.raises(ValueError, match="ring_size is 6"):
         pyplan.plan_c4(np.array([3]), np.array([3]), np.array([0]), 6)
-    with pytest.raises(ValueError, match="num_tokens is 70000"):
+    with pytest.raises(ValueError, match="extend_lens: the extends sum to 70000 tokens; a c4 extend takes at most 65536"):
         pyplan.plan_c4(np.array([70000]), np.array([70000]), np.array([0]), 8)
+    with pytest.raises(ValueError, match="num_tokens is 70000; expected 0..65536"):
+        pyplan.plan_c4(np.array([7]), np.array([7]), np.array([0]), 8, num_tokens=70000)
 
 
 def test_arguments_are_judged_by_name():
@@ -300,7 +303,7 @@ def test_arguments_are_judged_by_name():
         pydsa.c4_decode(main, torch.randn(2, 1024), seq_lens=seq, slots=seq, ring_size=8)
     with pytest.raises(ValueError, match="records= and seq_lens="):
         pydsa.c4_decode(main, kv, records=torch.zeros(2, 16, dtype=torch.uint8), seq_lens=seq, slots=seq)
-    with pytest.raises(ValueError, match="ring_size must be an int in 8"):
+    with pytest.raises(ValueError, match="ring_size is 6 but main's ring has ring_size 8"):
         pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, ring_size=6, cache_slots=torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match="cache_slots is None but a compressor has a store"):
         pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, ring_size=8)
@@ -322,7 +325,7 @@ def test_arguments_are_judged_by_name():
     with pytest.raises(TypeError, match="indexer must be a pydsa.C4Compressor"):
         pydsa.c4_decode(main, kv, indexer=object(), indexer_kv_score=kv, seq_lens=seq, slots=seq, ring_size=8)
     with pytest.raises(ValueError, match="cache_slots is given but neither compressor has a store"):
-        bare = pydsa.C4Compressor(torch.randn(8, 2048), torch.randn(8, 512))
+        bare = pydsa.C4Compressor(torch.randn(8, 2048), torch.randn(8, 512), ring_size=8)
         pydsa.c4_decode(bare, kv, seq_lens=seq, slots=seq, ring_size=8, cache_slots=torch.zeros(2, dtype=torch.int64))
     with pytest.raises(ValueError, match="an indexer cache needs D = 128"):
         pydsa.KVCache(torch.zeros(8448, dtype=torch.uint8), torch.ones(512), torch.zeros(8, 64), page_size=64,
@@ -382,7 +385,7 @@ def _wide_layer(dev, bf16_ring, n, seed):
         cache = torch.full((n // 64 + 2, page), POISON, dtype=torch.uint8).to(dev)
         store = pydsa.KVCache(cache, (torch.rand(d, generator=g) + 0.5).to(dev), rot, page_size=64, eps=1e-6,
                               layout=layout)
-        comps.append(pydsa.C4Compressor(ring, (torch.randn(8, d, generator=g) * 0.5).to(dev), store=store))
+        comps.append(pydsa.C4Compressor(ring, (torch.randn(8, d, generator=g) * 0.5).to(dev), store=store, ring_size=8))
     return comps
 
 

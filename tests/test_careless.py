@@ -50,9 +50,9 @@ def _store():
 
 def _c4():
     rot = torch.randn(1024, 64)
-    main = pydsa.C4Compressor(torch.randn(B * 8, 4 * D), torch.randn(8, D), store=pydsa.KVCache(
+    main = pydsa.C4Compressor(torch.randn(B * 8, 4 * D), torch.randn(8, D), ring_size=8, store=pydsa.KVCache(
         torch.zeros(4, pydsa.kv_page_bytes(D, 64), dtype=torch.uint8), torch.rand(D) + 0.5, rot, page_size=64))
-    indexer = pydsa.C4Compressor(torch.randn(B * 8, 512), torch.randn(8, 128), store=pydsa.KVCache(
+    indexer = pydsa.C4Compressor(torch.randn(B * 8, 512), torch.randn(8, 128), ring_size=8, store=pydsa.KVCache(
         torch.zeros(4, pydsa.indexer_page_bytes(128, 64), dtype=torch.uint8), torch.rand(128) + 0.5, rot,
         page_size=64, layout="indexer"))
     return dict(main=main, kv_score=torch.randn(B, 4 * D), indexer=indexer, indexer_kv_score=torch.randn(B, 512),
@@ -123,7 +123,7 @@ CARELESS = {
 # Arguments that may be None, and mutations a call may take as valid.
 OPTIONAL = {("plan_prefill", "num_tokens"), ("KVCache", "eps"),
             ("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c4_extend", "out"), ("c4_extend", "cache_slots"),
-            ("c4_verify", "out"), ("c4_verify", "cache_slots"), ("c128_decode", "out"), ("c128_prefill", "out"), ("c128_verify", "out"), ("c128_decode", "seq_lens")}
+            ("c4_verify", "out"), ("c4_verify", "cache_slots"), ("c4_decode", "ring_size"), ("c4_verify", "ring_size"), ("c128_decode", "out"), ("c128_prefill", "out"), ("c128_verify", "out"), ("c128_decode", "seq_lens")}
 
 
 def _applies(op, arg, how) -> bool:

@@ -188,7 +188,8 @@ def test_store_reads_sglang_records_in_place(device):
             (True, ext, [128, 0, 896], [int(out_loc[4]), int(out_loc[8]), int(out_loc[0])], 2)):
         a, b = make_cache(d, 2, pages, 2048, device), make_cache(d, 2, pages, 2048, device)
         counter = torch.zeros(1, dtype=torch.int32, device=device)
-        pydsa.kv_store(vectors, None, out_loc.to(device), a, records=rec.to(device), extend=extend, error_count=counter)
+        pydsa.kv_store(vectors, None, out_loc.to(device), a, records=rec.to(device), extend=extend, ratio=128,
+                       error_count=counter)
         rows_kept = keep if not extend else [0, 2, 5]
         pydsa.kv_store(vectors[rows_kept], torch.tensor(want_pos, dtype=torch.int32, device=device),
                        torch.tensor(want_loc, dtype=torch.int64, device=device), b)
@@ -196,10 +197,10 @@ def test_store_reads_sglang_records_in_place(device):
         assert int(counter.item()) == counted
     with pytest.raises(ValueError, match="positions must be None"):
         pydsa.kv_store(vectors, torch.zeros(rows, dtype=torch.int32, device=device), out_loc.to(device),
-                       make_cache(d, 2, pages, 2048, device), records=dec.to(device))
+                       make_cache(d, 2, pages, 2048, device), records=dec.to(device), ratio=128)
     with pytest.raises(ValueError, match="records has 7 rows but vectors only 2"):
         pydsa.kv_store(vectors[:2], None, out_loc.to(device), make_cache(d, 2, pages, 2048, device),
-                       records=dec.to(device))
+                       records=dec.to(device), ratio=128)
 
 
 def test_store_argument_errors():

@@ -412,12 +412,16 @@ typedef struct dsa_c4_compressor {
 
 typedef struct dsa_c4_params {
   uint32_t struct_size;
-  uint32_t flags;                 /* DSA_FLAG_PDL */
+  uint32_t flags;                 /* DSA_FLAG_PDL; verify: DSA_FLAG_C4_REJECT_ALL; extend: DSA_FLAG_HOST_PLAN
+                                     (host backend only: the records are checked before anything runs and
+                                     one that does not fit fails the call, naming it) */
   int32_t device;                 /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
   int32_t num_compressors;        /* 1 or 2 (main and indexer), each with its own ring, input and store */
   int32_t ring_dtype;             /* dsa_state_dtype of every ring */
-  int32_t ring_size;              /* R of the request-scoped ring (decode without records, verify) */
-  int64_t batch_size;             /* decode, verify: requests */
+  int32_t ring_size;              /* R of the request-scoped ring (decode without records, verify): every
+                                     ring_rows a multiple of it (num_slots * R); rows in 64 bits, a slot
+                                     past the ring skipped and counted */
+  int64_t batch_size;             /* decode, verify: requests (0: nothing runs; inputs may be null) */
   int64_t num_tokens;             /* extend: rows of kv_score (<= 65536: 16-bit ragged rows) */
   const dsa_c4_decode_record* decode_records; /* decode: [B], or null: seq_lens and slots */
   const dsa_c4_compress_record* compress;     /* extend: [num_compress] */

@@ -266,6 +266,36 @@ __global__ void __launch_bounds__(C4Form<kC4WriteChannels>::kThreads) c4_write_k
 
 // ---- checks and launches ----------------------------------------------------------------------------
 
+// A host plan (DSA_FLAG_HOST_PLAN: pyplan's records, in host memory) is checked before anything runs: a
+// record that is not padding and does not fit this call (outside its input rows or either compressor's
+// ring) fails the call, naming it. Records of other origins are data: skipped and counted.
+dsa_status check_c4_host_plan(const dsa_c4_params& p, const char* op) {
+  if (!(p.flags & DSA_FLAG_HOST_PLAN)) return DSA_STATUS_OK;
+  for (int64_t i = 0; i < p.num_compress; ++i) {
+    const dsa_c4_compress_record& r = p.compress[i];
+    if (r.seq_len == kC4Padding) continue;
+    for (int k = 0; k < p.num_compressors; ++k)
+      if (!compress_fits(r.seq_len, r.ragged_id, r.ring_rows, r.previous_group, r.current_group, p.num_tokens,
+                         p.compressors[k].ring_rows))
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compress record %lld {seq_len %u, ragged_id %u, ring_rows %u, "
+                    "previous_group %d, current_group %d} does not fit this call (%lld input rows, compressors[%d]'s "
+                    "ring of %lld rows): a plan made for other inputs?", op, (long long)i, r.seq_len,
+                    (unsigned)r.ragged_id, (unsigned)r.ring_rows, r.previous_group, r.current_group,
+                    (long long)p.num_tokens, k, (long long)p.compressors[k].ring_rows);
+  }
+  for (int64_t i = 0; i < p.num_write; ++i) {
+    const dsa_c4_write_record& w = p.write[i];
+    if (w.ragged_id == kC4Padding) continue;
+    for (int k = 0; k < p.num_compressors; ++k)
+      if ((int64_t)w.ragged_id >= p.num_tokens || w.ring_row < 0 || w.ring_row >= p.compressors[k].ring_rows)
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: write record %lld {ragged_id %u, ring_row %d} does not fit this "
+                    "call (%lld input rows, compressors[%d]'s ring of %lld rows): a plan made for other inputs?", op,
+                    (long long)i, w.ragged_id, w.ring_row, (long long)p.num_tokens, k,
+                    (long long)p.compressors[k].ring_rows);
+  }
+  return DSA_STATUS_OK;
+}
+
 enum C4Op { kOpDecode, kOpExtend, kOpVerify };
 
 // What the check hands on: each compressor's store launch and store kind.
@@ -278,6 +308,7 @@ struct C4Checked {
 dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked* checked) {
   StoreLaunch (&stores)[2] = checked->stores;
   int (&kinds)[2] = checked->kinds;
+  const bool nothing = kind == kOpExtend ? p.num_compress == 0 && p.num_write == 0 : p.batch_size == 0;
   if (p.num_compressors < 1 || p.num_compressors > 2)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_compressors is %d; expected 1 or 2", op, p.num_compressors);
   if (p.ring_dtype != DSA_STATE_FLOAT32 && p.ring_dtype != DSA_STATE_BFLOAT16)
@@ -290,8 +321,10 @@ dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked
     const int D = c.head_dim;
     if (D != 128 && D != 256 && D != 512)
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].head_dim is %d; expected 128, 256 or 512", op, k, D);
-    if (c.ring == nullptr || c.kv_score == nullptr || c.ape == nullptr)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].ring, .kv_score and .ape must be non-null", op, k);
+    if (c.ring == nullptr || c.ape == nullptr)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].ring and .ape must be non-null", op, k);
+    if (c.kv_score == nullptr && !nothing)  // an empty batch may come with an empty (null) input
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].kv_score must be non-null", op, k);
     if (c.ring_rows < 4 || c.ring_rows % 4 != 0 || c.ring_rows > INT32_MAX)
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].ring_rows is %lld; expected a multiple of 4 in "
                   "4..2^31-1", op, k, (long long)c.ring_rows);
@@ -306,14 +339,16 @@ dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked
         return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].store.layout is %d; expected %d (DSA_CACHE_V4) or "
                     "%d (DSA_CACHE_INDEXER)", op, k, layout, DSA_CACHE_V4, DSA_CACHE_INDEXER);
       const char* names[2] = {"compressors[0].store", "compressors[1].store"};
-      DSA_TRY(store_launch(c.store, p.cache_slots, D, p.device, op, &stores[k], layout, names[k]));
+      if (!nothing)  // an empty batch's cache_slots may be null (nothing is stored)
+        DSA_TRY(store_launch(c.store, p.cache_slots, D, p.device, op, &stores[k], layout, names[k]));
       kinds[k] = 1 + layout;
       any_store = true;
     }
   }
-  if (any_store && p.cache_slots == nullptr)
+  if (any_store && p.cache_slots == nullptr && !nothing)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a store needs cache_slots", op);
-  const bool requests = kind == kOpVerify || (kind == kOpDecode && p.decode_records == nullptr);
+  // an empty decode's records may be null: it addresses nothing, by records or by requests
+  const bool requests = kind == kOpVerify || (kind == kOpDecode && p.decode_records == nullptr && !nothing);
   if (p.batch_size < 0 || p.batch_size > INT32_MAX)
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected 0..%d", op, (long long)p.batch_size,
                 INT32_MAX);
@@ -322,6 +357,11 @@ dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ring_size is %d; expected a multiple of 4, >= 8", op, p.ring_size);
     if (p.batch_size > 0 && (p.seq_lens == nullptr || p.slots == nullptr))
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens and slots must be non-null (or decode_records given)", op);
+    for (int k = 0; k < p.num_compressors; ++k)
+      if (p.compressors[k].ring_rows % p.ring_size != 0)
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compressors[%d].ring_rows is %lld, not a multiple of ring_size %d: "
+                    "a request-scoped ring holds num_slots * ring_size rows", op, k,
+                    (long long)p.compressors[k].ring_rows, p.ring_size);
   }
   if (kind == kOpVerify) {
     const int32_t most = c4_max_drafts(p.ring_size, (p.flags & DSA_FLAG_C4_REJECT_ALL) != 0);
@@ -343,10 +383,14 @@ dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compress and write must be non-null when their counts are", op);
     if (gpu && (!aligned(p.compress, 16) || !aligned(p.write, 8)))
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, compress must be 16-byte and write 8-byte aligned", op);
+    if ((p.flags & DSA_FLAG_HOST_PLAN) && gpu)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a host plan (DSA_FLAG_HOST_PLAN) runs on the host backend only; "
+                  "copy its records to the device for a GPU call", op);
+    DSA_TRY(check_c4_host_plan(p, op));
   }
   if (kind == kOpDecode && gpu && !aligned(p.decode_records, 16))
     return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, decode_records must be 16-byte aligned", op);
-  checked->nothing = kind == kOpExtend ? p.num_compress == 0 && p.num_write == 0 : p.batch_size == 0;
+  checked->nothing = nothing;
   return DSA_STATUS_OK;
 }
 

@@ -63,17 +63,22 @@ struct C4WriteRecord {
 
 constexpr uint32_t kC4Padding = 0xFFFFFFFFu;
 
-// The ring row of position p of a request-scoped ring (slot's R rows), and its group.
+// The ring row of position p of a request-scoped ring (slot's R rows), in 64 bits: a slot past the ring
+// gives a row past the ring, which the ops skip and count (never narrowed into another slot's rows).
 DSA_HD int64_t request_ring_row(int32_t slot, int32_t ring_size, int64_t p) {
   return (int64_t)slot * ring_size + p % ring_size;
 }
+
+// A ring row as the records hold it (int32), or -1 where it cannot be one: the checks then skip and count.
+DSA_HD int32_t ring_index(int64_t row) { return row >= 0 && row <= 0x7FFFFFFF ? (int32_t)row : -1; }
+DSA_HD int32_t ring_group(int64_t row) { return row >= 0 && row <= 0x7FFFFFFF ? (int32_t)(row / 4) : -1; }
 
 // A decode record for a request-scoped ring (seq_len >= 1).
 DSA_HD C4DecodeRecord c4_decode_record(int32_t seq_len, int32_t slot, int32_t ring_size) {
   const int64_t p = seq_len - 1, q = p >= kC4Quartet ? p - kC4Quartet : 0;
   const int64_t row = request_ring_row(slot, ring_size, p);
-  return C4DecodeRecord{(uint32_t)seq_len, (int32_t)row, (int32_t)(request_ring_row(slot, ring_size, q) / 4),
-                        (int32_t)(row / 4)};
+  return C4DecodeRecord{(uint32_t)seq_len, ring_index(row), ring_group(request_ring_row(slot, ring_size, q)),
+                        ring_group(row)};
 }
 
 // The compress record of draft j of a verify (committed length seq, slot's ring), or a padding record
@@ -85,8 +90,8 @@ DSA_HD C4CompressRecord c4_draft_record(int32_t seq, int32_t j, int32_t slot, in
   const int64_t q = p >= kC4Quartet ? p - kC4Quartet : 0;
   const int ring_rows = kC4Window - (j + 1 < kC4Window ? j + 1 : kC4Window);
   return C4CompressRecord{(uint32_t)(p + 1), (uint16_t)(b * num_drafts + j), (uint16_t)ring_rows,
-                          (int32_t)(request_ring_row(slot, ring_size, q) / 4),
-                          (int32_t)(request_ring_row(slot, ring_size, p) / 4)};
+                          ring_group(request_ring_row(slot, ring_size, q)),
+                          ring_group(request_ring_row(slot, ring_size, p))};
 }
 
 // Whether ring group g (rows 4g .. 4g+3) lies inside a ring of ring_rows rows.

@@ -276,11 +276,11 @@ def verify_rows(ref, rounds, ring_size=16):
             out_loc = ctx.out_loc(pos + 1, rows_req)
             kv = ctx.inputs(b * v)
             ours = [pydsa.C4Compressor(torch.randn(b * ring_size, 4 * d, device="cuda"), ctx.apes[k],
-                                       store=ctx.ours[k].store) for k, d in enumerate(DIMS)]
+                                       store=ctx.ours[k].store, ring_size=ring_size) for k, d in enumerate(DIMS)]
             seq32, slots = seq.to(torch.int32), torch.arange(b, dtype=torch.int32, device="cuda")
 
             def mine():
-                pydsa.c4_verify(ours[0], kv[0], seq32, slots, num_drafts=v, ring_size=ring_size, indexer=ours[1],
+                pydsa.c4_verify(ours[0], kv[0], seq32, slots, num_drafts=v, indexer=ours[1],
                                 indexer_drafts=kv[1], cache_slots=out_loc)
             t = median_graph_us({"sglang": [lambda: sglang_layer(ref, ctx, kv, plan, out_loc)], "pydsa": [mine]},
                                 rounds)

@@ -48,16 +48,18 @@ def host_calls() -> dict:
     # a c4 layer: both compressors over request-scoped rings of 8 rows, both stores
     rotary = torch.randn(8192, 64, generator=gen).to(dev)
     main = C4Compressor(torch.randn(B * 8, 4 * d, generator=gen).to(dev), torch.randn(8, d, generator=gen).to(dev),
+                        ring_size=8,
                         store=KVCache(torch.zeros(B, kv_page_bytes(d, 64), dtype=torch.uint8, device=dev),
                                       (torch.rand(d, generator=gen) + 0.5).to(dev), rotary, page_size=64,
                                       layout="v4"))
     indexer = C4Compressor(torch.randn(B * 8, 512, generator=gen).to(dev), torch.randn(8, 128, generator=gen).to(dev),
+                           ring_size=8,
                            store=KVCache(torch.zeros(B, indexer_page_bytes(128, 64), dtype=torch.uint8, device=dev),
                                          (torch.rand(128, generator=gen) + 0.5).to(dev), rotary, page_size=64,
                                          layout="indexer"))
     c4_kv, c4_ikv = torch.randn(B, 4 * d, generator=gen).to(dev), torch.randn(B, 512, generator=gen).to(dev)
     c4_seq = torch.randint(1, 5000, (B,), generator=gen, dtype=torch.int32).to(dev)
-    c4_args = dict(indexer=indexer, indexer_kv_score=c4_ikv, seq_lens=c4_seq, slots=idx, ring_size=8,
+    c4_args = dict(indexer=indexer, indexer_kv_score=c4_ikv, seq_lens=c4_seq, slots=idx,
                    cache_slots=slots)
     prepared = dict(
         decode=C128Decode(state, kv, out, ape, idx, seq_lens),
