@@ -208,7 +208,7 @@ def test_c128_online_calls_equal_the_main_api_and_the_formula(device):
 def test_planner_refuses_a_token_count_that_disagrees(device):
     ext = torch.tensor([10, 20], dtype=torch.int64)
     plans = torch.zeros(31, 16, dtype=torch.uint8), torch.zeros(31, 16, dtype=torch.uint8)
-    with pytest.raises(ValueError, match="num_tokens is 31 but the extends sum to 30"):
+    with pytest.raises(ValueError, match="compress_plan.s row count is 31 but the extends sum to 30"):
         sglang.plan_compress_online_prefill(ext, ext, *plans, True)
     assert bool((plans[0] == 0).all()), "nothing written on refusal"
     with pytest.raises(RuntimeError, match="extend_lens must have dtype int64"):

@@ -35,10 +35,10 @@ from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..c128 import c128_decode, c128_prefill
 from ..metadata import MetadataCopy
 from ..speculative import c128_commit, c128_verify
-from ._args import count_of
+from ._args import caller_words as _caller_words, count_of
 from .c4 import layer as c4_layer
-from .compress import (CompressorDecodePlan, CompressorPrefillPlan, _caller_words, compress_forward,
-                        compress_forward_and_store, compress_norm_rope_store, memo)
+from .compress import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward, compress_forward_and_store,
+                        compress_norm_rope_store, memo)
 
 __all__ = ["fused_metadata_copy_cuda", "fused_metadata_copy_multi_cuda", "c128_online_decode",
            "c128_online_prefill", "plan_compress_online_prefill", "online_c128_mtp_write_prefix_states",
@@ -162,6 +162,11 @@ def c128_online_prefill(kv_score_buffer, kv_score_input, out, ape, indices, comp
         raise _caller_words(exc, _ONLINE_NAMES) from None
 
 
+# pyplan.plan_prefill's argument names -> plan_compress_online_prefill's: the token count is the plans' rows
+_PLANNER_NAMES = {"num_tokens": ("compress_plan", "compress_plan's row count"),
+                  "out": "compress_plan", "out[0]": "compress_plan", "out[1]": "write_plan"}
+
+
 def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_plan, use_cuda_graph) -> tuple:
     """sglang's host planner: int64 extend_lens / seq_lens [B] (host), uint8 [M, 16] host or
     pinned plan buffers filled in place, M = the token count (sum of extend_lens). Returns the
@@ -180,8 +185,11 @@ def plan_compress_online_prefill(extend_lens, seq_lens, compress_plan, write_pla
     if write_plan.shape[0] != m:
         raise ValueError(f"compress_plan has {m} rows but write_plan has {write_plan.shape[0]}")
     # num_tokens = m: the planner refuses extends that do not sum to it before writing anything.
-    _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=m, out=(compress_plan, write_plan),
-                                       return_counts=True)
+    try:
+        _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=m, out=(compress_plan, write_plan),
+                                           return_counts=True)
+    except ArgumentError as exc:
+        raise _caller_words(exc, _PLANNER_NAMES) from None
     if not use_cuda_graph:
         return nc, nw
     pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=m, graph=True, out=(compress_plan, write_plan))
@@ -239,7 +247,8 @@ def _count(name: str, x, least: int) -> int:
 
 
 # pydsa's argument names -> the MTP calls' (sglang's) names, for the errors pydsa's ops raise under them
-_MTP_NAMES = {"kv_score": "kv_score_input", "bank_stride": "state_slot_stride", "ape": "ape", "state": "state"}
+_MTP_NAMES = {"kv_score": "kv_score_input", "bank_stride": "state_slot_stride", "ape": "ape", "state": "state",
+              "num_drafts": "num_verify_tokens"}
 
 
 def online_c128_mtp_write_prefix_states(kv_score_input, seq_lens, req_pool_indices, req_to_token, ape, state,

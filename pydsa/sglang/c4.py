@@ -13,18 +13,30 @@ records in request and position order, where sglang's order depends on its atomi
 drafts is an extend of V tokens per request; sglang's ring of 16 rows serves V <= 10 (R - 6), which this
 layer cannot check (sglang's signatures do not tell a verify from a prefill): pydsa.c4_verify, which takes
 V, refuses more.
+
+Ring sizes below 8 are refused: an entry's window is 8 positions (the previous quartet's A halves and its
+own quartet's B halves), so a ring of 4 rows holds one quartet, and the previous one is overwritten before the
+entry that closes the next reads it. sglang's own planner takes ring_size 4; its kernels then read an entry's
+A halves from the wrong rows wherever the ring supplies them (every decoded entry after the first), silently.
+
+The calls here raise pydsa's argument errors in sglang's words (_args.caller_words): compress_forward's
+argument names (compress.py) for `compress`, `c4_layer`'s dict keys (main['kv_score_input'], ...) for
+`layer`; the planners raise sglang's RuntimeError, naming the argument.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 
 from ..c4 import C4Compressor, c4_decode, c4_extend
-from ._args import count_of, described as _described
+from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
+from ._args import caller_words, count_of, described as _described
 
 WINDOW, RATIO = 8, 4
 MAX_TOKENS = 65536
+MAX_SEQ_LEN = 2 ** 31 - 1  # a record's u32 seq_len, read as int32 by the ops
 _INVALID_C = (-1, 0, -1, -1)  # {0xFFFFFFFF, u16 0 | u16 0, -1, -1} as int32 words
 _INVALID_W = (-1, -1)
 
@@ -42,7 +54,8 @@ class _Ring(NamedTuple):
         (rid or a position outside req_to_token, a token outside full_to_state, a negative SWA slot): index
         values are data, never used to index out of bounds; the ops skip and count a record with row -1."""
         if self.use_req_ring:
-            return torch.where(rid >= 0, rid * self.ring_size + positions % self.ring_size, -1)
+            ok = (rid >= 0) & (positions < MAX_SEQ_LEN)
+            return torch.where(ok, rid * self.ring_size + positions % self.ring_size, -1)
         r2t, f2s = self.req_to_token, self.full_to_state
         if r2t.dim() != 2 or r2t.numel() == 0 or f2s.numel() == 0:
             return torch.full_like(positions, -1)
@@ -55,15 +68,32 @@ class _Ring(NamedTuple):
         return torch.where(ok, row, -1)
 
 
-def _check_ring(compress_ratio, swa_page_size, ring_size):
+def _check_ring(swa_page_size, ring_size):
+    """sglang's ring geometry: ring_size rows per SWA page of swa_page_size tokens. ring_size is at least 8,
+    where sglang's own planner takes 4 and its kernels then corrupt (the module's docstring says how)."""
     for name, v in (("swa_page_size", swa_page_size), ("ring_size", ring_size)):
         if count_of(v) is None:
             raise RuntimeError(f"{name} must be an int (got {_described(v)} {v!r})")
-    if compress_ratio != RATIO:
-        raise ValueError(f"compress_ratio {compress_ratio} is not a c4 plan")
-    if ring_size <= 0 or ring_size % RATIO or swa_page_size <= 0 or swa_page_size % ring_size:
-        raise RuntimeError(f"swa_page_size ({swa_page_size}) must be a multiple of ring_size ({ring_size}), and "
-                           f"ring_size a multiple of 4")
+    if ring_size < WINDOW or ring_size % RATIO:
+        raise RuntimeError(f"ring_size is {ring_size}; expected a multiple of 4, >= 8 (an entry's window is 8 rows; "
+                           f"with fewer the ring overwrites rows an entry still reads)")
+    if swa_page_size <= 0 or swa_page_size % ring_size:
+        raise RuntimeError(f"swa_page_size ({swa_page_size}) must be a positive multiple of ring_size ({ring_size})")
+
+
+def _check_flags(**flags):
+    for name, v in flags.items():
+        if v is not True and v is not False:
+            raise RuntimeError(f"{name} must be a bool (got {_described(v)} {v!r})")
+
+
+def _check_host_lengths(seq):
+    """Host seq_lens (int64) fit sglang's 32-bit records (on the device, a length past them becomes a record
+    the ops skip and count)."""
+    if seq.numel() and int(seq.max()) > MAX_SEQ_LEN:
+        bad = int(torch.argmax(seq))
+        raise RuntimeError(f"seq_lens[{bad}] is {int(seq[bad])}; expected <= 2^31-1 (sglang's records hold 32-bit "
+                           f"lengths)")
 
 
 def _check_tables(req_pool_indices, req_to_token, full_to_state):
@@ -78,21 +108,26 @@ def _check_tables(req_pool_indices, req_to_token, full_to_state):
 def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size: int, ring_size: int,
                 use_req_ring: bool = False) -> torch.Tensor:
     """sglang's c4 decode plan (plan_d uint8 [B, 16]) on the device of req_pool_indices, in a few launches, no
-    host synchronization. A seq_len <= 0 gives a padding record (seq_len 0, nothing read or written)."""
-    _check_ring(RATIO, swa_page_size, ring_size)
+    host synchronization. A seq_len <= 0 gives a padding record (seq_len 0, nothing read or written); one past
+    2^31-1 is refused in a host tensor and in a device tensor becomes a record with ring row -1, which the ops
+    skip and count (pydsa.error_count). ring_size >= 8 (the module's docstring says why)."""
+    _check_ring(swa_page_size, ring_size)
+    _check_flags(use_req_ring=use_req_ring)
     _check_tables(req_pool_indices, req_to_token, full_to_state)
     if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int64, torch.int32):
         raise RuntimeError(f"seq_lens must be a torch.int64/torch.int32 tensor (got {_described(seq_lens)})")
     if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape[0] != seq_lens.shape[0]:
         raise RuntimeError(f"req_pool_indices must be [B] with B the length of seq_lens (got "
                            f"{list(req_pool_indices.shape)} and {list(seq_lens.shape)})")
+    if seq_lens.device.type == "cpu":
+        _check_host_lengths(seq_lens.to(torch.int64))
     seq = seq_lens.to(req_pool_indices.device, torch.int64)
     rid = req_pool_indices
     p1 = (seq - 1).clamp_min(0)
     p0 = (p1 - RATIO).clamp_min(0)
     ring = _Ring(req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
     write, first = ring.rows(p1, rid), ring.rows(p0, rid)
-    plan = torch.stack([seq.clamp_min(0), write, torch.div(first, 4, rounding_mode="floor"),
+    plan = torch.stack([seq.clamp(0, MAX_SEQ_LEN), write, torch.div(first, 4, rounding_mode="floor"),
                         torch.div(write, 4, rounding_mode="floor")], dim=1).to(torch.int32)
     return plan.view(torch.uint8).reshape(-1, 16)
 
@@ -121,17 +156,17 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
                  ring_size: int, num_q_tokens: int, use_cuda_graph: bool = False, use_req_ring: bool = False):
     """sglang's c4 extend plan (plan_c uint8 [C, 16], plan_w uint8 [W, 8]): with host seq_lens / extend_lens
     (int64), its host planner's records (sum of extends == num_q_tokens); with device ones (CUDA graphs,
-    target verify), records in request and position order, both lists padded to num_q_tokens rows."""
-    _check_ring(RATIO, swa_page_size, ring_size)
+    target verify), records in request and position order, both lists padded to num_q_tokens rows. Lengths past
+    2^31-1: refused on the host, records the ops skip and count on the device. ring_size >= 8 (the module's
+    docstring says why)."""
+    _check_ring(swa_page_size, ring_size)
     _check_tables(req_pool_indices, req_to_token, full_to_state)
     for name, t in (("seq_lens", seq_lens), ("extend_lens", extend_lens)):
         if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32) or t.dim() != 1 \
                 or t.shape[0] != req_pool_indices.shape[0]:
             raise RuntimeError(f"{name} must be an int64 or int32 tensor [B] with B the length of req_pool_indices "
                                f"(got {_described(t)}; req_pool_indices {list(req_pool_indices.shape)})")
-    for name, v in (("use_cuda_graph", use_cuda_graph), ("use_req_ring", use_req_ring)):
-        if v is not True and v is not False:
-            raise RuntimeError(f"{name} must be a bool (got {v!r})")
+    _check_flags(use_cuda_graph=use_cuda_graph, use_req_ring=use_req_ring)
     n = count_of(num_q_tokens)
     if n is None:
         raise RuntimeError(f"num_q_tokens must be an int (got {_described(num_q_tokens)})")
@@ -143,6 +178,7 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
         raise RuntimeError(f"a c4 prefill plan needs batch_size ({b_count}) <= num_q_tokens ({n}) <= 65536 "
                            f"(16-bit ragged rows)")
     if host:
+        _check_host_lengths(seq)
         if bool(((ext <= 0) | (ext > seq)).any()):
             bad = int(torch.nonzero((ext <= 0) | (ext > seq))[0, 0])
             raise RuntimeError(f"extend_lens[{bad}] is {int(ext[bad])}; expected 1..seq_lens[{bad}] = {int(seq[bad])}")
@@ -158,7 +194,7 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     row1, row0 = ring.rows(p1, rid), ring.rows(p0, rid)
     g0 = torch.where(from_ring, torch.div(row0, 4, rounding_mode="floor"), torch.full_like(row0, -1))
     g1 = torch.where(from_ring, torch.div(row1, 4, rounding_mode="floor"), b)
-    comp = torch.stack([pos + 1, t | (ring_rows << 16), g0, g1], dim=1).to(torch.int32)
+    comp = torch.stack([(pos + 1).clamp_max(MAX_SEQ_LEN), t | (ring_rows << 16), g0, g1], dim=1).to(torch.int32)
     write = torch.stack([t, row1], dim=1).to(torch.int32)
     if host:  # exactly the real records (padded to n in CUDA-graph mode)
         nc, nw = int(closes.sum()), int(kept.sum())
@@ -183,39 +219,141 @@ def _compacted(records, mask, invalid):
     return torch.where(mask[order].unsqueeze(1), out, fill)
 
 
-def compressor(kv_score_buffer, ape, head_dim: int, store=None) -> C4Compressor:
-    """pydsa's view of one sglang c4 compressor: its ring ([rows, 4D] however sglang shapes it) and ape."""
-    ring = kv_score_buffer.reshape(-1, 4 * head_dim)
-    return C4Compressor(ring, ape.reshape(-1, head_dim), store=store)
+def plan_of(plan):
+    """plan when it is a c4 plan (compress_ratio 4, sglang's or pydsa.sglang's: its records are read in place),
+    else the error naming plan."""
+    ratio = getattr(plan, "compress_ratio", None)
+    if not hasattr(plan, "is_decode") or count_of(ratio) is None:
+        raise ArgumentTypeError("plan", f"plan must be a c4 CompressorDecodePlan or CompressorPrefillPlan (got "
+                                        f"{_described(plan)})")
+    if ratio != RATIO:
+        raise ArgumentValueError("plan", f"plan is a compress_ratio {ratio} plan; a c4 call reads compress_ratio 4 "
+                                         f"records")
+    return plan
+
+
+def _as_rows(t, width=None):
+    """t viewed as rows of `width` values (default: its last dimension), never copied: sglang's [-1, 4, 4D]
+    ring as [rows, 4D], the checkpoint's ape [4, 2D] as [8, D]. Anything that does not view so is passed as
+    it is, for the op to judge and name."""
+    if not isinstance(t, torch.Tensor) or t.dim() < 1:
+        return t
+    width = t.shape[-1] if width is None else width
+    if t.dim() == 2 and t.shape[1] == width:
+        return t
+    try:
+        return t.view(-1, width)
+    except RuntimeError:
+        return t
+
+
+def compressor(kv_score_buffer, ape, store=None) -> C4Compressor:
+    """pydsa's view of one sglang c4 compressor: its ring ([rows, 4D] however sglang shapes it), its ape ([8, D]
+    or the checkpoint's [4, 2D], cast to fp32 as sglang casts it to its fp32 input) and its store. Raises pydsa's
+    errors (ring, ape, store), for the caller to say in its words."""
+    ring = _as_rows(kv_score_buffer)
+    d = ring.shape[-1] // 4 if isinstance(ring, torch.Tensor) and ring.dim() == 2 else None
+    if isinstance(ape, torch.Tensor) and ape.is_floating_point() and ape.dtype != torch.float32:
+        ape = ape.float()
+    return C4Compressor(ring, _as_rows(ape, d) if d else ape, store=store)
+
+
+def _entries(kv_score_input, rows_of, head_dim):
+    """The fp32 [rows, head_dim] a call without `out` returns, a row per row of `rows_of` (decode: the input;
+    extend: the compress records), on the input's device; None when either is not a tensor (the op refuses it
+    before anything runs)."""
+    if not all(isinstance(t, torch.Tensor) and t.dim() for t in (kv_score_input, rows_of)):
+        return None
+    return torch.empty((rows_of.shape[0], head_dim), dtype=torch.float32, device=kv_score_input.device)
+
+
+def _input_holds(kv_score_input, plan_c, plan_w, name):
+    """An extend's input holds every row its plan reads, or the call is refused, naming the input: a record past
+    it would be skipped and counted, its entry never written. Host plans: each record's ragged row. Device
+    plans (read by the kernels, not here): the plan's row count, which a plan's records never exceed (one per
+    token at most; a CUDA-graph plan has num_q_tokens rows), as sglang's kernel checks it. Tensors of another
+    kind are left to the op, which names them."""
+    if not (isinstance(kv_score_input, torch.Tensor) and kv_score_input.dim() == 2
+            and all(isinstance(t, torch.Tensor) and t.dim() == 2 and t.dtype == torch.uint8
+                    for t in (plan_c, plan_w)) and plan_c.shape[1] == 16 and plan_w.shape[1] == 8):
+        return
+    n = kv_score_input.shape[0]
+    if plan_c.device.type != "cpu" or plan_w.device.type != "cpu":
+        rows = max(plan_c.shape[0], plan_w.shape[0])
+        if n < rows:
+            raise ArgumentValueError(name, f"{name} has {n} rows but plan holds {plan_c.shape[0]} compress and "
+                                           f"{plan_w.shape[0]} write records (a plan for at least {rows} tokens)")
+        return
+    c = plan_c.contiguous().view(torch.int32)
+    w = plan_w.contiguous().view(torch.int32)
+    for which, live, ragged in (("plan.plan_c", c[:, 0] != -1, c[:, 1] & 0xFFFF),
+                                ("plan.plan_w", w[:, 0] != -1, w[:, 0].to(torch.int64) & 0xFFFFFFFF)):
+        past = torch.nonzero(live & (ragged >= n))
+        if past.numel():
+            i = int(past[0, 0])
+            raise ArgumentValueError(name, f"{name} has {n} rows but {which}'s record {i} reads row {int(ragged[i])} "
+                                           f"(a plan made for more tokens)")
 
 
 def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None):
     """One compressor's c4 step over sglang's plan (decode or extend), its store fused when given; returns out
-    (decode [B, D]: closing rows written; extend [C, D]: row i for record i)."""
-    a = ape if ape.dtype == kv_score_input.dtype else ape.to(dtype=kv_score_input.dtype)
-    comp = compressor(kv_score_buffer, a, head_dim, store)
+    (decode [B, D]: closing rows written; extend [C, D]: row i for record i), one of its own when out is None
+    and there is no store. Raises pydsa's errors in pydsa's names (compress.py says them in sglang's) and its
+    own in sglang's (head_dim, kv_score_input)."""
+    plan = plan_of(plan)
+    comp = compressor(kv_score_buffer, ape, store)
+    if comp.head_dim != head_dim:
+        raise ArgumentValueError("head_dim", f"head_dim is {head_dim} but kv_score_buffer's rows hold 4 x "
+                                             f"{comp.head_dim} values")
+    make = out is None and store is None
     if plan.is_decode:
-        if out is None and store is None:
-            out = kv_score_input.new_empty((plan.plan_d.shape[0], head_dim))
+        if make:
+            out = _entries(kv_score_input, kv_score_input, head_dim)
         c4_decode(comp, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
     else:
-        if out is None and store is None:
-            out = kv_score_input.new_empty((plan.plan_c.shape[0], head_dim))
-        c4_extend(comp, kv_score_input, (plan.plan_c, plan.plan_w), out=out, cache_slots=out_loc)
+        plan_c, plan_w = plan.plan_c, plan.plan_w
+        _input_holds(kv_score_input, plan_c, plan_w, "kv_score_input")
+        if make:
+            out = _entries(kv_score_input, plan_c, head_dim)
+        c4_extend(comp, kv_score_input, (plan_c, plan_w), out=out, cache_slots=out_loc)
     return out
+
+
+_SIDE_KEYS = ("kv_score_buffer", "kv_score_input", "ape", "store")
+# pydsa's argument names -> c4_layer's (its dicts' keys), for the errors pydsa's c4 ops raise
+_LAYER_NAMES = {"main": "main", "indexer": "indexer", "kv_score": "main['kv_score_input']",
+                "indexer_kv_score": "indexer['kv_score_input']", "records": "plan.plan_d", "plan[0]": "plan.plan_c",
+                "plan[1]": "plan.plan_w", "cache_slots": "out_loc"}
+
+
+def _side(name: str, side) -> C4Compressor:
+    """The compressor of c4_layer's `main` or `indexer` dict, its errors in the dict's keys."""
+    if not isinstance(side, Mapping):
+        raise ArgumentTypeError(name, f"{name} must be a dict of {', '.join(_SIDE_KEYS)} (got {_described(side)})")
+    for key in _SIDE_KEYS:
+        if key not in side:
+            raise ArgumentValueError(f"{name}[{key!r}]", f"{name}[{key!r}] is missing: {name} must hold "
+                                                         f"{', '.join(_SIDE_KEYS)} (store: a pydsa.KVCache or None)")
+    try:
+        return compressor(side["kv_score_buffer"], side["ape"], side["store"])
+    except ArgumentError as exc:
+        raise caller_words(exc, {"ring": f"{name}['kv_score_buffer']", "ape": f"{name}['ape']",
+                                 "store": f"{name}['store']"}) from None
 
 
 def layer(main, indexer, plan, out_loc) -> None:
     """Both compressors of one c4 layer and both stores in one call (decode: one launch; extend: two). main
     and indexer: dicts of kv_score_buffer, kv_score_input, ape and store (a pydsa.KVCache, layout "v4" for
-    main, "indexer" for the indexer); out_loc: sglang's c4_out_loc."""
-    m = compressor(main["kv_score_buffer"], main["ape"], main["kv_score_buffer"].shape[-1] // 4, main["store"])
-    i = compressor(indexer["kv_score_buffer"], indexer["ape"], indexer["kv_score_buffer"].shape[-1] // 4,
-                   indexer["store"])
-    if plan.is_decode:
-        c4_decode(m, main["kv_score_input"], indexer=i, indexer_kv_score=indexer["kv_score_input"],
-                  records=plan.plan_d, cache_slots=out_loc)
-    else:
-        c4_extend(m, main["kv_score_input"], (plan.plan_c, plan.plan_w), indexer=i,
-                  indexer_kv_score=indexer["kv_score_input"], cache_slots=out_loc)
-
+    main, "indexer" for the indexer; or None); out_loc: sglang's c4_out_loc. Errors name the dicts' keys
+    (main['kv_score_input'], ...), plan and out_loc."""
+    m, i = _side("main", main), _side("indexer", indexer)
+    plan = plan_of(plan)
+    kv, indexer_kv = main["kv_score_input"], indexer["kv_score_input"]
+    try:
+        if plan.is_decode:
+            c4_decode(m, kv, indexer=i, indexer_kv_score=indexer_kv, records=plan.plan_d, cache_slots=out_loc)
+        else:
+            _input_holds(kv, plan.plan_c, plan.plan_w, "main['kv_score_input']")
+            c4_extend(m, kv, (plan.plan_c, plan.plan_w), indexer=i, indexer_kv_score=indexer_kv, cache_slots=out_loc)
+    except ArgumentError as exc:
+        raise caller_words(exc, _LAYER_NAMES) from None

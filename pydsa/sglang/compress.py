@@ -35,10 +35,10 @@ import pyplan
 from .. import _fill_records
 from .._abi import DEFAULT_PDL_FLAG, check as _check_status
 from ..c128 import DevicePlan, c128_decode, c128_prefill
-from ..errors import ArgumentError, ArgumentValueError
+from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..store import KVCache, kv_store
 from . import c4 as sglang_c4
-from ._args import count_of, described as _described
+from ._args import caller_words as _caller_words, count_of, described as _described
 
 _decode_records = _fill_records.decode_records
 _prefill_records = _fill_records.prefill_records
@@ -67,7 +67,9 @@ class CompressorDecodePlan(NamedTuple):
     @staticmethod
     def generate(compress_ratio, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size: int,
                  ring_size: int, use_req_ring: bool = False) -> "CompressorDecodePlan":
-        """sglang's c4 decode plan (compress_ratio 4; the offline c128 planner is not pydsa's)."""
+        """sglang's c4 decode plan (compress_ratio 4; the offline c128 planner is not pydsa's). ring_size >= 8:
+        sglang's own planner takes 4, and its kernels then compute entries from overwritten rows, silently."""
+        _config_int("compress_ratio", compress_ratio)
         if compress_ratio != sglang_c4.RATIO:
             raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
         return CompressorDecodePlan(sglang_c4.RATIO, sglang_c4.plan_decode(
@@ -126,7 +128,9 @@ class CompressorPrefillPlan(NamedTuple):
                  swa_page_size: int, ring_size: int, num_q_tokens: int, use_cuda_graph: bool = False,
                  use_req_ring: bool = False) -> "CompressorPrefillPlan":
         """sglang's c4 extend plan (compress_ratio 4): host lengths give its host planner's records, device
-        ones (CUDA graphs, target verify) records in request order padded to num_q_tokens."""
+        ones (CUDA graphs, target verify) records in request order padded to num_q_tokens. ring_size >= 8, as
+        for the decode plan (sglang's own planner takes 4 and then corrupts silently)."""
+        _config_int("compress_ratio", compress_ratio)
         if compress_ratio != sglang_c4.RATIO:
             raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
         plan_c, plan_w = sglang_c4.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
@@ -217,18 +221,22 @@ def _length(name: str, x) -> int:
     return v
 
 
-def _plan_of(plan):
-    if getattr(plan, "compress_ratio", None) == sglang_c4.RATIO and hasattr(plan, "is_decode"):
-        return plan  # c4 records are read in place, whoever made them (sglang's planner or pydsa's)
+def _plan_of(plan, compress_ratio=RATIO):
+    """plan when it is a plan of compress_ratio's, else the error naming plan."""
+    if compress_ratio == sglang_c4.RATIO:
+        return sglang_c4.plan_of(plan)  # c4 records are read in place, whoever made them (sglang's planner or pydsa's)
+    if isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)) and plan.compress_ratio != RATIO:
+        raise ArgumentValueError("plan", f"plan is a compress_ratio {plan.compress_ratio} plan but compress_ratio is "
+                                         f"{RATIO}")
     if isinstance(plan, CompressorDecodePlan):  # its records are read in place, whoever made them
         return plan
     if isinstance(plan, CompressorPrefillPlan):
         if plan.records is None:
-            raise ValueError("this CompressorPrefillPlan was not made by pydsa's generate_online (it lacks the "
-                             "records pydsa's kernels read)")
+            raise ArgumentValueError("plan", "plan: this CompressorPrefillPlan was not made by pydsa's generate_online "
+                                             "(it lacks the records pydsa's kernels read)")
         return plan
-    raise TypeError(f"plan must be a pydsa.sglang CompressorDecodePlan or CompressorPrefillPlan "
-                    f"(got {type(plan).__name__})")
+    raise ArgumentTypeError("plan", f"plan must be a pydsa.sglang CompressorDecodePlan or CompressorPrefillPlan "
+                                    f"(got {_described(plan)})")
 
 
 def outside_pydsa(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, indexer=False, bf16_store=False,
@@ -259,23 +267,32 @@ def outside_pydsa(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, in
     return None
 
 
+def _config_int(name: str, x) -> None:
+    """A configuration int (head_dim, compress_ratio) is an int: another type is refused as such, not taken for
+    a configuration pydsa does not implement."""
+    if count_of(x) is None:
+        raise ArgumentTypeError(name, f"{name} must be an int (got {_described(x)} {x!r})")
+
+
 def _check_config(head_dim, compress_ratio, is_online):
+    _config_int("head_dim", head_dim)
+    _config_int("compress_ratio", compress_ratio)
+    if is_online is not True and is_online is not False:
+        raise ArgumentTypeError("is_online", f"is_online must be a bool (got {_described(is_online)} {is_online!r})")
     reason = outside_pydsa(head_dim, compress_ratio, is_online)
     if reason:
         raise _not_ours(reason)
 
 
-# pydsa's argument names as sglang's caller knows them (errors are re-raised in the caller's words)
+# pydsa's argument names as sglang's caller knows them (errors are re-raised in the caller's words), for
+# compress_forward and compress_forward_and_store, c128 (state, indices) and c4 (ring, records, plan[0], plan[1])
+# alike; store: the KVCache made of kvcache and norm_weight, whose channels set its D
 _COMPRESS_NAMES = {"state": "kv_score_buffer", "kv_score": "kv_score_input", "indices": "plan.plan_d",
-                   "cache_slots": "out_loc", "out": "out", "ape": "ape"}
+                   "cache_slots": "out_loc", "out": "out", "ape": "ape", "ring": "kv_score_buffer",
+                   "main": "kv_score_buffer", "records": "plan.plan_d",
+                   "plan[0]": "plan.plan_c", "plan[1]": "plan.plan_w", "store": "norm_weight"}
 _STORE_NAMES = {"vectors": "kv", "cache_slots": "out_loc", "records": "plan", "cache": "kvcache",
                 "rotary": "freq_cis"}
-def _caller_words(exc, names):
-    """A pydsa argument error renamed into sglang's argument names (from the argument it carries), or exc itself.
-    Cold path: called only from an except clause."""
-    if isinstance(exc, ArgumentError) and exc.argument in names:
-        return exc.renamed(names[exc.argument])
-    return exc
 
 
 def _explained(exc) -> bool:
@@ -326,9 +343,12 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: in
     """sglang's compress_forward for the online c128 path: decode (out [B, 512], a chunk's vector at
     the rows whose token closes it) or prefill (compact out [plan_c rows, 512], plan order)."""
     _check_config(head_dim, compress_ratio, is_online)
-    plan = _plan_of(plan)
+    plan = _plan_of(plan, compress_ratio)
     if compress_ratio == sglang_c4.RATIO:
-        return sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
+        try:
+            return sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
+        except ArgumentError as exc:
+            raise _caller_words(exc, _COMPRESS_NAMES) from None
     if out is None:
         if not isinstance(kv_score_input, torch.Tensor):
             _compress_args(kv_score_buffer, kv_score_input, ape)
@@ -356,11 +376,15 @@ _caches: dict = {}
 
 def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout="v4") -> KVCache:
     """The KVCache of one layer's buffers, made once (keyed by their memory: views made per call hit too);
-    layout "indexer" for a c4 indexer's cache."""
+    layout "indexer" for a c4 indexer's cache. KVCache judges every argument (page_size an int: never
+    converted); buffers that are not tensors, or a page_size that is not an int, go to it uncached, to be named."""
     def make():
-        w = norm_weight if norm_weight.dtype == torch.float32 else norm_weight.float()
-        return KVCache(kvcache, w, freq_cis, page_size=int(page_size), eps=float(norm_eps), layout=layout)
-    key = (kvcache.data_ptr(), kvcache.numel(), norm_weight.data_ptr(), freq_cis.data_ptr(), int(page_size),
+        w = norm_weight.float() if isinstance(norm_weight, torch.Tensor) and norm_weight.is_floating_point() \
+            else norm_weight
+        return KVCache(kvcache, w, freq_cis, page_size=page_size, eps=float(norm_eps), layout=layout)
+    if type(page_size) is not int or not all(isinstance(t, torch.Tensor) for t in (kvcache, norm_weight, freq_cis)):
+        return make()
+    key = (kvcache.data_ptr(), kvcache.numel(), norm_weight.data_ptr(), freq_cis.data_ptr(), page_size,
            float(norm_eps), layout)
     return memo(_caches, key, make, 4096)
 
@@ -372,6 +396,8 @@ def _check_store_config(kv, *, use_fp4, bf16_store, kvcache_scale, rope_cache, f
                            two_pool=bool(fp8_2buff) or kvcache_rope is not None, layout=layout)
     if reason:
         raise _not_ours(reason)
+    if not isinstance(kv, torch.Tensor) or not kv.dim():
+        return  # kv_store names it
     if kv.dtype != torch.float32 or kv.shape[-1] not in (HEAD_DIM, 128):
         raise _not_ours(f"a {kv.dtype} [.., {kv.shape[-1]}] store")
 
@@ -390,12 +416,14 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
                         fp4_k_write_metadata=fp4_k_write_metadata, layout=layout, fp8_2buff=fp8_2buff,
                         kvcache_rope=kvcache_rope)
     _check_eps(norm_eps)
-    c4 = getattr(plan, "compress_ratio", RATIO) == sglang_c4.RATIO
-    if not c4 and kv.shape[-1] != HEAD_DIM:
-        raise _not_ours(f"a c128 store of head_dim {kv.shape[-1]}")
+    c4 = getattr(plan, "compress_ratio", None) == sglang_c4.RATIO
+    plan = _plan_of(plan, sglang_c4.RATIO if c4 else RATIO)
+    width = kv.shape[-1] if isinstance(kv, torch.Tensor) and kv.dim() else None
+    if not c4 and width not in (None, HEAD_DIM):
+        raise _not_ours(f"a c128 store of head_dim {width}")
     try:
         cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size,
-                          "indexer" if c4 and kv.shape[-1] == 128 else "v4")
+                          "indexer" if c4 and width == 128 else "v4")
         # one launch: the store reads each row's position and slot from the plan's records in place
         kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode,
                  ratio=sglang_c4.RATIO if c4 else RATIO)
@@ -413,14 +441,17 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     c4 = compress_ratio == sglang_c4.RATIO
     _check_config(head_dim, compress_ratio, not c4)
     _check_eps(norm_eps)
-    plan = _plan_of(plan)
+    plan = _plan_of(plan, compress_ratio)
     try:
         cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size,
                           "indexer" if c4 and head_dim == 128 else "v4")
     except (TypeError, ValueError) as exc:
         raise _caller_words(exc, _STORE_NAMES) from None
     if c4:
-        sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc)
+        try:
+            sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc)
+        except ArgumentError as exc:
+            raise _caller_words(exc, _COMPRESS_NAMES) from None
         return out
     _run(kv_score_buffer, kv_score_input, ape, plan, out, store=cache, cache_slots=out_loc)
     return out
