@@ -127,3 +127,18 @@ class C4Params(C.Structure):
 
 
 STRUCTS.update(c4_decode=C4Params, c4_extend=C4Params, c4_verify=C4Params)
+
+
+class C4PlanParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("use_req_ring", C.c_int32),
+        ("swa_page_size", C.c_int32), ("ring_size", C.c_int32), ("batch_size", C.c_int64),
+        ("req_pool_indices", C.c_void_p), ("req_to_token", C.c_void_p), ("token_rows", C.c_int64),
+        ("token_cols", C.c_int64), ("token_stride", C.c_int64), ("full_to_state", C.c_void_p),
+        ("num_full", C.c_int64), ("seq_lens", C.c_void_p), ("extend_lens", C.c_void_p),
+        ("seq_lens_int32", C.c_int32), ("extend_lens_int32", C.c_int32), ("num_tokens", C.c_int64),
+        ("plan_d", C.c_void_p), ("plan_c", C.c_void_p), ("plan_w", C.c_void_p),
+    ]
+
+
+STRUCTS.update(c4_plan_decode=C4PlanParams, c4_plan_extend=C4PlanParams)

@@ -10,7 +10,7 @@ summary=${1:-sanitizer-summary.txt}
 logs=${SANITIZE_LOGS:-sanitizer-logs}
 mkdir -p "$logs"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYDSA_HYPOTHESIS_PROFILE=${PYDSA_HYPOTHESIS_PROFILE:-sanitize}
-modules=${SANITIZE_MODULES:-"test_c128_decode test_c128_prefill test_c128_plan test_speculative test_store test_dcp test_metadata test_reliability test_sglang test_calls"}
+modules=${SANITIZE_MODULES:-"test_c128_decode test_c128_prefill test_c128_plan test_speculative test_store test_dcp test_metadata test_reliability test_sglang test_calls test_c4_plan"}
 tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
 if [ -z "${SANITIZE_SKIP_RUN:-}" ]; then
   for m in $modules; do

@@ -74,7 +74,8 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_KV_CACHE = 10,
   DSA_STRUCT_KV_STORE_PARAMS = 11,
   DSA_STRUCT_RECORDS_PARAMS = 12,
-  DSA_STRUCT_C4_PARAMS = 13
+  DSA_STRUCT_C4_PARAMS = 13,
+  DSA_STRUCT_C4_PLAN_PARAMS = 14
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -445,6 +446,62 @@ DSA_API int32_t dsa_c4_max_drafts(int32_t ring_size, int32_t zero_acceptance);
 DSA_API dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream);
 DSA_API dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream);
 DSA_API dsa_status dsa_c4_verify(const dsa_c4_params* params, void* stream);
+
+/* ------------------------------------------------------------------------------------------ */
+/* c4 plans (docs/spec.md, "c4 plans"): a step's c4 records (above) for a ring of ring_size rows per
+ * state page, built from the engine's tables on the op's device in one launch, never synchronizing. The
+ * ring row of position p of request row rid is
+ *
+ *   row(rid, p) = (s / swa_page_size) * ring_size + s % ring_size,  s = full_to_state[req_to_token[rid][p]]
+ *                 (page-scoped; rid * ring_size + p mod ring_size with use_req_ring: request-scoped),
+ *
+ * and -1 where the tables address none: rid or p outside req_to_token, a token outside full_to_state, a
+ * negative state slot (a negative rid in a request-scoped ring). Table values are data: never read out of
+ * bounds. A group is floor(row / 4) (-1 for row -1). Arithmetic is 64-bit two's complement, "mod" the
+ * floor modulo; a record holds the low 32 bits of each value.
+ *
+ *   dsa_c4_plan_decode  record b = {max(seq, 0), row(rid, p1), group(row(rid, p0)), group(row(rid, p1))},
+ *                       seq = seq_lens[b], rid = req_pool_indices[b], p1 = max(seq - 1, 0), p0 = max(p1 - 4, 0).
+ *   dsa_c4_plan_extend  ragged row t (0 <= t < num_tokens) is token j of request b, the request whose extend
+ *                       covers t (extends laid end to end from row 0, a negative one counted as 0; rows past
+ *                       them belong to none), at position pos = seq - ext + j (seq, ext: request b's lengths).
+ *                       A token with (pos + 1) mod 4 == 0 closes an entry: compress record {pos + 1, t, k, g0,
+ *                       g1}, k = 8 - min(j + 1, 8) window rows from the ring, g0 = group(row(rid, max(pos -
+ *                       4, 0))) and g1 = group(row(rid, pos)) when k > 0, else g0 = -1 and g1 = b. A token is
+ *                       kept when pos >= min(4 floor(seq / 4) - 4, seq - pad) (pad = ring_size - 6 if ring_size
+ *                       > 8, else 0) or, in a page-scoped ring, pos mod swa_page_size >= swa_page_size - 4:
+ *                       write record {t, row(rid, pos)}. Each list in row order, then padding records to
+ *                       num_tokens rows: {0xFFFFFFFF, 0, 0, -1, -1} and {0xFFFFFFFF, -1}. */
+typedef struct dsa_c4_plan_params {
+  uint32_t struct_size;
+  uint32_t flags;                   /* DSA_FLAG_PDL */
+  int32_t device;                   /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t use_req_ring;             /* 0: page-scoped rows (the tables are read); 1: request-scoped (they are not) */
+  int32_t swa_page_size;            /* positions per state page, >= 1 */
+  int32_t ring_size;                /* ring rows per state page (per request with use_req_ring), >= 1 */
+  int64_t batch_size;               /* B, 0..2^31-1 */
+  const int64_t* req_pool_indices;  /* [B] each request's row of req_to_token */
+  const int32_t* req_to_token;      /* [token_rows, token_cols], rows token_stride elements apart: the
+                                       full-pool token of each (request row, position); may be null when
+                                       use_req_ring or empty */
+  int64_t token_rows;
+  int64_t token_cols;
+  int64_t token_stride;             /* >= 0 */
+  const int64_t* full_to_state;     /* [num_full] the state slot of each full-pool token; may be null when
+                                       use_req_ring or num_full == 0 */
+  int64_t num_full;
+  const void* seq_lens;             /* [B] int64 (int32 with seq_lens_int32): lengths with the new tokens */
+  const void* extend_lens;          /* extend: [B] int64 (int32 with extend_lens_int32): new tokens */
+  int32_t seq_lens_int32;           /* 0 or 1 */
+  int32_t extend_lens_int32;        /* 0 or 1 */
+  int64_t num_tokens;               /* extend: N, 0..65536 (16-bit ragged rows): the rows of plan_c and plan_w */
+  dsa_c4_decode_record* plan_d;     /* decode: [B] written */
+  dsa_c4_compress_record* plan_c;   /* extend: [N] written */
+  dsa_c4_write_record* plan_w;      /* extend: [N] written */
+} dsa_c4_plan_params;
+
+DSA_API dsa_status dsa_c4_plan_decode(const dsa_c4_plan_params* params, void* stream);
+DSA_API dsa_status dsa_c4_plan_extend(const dsa_c4_plan_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Speculative decoding (docs/spec.md, speculative decoding).

@@ -14,6 +14,9 @@ graphs, median of interleaved rounds, PDL as each side ships it:
   16 rows, two launches, no plan).
 - P30: a model-like step, 30 c4 layers each with its own rings and caches (L2-cold), one graph, beside the
   bytes' floor at copy bandwidth; the per-step plan (sglang's kernel, which both sides read) timed apart, eager.
+- P32: the per-step plan itself, CUDA graphs: pydsa.sglang's planners (the c4 plan op) beside sglang's plan
+  kernels, records checked equal first; the decode plan at B = 1, 32, 256, 1024 (random lengths) and a target
+  verify's extend plan from device lengths (V = 4, ring of 16) at the same B.
 - parts (not in the default run): pydsa's decode with parts removed, beside an empty launch.
 """
 from __future__ import annotations
@@ -290,6 +293,43 @@ def verify_rows(ref, rounds, ring_size=16):
     return rows
 
 
+def _plan_tables(b, max_len):
+    """sglang's paged tables alone (Context's, without rings or caches): rpi, req_to_token, full_to_swa."""
+    per = -(-max_len // SWA_PAGE) * SWA_PAGE
+    rpi = torch.arange(b, dtype=torch.int64, device="cuda")
+    r2t = torch.arange(b * per, dtype=torch.int32, device="cuda").reshape(b, per)
+    return rpi, r2t, torch.arange(b * per + SWA_PAGE, dtype=torch.int64, device="cuda")
+
+
+def plan_rows(ref, rounds, verify_drafts=4):
+    """P32: one step's plan, CUDA-graph replays, pydsa.sglang's planner (one launch of the c4 plan op) beside
+    sglang's plan kernel (the decode: one launch; the device-length extend: two), records checked first (the
+    extend's by ragged row: sglang's order depends on its atomics)."""
+    rows = []
+    for b in (1, 32, 256, 1024):
+        rpi, r2t, f2s = _plan_tables(b, 1024 + verify_drafts)
+        seq = lengths(b, False, seed=b).to(torch.int64)
+        ext = torch.full((b,), verify_drafts, dtype=torch.int64, device="cuda")
+        seq_v, n = seq + verify_drafts, b * verify_drafts
+        plans = {
+            "decode": (lambda: sglang_c4.plan_decode(rpi, r2t, f2s, seq, SWA_PAGE, 8),
+                       lambda: ref.plan_decode_c4(rpi, r2t, f2s, seq, 8)),
+            f"verify V={verify_drafts}": (
+                lambda: sglang_c4.plan_prefill(rpi, seq_v, ext, r2t, f2s, SWA_PAGE, 16, n, use_cuda_graph=True),
+                lambda: ref.plan_prefill_c4(rpi, seq_v, ext, r2t, f2s, 16, n, True)),
+        }
+        for plan, (ours, theirs) in plans.items():
+            mine, other = ours(), theirs()
+            equal = torch.equal(mine, other.plan_d) if plan == "decode" else \
+                _by_ragged(*mine) == _by_ragged(other.plan_c, other.plan_w)
+            t = median_graph_us({"sglang": [theirs], "pydsa": [ours]}, rounds)
+            rows.append({"key": "P32 plan speedup", "b": b, "plan": plan, "lengths": "random",
+                         "records_equal": bool(equal), "sglang_us": t["sglang"], "pydsa_us": t["pydsa"],
+                         "speedup": t["sglang"] / t["pydsa"]})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def _step_bytes(b_closing, b, state_bytes=4):
     """Bytes a c4 decode step of one layer must move (both compressors): every row's input read and ring row
     written; a closing row's 7 earlier half-row pairs (kv and score) read and its two cache entries written."""
@@ -319,15 +359,15 @@ def step_rows(ref, rounds, layers=30):
             ctx0 = cases[0][0]
             seq64 = seq.to(torch.int64)
             # the step's plan, shared by every layer: sglang's kernel on both sides (the plugin keeps it); pydsa's
-            # torch-operation planner of the same records timed for reference
+            # planner of the same records (the c4 plan op) timed for reference, eager as sglang's (P32: in graphs)
             plan_theirs = event_us(lambda: ref.plan_decode_c4(ctx0.rpi, ctx0.r2t, ctx0.f2s, seq64, ctx0.R))
-            plan_torch = event_us(lambda: sglang_c4.plan_decode(ctx0.rpi, ctx0.r2t, ctx0.f2s, seq64, SWA_PAGE, ctx0.R))
+            plan_ours = event_us(lambda: sglang_c4.plan_decode(ctx0.rpi, ctx0.r2t, ctx0.f2s, seq64, SWA_PAGE, ctx0.R))
             nclose = int((seq % 4 == 0).sum())
             floor = layers * _step_bytes(nclose, b) / (copy_tbps * 1e12) * 1e6
             rows.append({"key": "P30 step speedup", "b": b, "lengths": "closing" if closing else "random",
                          "state": "fp32", "layers": layers, "sglang_us": t["sglang"], "pydsa_us": t["pydsa"],
                          "speedup": t["sglang"] / t["pydsa"], "floor_us": floor, "pydsa_over_floor": t["pydsa"] / floor,
-                         "sglang_plan_us": plan_theirs, "pydsa_torch_planner_us": plan_torch,
+                         "sglang_plan_us": plan_theirs, "pydsa_planner_us": plan_ours,
                          "speedup_with_sglang_plan": (t["sglang"] + plan_theirs) / (t["pydsa"] + plan_theirs)})
             print(json.dumps(rows[-1]), flush=True)
             cases.clear()
@@ -369,8 +409,8 @@ def main(argv=None):
     ap.add_argument("out")
     ap.add_argument("--reference-build", required=True)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--only", nargs="+", choices=("checks", "decode", "extend", "verify", "step", "parts"),
-                    default=["checks", "decode", "extend", "verify", "step"])
+    ap.add_argument("--only", nargs="+", choices=("checks", "decode", "extend", "verify", "plan", "step", "parts"),
+                    default=["checks", "decode", "extend", "verify", "plan", "step"])
     args = ap.parse_args(argv)
     ref = load(args.reference_build)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -398,7 +438,8 @@ def main(argv=None):
         checks.append(check_extend(ref, "8x1K+prefix R=16", EXTEND_CASES["8x1K+prefix"][0], [1024] * 8, bf16, 16))
         print(json.dumps(checks[-1]), flush=True)
     save()
-    parts = dict(decode=decode_rows, extend=extend_rows, verify=verify_rows, step=step_rows, parts=parts_rows)
+    parts = dict(decode=decode_rows, extend=extend_rows, verify=verify_rows, plan=plan_rows, step=step_rows,
+                 parts=parts_rows)
     for name, run in parts.items():
         if name in args.only:
             result["rows"] += run(ref, args.rounds)

@@ -26,10 +26,11 @@ argument names (compress.py) for `compress`, `c4_layer`'s dict keys (main['kv_sc
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import torch
 
+from .. import _fill_c4_plan
+from .._abi import DEFAULT_PDL_FLAG, check as _check_status
 from ..c4 import C4Compressor, c4_decode, c4_extend
 from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ._args import caller_words, count_of, described as _described
@@ -37,35 +38,8 @@ from ._args import caller_words, count_of, described as _described
 WINDOW, RATIO = 8, 4
 MAX_TOKENS = 65536
 MAX_SEQ_LEN = 2 ** 31 - 1  # a record's u32 seq_len, read as int32 by the ops
-_INVALID_C = (-1, 0, -1, -1)  # {0xFFFFFFFF, u16 0 | u16 0, -1, -1} as int32 words
-_INVALID_W = (-1, -1)
-
-
-class _Ring(NamedTuple):
-    """How sglang addresses a c4 ring: per SWA page (req_to_token, full_to_state) or per request."""
-    req_to_token: torch.Tensor
-    full_to_state: torch.Tensor
-    swa_page_size: int
-    ring_size: int
-    use_req_ring: bool
-
-    def rows(self, positions, rid):
-        """Ring rows (int64) of positions (int64, >= 0) of requests rid, -1 where the tables cannot address one
-        (rid or a position outside req_to_token, a token outside full_to_state, a negative SWA slot): index
-        values are data, never used to index out of bounds; the ops skip and count a record with row -1."""
-        if self.use_req_ring:
-            ok = (rid >= 0) & (positions < MAX_SEQ_LEN)
-            return torch.where(ok, rid * self.ring_size + positions % self.ring_size, -1)
-        r2t, f2s = self.req_to_token, self.full_to_state
-        if r2t.dim() != 2 or r2t.numel() == 0 or f2s.numel() == 0:
-            return torch.full_like(positions, -1)
-        ok = (rid >= 0) & (rid < r2t.shape[0]) & (positions >= 0) & (positions < r2t.shape[1])
-        tok = r2t[rid.clamp(0, r2t.shape[0] - 1), positions.clamp(0, r2t.shape[1] - 1)].to(torch.int64)
-        ok &= (tok >= 0) & (tok < f2s.shape[0])
-        swa = f2s.reshape(-1)[tok.clamp(0, f2s.numel() - 1)]
-        ok &= swa >= 0
-        row = torch.div(swa, self.swa_page_size, rounding_mode="floor") * self.ring_size + swa % self.ring_size
-        return torch.where(ok, row, -1)
+_decode_plan = _fill_c4_plan.decode_plan
+_extend_plan = _fill_c4_plan.extend_plan
 
 
 def _check_ring(swa_page_size, ring_size):
@@ -97,7 +71,7 @@ def _check_host_lengths(seq):
 
 
 def _check_tables(req_pool_indices, req_to_token, full_to_state):
-    """The tables' kinds (their values are data: _Ring.rows never indexes past them)."""
+    """The tables' kinds (their values are data: the plan op never reads past them)."""
     for name, t, dtype, dim in (("req_pool_indices", req_pool_indices, torch.int64, 1),
                                 ("req_to_token", req_to_token, torch.int32, 2),
                                 ("full_to_state", full_to_state, torch.int64, 1)):
@@ -107,8 +81,8 @@ def _check_tables(req_pool_indices, req_to_token, full_to_state):
 
 def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size: int, ring_size: int,
                 use_req_ring: bool = False) -> torch.Tensor:
-    """sglang's c4 decode plan (plan_d uint8 [B, 16]) on the device of req_pool_indices, in a few launches, no
-    host synchronization. A seq_len <= 0 gives a padding record (seq_len 0, nothing read or written); one past
+    """sglang's c4 decode plan (plan_d uint8 [B, 16]) on the device of req_pool_indices, in one launch, no host
+    synchronization. A seq_len <= 0 gives a padding record (seq_len 0, nothing read or written); one past
     2^31-1 is refused in a host tensor and in a device tensor becomes a record with ring row -1, which the ops
     skip and count (pydsa.error_count). ring_size >= 8 (the module's docstring says why)."""
     _check_ring(swa_page_size, ring_size)
@@ -122,34 +96,13 @@ def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_pag
     if seq_lens.device.type == "cpu":
         _check_host_lengths(seq_lens.to(torch.int64))
     seq = seq_lens.to(req_pool_indices.device, torch.int64)
-    rid = req_pool_indices
-    p1 = (seq - 1).clamp_min(0)
-    p0 = (p1 - RATIO).clamp_min(0)
-    ring = _Ring(req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
-    write, first = ring.rows(p1, rid), ring.rows(p0, rid)
-    plan = torch.stack([seq.clamp(0, MAX_SEQ_LEN), write, torch.div(first, 4, rounding_mode="floor"),
-                        torch.div(write, 4, rounding_mode="floor")], dim=1).to(torch.int32)
-    return plan.view(torch.uint8).reshape(-1, 16)
-
-
-def _stage0(seq: torch.Tensor, ext: torch.Tensor, num_q_tokens: int, swa_page_size: int, ring_size: int,
-            use_req_ring: bool):
-    """Per token row t < num_q_tokens (int64 tensors on seq's device): its request, position, whether it closes
-    an entry, its window rows from the ring and whether it is kept in the ring (sglang's rules)."""
-    dev = seq.device
-    t = torch.arange(num_q_tokens, device=dev)
-    ends = torch.cumsum(ext, 0)
-    b = torch.searchsorted(ends, t, right=True)
-    live = b < seq.shape[0]
-    b = b.clamp_max(max(seq.shape[0] - 1, 0))
-    j = t - (ends[b] - ext[b])
-    pos = seq[b] - ext[b] + j
-    mtp_pad = ring_size - WINDOW + 2 if ring_size > WINDOW else 0
-    first_w = torch.minimum(torch.div(seq, RATIO, rounding_mode="floor") * RATIO - RATIO, seq - mtp_pad)[b]
-    closes = live & ((pos + 1) % RATIO == 0)
-    kept = live & ((pos >= first_w) | ((pos % swa_page_size >= swa_page_size - RATIO) if not use_req_ring else False))
-    ring_rows = WINDOW - torch.clamp(j + 1, max=WINDOW)
-    return t, b, pos, closes, kept, ring_rows
+    plan_d = torch.empty((seq.shape[0], 16), dtype=torch.uint8, device=seq.device)
+    status = _decode_plan(_dense(req_pool_indices), _rows_apart(req_to_token), _dense(full_to_state), _dense(seq),
+                          swa_page_size=count_of(swa_page_size), ring_size=count_of(ring_size),
+                          use_req_ring=bool(use_req_ring), plan_d=plan_d, flags=DEFAULT_PDL_FLAG)
+    if status:
+        _check_status(status)
+    return plan_d
 
 
 def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state, swa_page_size: int,
@@ -185,38 +138,45 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
         if int(ext.sum()) != n:
             raise RuntimeError(f"the extends sum to {int(ext.sum())} but num_q_tokens is {n}")
     seq_d, ext_d = seq.to(dev), ext.to(dev)
-    t, b, pos, closes, kept, ring_rows = _stage0(seq_d, ext_d, n, swa_page_size, ring_size, use_req_ring)
-    rid = req_pool_indices[b]
-    p1 = torch.where(closes | kept, pos, torch.zeros_like(pos))  # rows past the tokens address nothing
-    p0 = (p1 - RATIO).clamp_min(0)
-    from_ring = ring_rows > 0
-    ring = _Ring(req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
-    row1, row0 = ring.rows(p1, rid), ring.rows(p0, rid)
-    g0 = torch.where(from_ring, torch.div(row0, 4, rounding_mode="floor"), torch.full_like(row0, -1))
-    g1 = torch.where(from_ring, torch.div(row1, 4, rounding_mode="floor"), b)
-    comp = torch.stack([(pos + 1).clamp_max(MAX_SEQ_LEN), t | (ring_rows << 16), g0, g1], dim=1).to(torch.int32)
-    write = torch.stack([t, row1], dim=1).to(torch.int32)
-    if host:  # exactly the real records (padded to n in CUDA-graph mode)
-        nc, nw = int(closes.sum()), int(kept.sum())
-        comp, write = comp[closes], write[kept]
-        rows_c, rows_w = (n, n) if use_cuda_graph else (nc, nw)
-    else:
-        rows_c = rows_w = n
-        comp = _compacted(comp, closes, _INVALID_C)
-        write = _compacted(write, kept, _INVALID_W)
-    plan_c = torch.tensor(_INVALID_C, dtype=torch.int32, device=dev).repeat(rows_c, 1)
-    plan_w = torch.tensor(_INVALID_W, dtype=torch.int32, device=dev).repeat(rows_w, 1)
-    plan_c[:comp.shape[0]] = comp[:rows_c]
-    plan_w[:write.shape[0]] = write[:rows_w]
-    return plan_c.view(torch.uint8).reshape(rows_c, 16), plan_w.view(torch.uint8).reshape(rows_w, 8)
+    plan_c = torch.empty((n, 16), dtype=torch.uint8, device=dev)
+    plan_w = torch.empty((n, 8), dtype=torch.uint8, device=dev)
+    page, ring = count_of(swa_page_size), count_of(ring_size)
+    status = _extend_plan(_dense(req_pool_indices), _dense(seq_d), _dense(ext_d), _rows_apart(req_to_token),
+                          _dense(full_to_state), swa_page_size=page, ring_size=ring, use_req_ring=use_req_ring,
+                          plan_c=plan_c, plan_w=plan_w, flags=DEFAULT_PDL_FLAG)
+    if status:
+        _check_status(status)
+    if host and not use_cuda_graph:  # exactly the real records, counted from the host's lengths
+        nc, nw = _host_counts(seq, ext, page, ring, use_req_ring)
+        return plan_c[:nc], plan_w[:nw]
+    return plan_c, plan_w
 
 
-def _compacted(records, mask, invalid):
-    """The masked records first, in order, then invalid ones (fixed shape: no host synchronization)."""
-    order = torch.argsort((~mask).to(torch.int8), stable=True)
-    out = records[order]
-    fill = torch.tensor(invalid, dtype=records.dtype, device=records.device)
-    return torch.where(mask[order].unsqueeze(1), out, fill)
+def _host_counts(seq: torch.Tensor, ext: torch.Tensor, page: int, ring: int, use_req_ring: bool):
+    """(compress, write) records of an extend whose host lengths passed the host planner's checks (0 < ext <=
+    seq): the positions p in [seq - ext, seq) with (p + 1) % 4 == 0, and those kept in the ring (p at or past
+    the first kept position, or among the last 4 of a page of a page-scoped ring)."""
+    start = seq - ext
+    closing = int((seq // RATIO - start // RATIO).sum())
+    pad = ring - WINDOW + 2 if ring > WINDOW else 0
+    first = torch.minimum(seq // RATIO * RATIO - RATIO, seq - pad)
+    kept_from = torch.maximum(torch.minimum(first, seq), start)
+    kept = seq - kept_from
+    if not use_req_ring:  # page ends below kept_from: ends(x) counts the page-end positions below x
+        def ends(x):
+            return x // page * RATIO + (x % page - (page - RATIO)).clamp_min(0)
+        kept = kept + ends(kept_from) - ends(start)
+    return closing, int(kept.sum())
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    """t contiguous, as the op reads it (sglang's own tensors already are)."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _rows_apart(req_to_token: torch.Tensor) -> torch.Tensor:
+    """req_to_token with each row contiguous; its rows may lie apart (the op takes their stride)."""
+    return req_to_token if req_to_token.shape[1] <= 1 or req_to_token.stride(1) == 1 else req_to_token.contiguous()
 
 
 def plan_of(plan):

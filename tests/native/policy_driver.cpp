@@ -75,6 +75,10 @@ int main() {
       long long n;
       in >> n;
       std::printf("%d\n", c4_channels(n));
+    } else if (what == "c4plan") {  // B
+      long long b;
+      in >> b;
+      std::printf("%lld %d\n", (long long)c4_plan_decode_blocks(b), kC4PlanThreads);
     } else if (!what.empty()) {
       std::printf("? %s\n", what.c_str());
     }

@@ -1,0 +1,93 @@
+// Arithmetic of the c4 plans (docs/spec.md, "c4 plans"), shared verbatim by the planning kernels and the host
+// backend: the ring row of a position from the engine's tables, a decode record, and what one ragged row of an
+// extend contributes. Table values are data: every read through one is bounds-checked first; every value
+// computed from one is 64-bit two's complement (it may wrap), and a record keeps its low 32 bits.
+#pragma once
+
+#include "c128_math.h"
+
+namespace dsa {
+
+DSA_HD int64_t wrap_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+DSA_HD int64_t wrap_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+DSA_HD int64_t wrap_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+// Floor division and modulo by m >= 1.
+DSA_HD int64_t floor_div(int64_t a, int64_t m) {
+  const int64_t q = a / m;
+  return a % m != 0 && a < 0 ? q - 1 : q;
+}
+DSA_HD int64_t floor_mod(int64_t a, int64_t m) {
+  const int64_t r = a % m;
+  return r < 0 ? r + m : r;
+}
+DSA_HD int32_t low32(int64_t v) { return (int32_t)(uint32_t)(uint64_t)v; }
+
+// Request b's length (seq_lens or extend_lens, int64 or int32 as the params say).
+DSA_HD int64_t plan_length(const void* lengths, int32_t is_int32, int64_t b) {
+  return is_int32 ? (int64_t) static_cast<const int32_t*>(lengths)[b] : static_cast<const int64_t*>(lengths)[b];
+}
+
+// The ring row of position `pos` of request row `rid`, or -1 where the tables address none.
+DSA_HD int64_t plan_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
+  if (p.use_req_ring) return rid >= 0 ? wrap_add(wrap_mul(rid, p.ring_size), floor_mod(pos, p.ring_size)) : -1;
+  if (rid < 0 || rid >= p.token_rows || pos < 0 || pos >= p.token_cols) return -1;
+  const int64_t token = p.req_to_token[rid * p.token_stride + pos];
+  if (token < 0 || token >= p.num_full) return -1;
+  const int64_t slot = p.full_to_state[token];
+  if (slot < 0) return -1;
+  return wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size);
+}
+
+// The decode record of request b: the new token's row and group, the previous quartet's group.
+DSA_HD dsa_c4_decode_record plan_decode_record(const dsa_c4_plan_params& p, int64_t b) {
+  const int64_t seq = plan_length(p.seq_lens, p.seq_lens_int32, b), rid = p.req_pool_indices[b];
+  const int64_t last = wrap_sub(seq, 1);
+  const int64_t p1 = last > 0 ? last : 0, p0 = p1 > 4 ? p1 - 4 : 0;
+  const int64_t row = plan_ring_row(p, rid, p1), previous = plan_ring_row(p, rid, p0);
+  return dsa_c4_decode_record{(uint32_t)low32(seq > 0 ? seq : 0), low32(row), low32(floor_div(previous, 4)),
+                              low32(floor_div(row, 4))};
+}
+
+// Ragged rows a request's extend covers: its extend length, a negative one counted as 0, clipped to the rows.
+DSA_HD int64_t plan_extent(const dsa_c4_plan_params& p, int64_t b) {
+  const int64_t e = plan_length(p.extend_lens, p.extend_lens_int32, b);
+  return e < 0 ? 0 : e < p.num_tokens ? e : p.num_tokens;
+}
+
+constexpr int kPlanWindow = 8;  // an entry's window: positions 4n - 4 .. 4n + 3
+DSA_HD dsa_c4_compress_record padding_compress() { return dsa_c4_compress_record{0xFFFFFFFFu, 0, 0, -1, -1}; }
+DSA_HD dsa_c4_write_record padding_write() { return dsa_c4_write_record{0xFFFFFFFFu, -1}; }
+
+// What ragged row t, token j (>= 0) of request b's extend, contributes: a compress record when it closes an
+// entry, a write record when it is kept in the ring.
+struct PlanToken {
+  bool closes, kept;
+  dsa_c4_compress_record compress;
+  dsa_c4_write_record write;
+};
+
+DSA_HD PlanToken plan_token(const dsa_c4_plan_params& p, int64_t t, int64_t b, int64_t j) {
+  const int64_t seq = plan_length(p.seq_lens, p.seq_lens_int32, b);
+  const int64_t pos = wrap_add(wrap_sub(seq, plan_length(p.extend_lens, p.extend_lens_int32, b)), j);
+  // the first position kept: the last complete quartet and the open one, or the last R - 6 with a ring of
+  // R > 8 rows (speculative drafts); page-scoped rings also keep the last 4 positions of every page
+  const int64_t pad = p.ring_size > kPlanWindow ? p.ring_size - kPlanWindow + 2 : 0;
+  const int64_t by_quartet = wrap_sub(wrap_mul(floor_div(seq, 4), 4), 4), by_pad = wrap_sub(seq, pad);
+  const int64_t first_kept = by_quartet < by_pad ? by_quartet : by_pad;
+  PlanToken k;
+  k.closes = floor_mod(wrap_add(pos, 1), 4) == 0;
+  k.kept = pos >= first_kept || (!p.use_req_ring && floor_mod(pos, p.swa_page_size) >= p.swa_page_size - 4);
+  const int ring_rows = j + 1 < kPlanWindow ? kPlanWindow - (int)(j + 1) : 0;
+  const bool from_ring = k.closes && ring_rows > 0;
+  const int64_t rid = p.req_pool_indices[b];
+  const int64_t row = k.kept || from_ring ? plan_ring_row(p, rid, pos) : -1;
+  const int64_t before = wrap_sub(pos, 4);
+  const int64_t previous = from_ring ? plan_ring_row(p, rid, before > 0 ? before : 0) : -1;
+  k.compress = dsa_c4_compress_record{(uint32_t)low32(wrap_add(pos, 1)), (uint16_t)t, (uint16_t)ring_rows,
+                                      ring_rows > 0 ? low32(floor_div(previous, 4)) : -1,
+                                      ring_rows > 0 ? low32(floor_div(row, 4)) : (int32_t)b};
+  k.write = dsa_c4_write_record{(uint32_t)t, low32(row)};
+  return k;
+}
+
+}  // namespace dsa
