@@ -111,7 +111,7 @@ def test_extend_records_from_device_lengths_equal_the_torch_planners(device, b, 
     assert _fill_c4_plan.extend_plan(d_rid, d_seq, d_ext, d_r2t, d_f2s, swa_page_size=page, ring_size=size,
                                      use_req_ring=use_req_ring, plan_c=plan_c, plan_w=plan_w) == 0
     assert torch.equal(plan_c.cpu(), want_c) and torch.equal(plan_w.cpu(), want_w)
-    if torch.device(device).type == "cuda":
+    if torch.device(device).type == "cuda" and size >= 8:  # pydsa.sglang refuses smaller rings (test_careless_sglang)
         got_c, got_w = sglang_c4.plan_prefill(d_rid, d_seq, d_ext, d_r2t, d_f2s, page, size, n, use_cuda_graph=True,
                                               use_req_ring=use_req_ring)
         assert torch.equal(got_c.cpu(), want_c) and torch.equal(got_w.cpu(), want_w)

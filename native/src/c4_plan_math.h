@@ -29,12 +29,20 @@ DSA_HD int64_t plan_length(const void* lengths, int32_t is_int32, int64_t b) {
 
 // The ring row of position `pos` of request row `rid`, or -1 where the tables address none.
 DSA_HD int64_t plan_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
-  if (p.use_req_ring) return rid >= 0 ? wrap_add(wrap_mul(rid, p.ring_size), floor_mod(pos, p.ring_size)) : -1;
+  if (p.use_req_ring) {
+    if (rid < 0) return -1;
+    const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)((uint32_t)pos % (uint32_t)p.ring_size)
+                                                         : floor_mod(pos, p.ring_size);
+    return wrap_add(wrap_mul(rid, p.ring_size), within);
+  }
   if (rid < 0 || rid >= p.token_rows || pos < 0 || pos >= p.token_cols) return -1;
   const int64_t token = p.req_to_token[rid * p.token_stride + pos];
   if (token < 0 || token >= p.num_full) return -1;
   const int64_t slot = p.full_to_state[token];
   if (slot < 0) return -1;
+  if (slot <= 0x7FFFFFFF)  // the usual case, in 32-bit division (the same quotient; a 64-bit one is far slower on a GPU)
+    return wrap_add(wrap_mul((uint32_t)slot / (uint32_t)p.swa_page_size, p.ring_size),
+                    (uint32_t)slot % (uint32_t)p.ring_size);
   return wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size);
 }
 
