@@ -8,7 +8,7 @@ The build imports sglang's compress.py and online_c128_mtp.py (pydsa/bench/sglan
 sglang's runtime), sets sglang's JIT target to the H200's (sm_90a, PDL on, as sglang picks on that GPU)
 and asks sglang's own module loaders for every module the benchmarks call: the c128 online module
 (fp32 and bf16 state), the c128 store module (fp32 vectors, D 512, rope 64, page 2, V4), the MTP
-modules, and the default offline c128 path's compress module (fp32 ring, input and output) and planner. sglang's load_jit writes its build file and compiles it with its own flags; the built
+modules, and the default offline c128 path's compress module (fp32 and bf16 ring; fp32 input and output) and planner. sglang's load_jit writes its build file and compiles it with its own flags; the built
 libraries, a manifest naming each by sglang's module arguments, and the sglang Python files those
 modules import are copied into OUT.
 
@@ -99,7 +99,8 @@ def build(out: str, sglang_root: str, parts=PARTS) -> dict:
             for seq, req in MTP_INDEX_DTYPES:
                 mtp._jit_online_c128_mtp_module.__wrapped__(512, seq, req, state)
     if "offline" in parts:  # the release's default c128 path: a 128-row raw ring per request, and its planner
-        compress._jit_compress_module.__wrapped__(512, torch.float32, torch.float32, torch.float32, 128)
+        for ring in (torch.float32, torch.bfloat16):
+            compress._jit_compress_module.__wrapped__(512, ring, torch.float32, torch.float32, 128)
         compress._jit_compress_plan_module.__wrapped__()
     if "store" in parts:
         compress._jit_compress_norm_rope_module.__wrapped__(torch.float32, 512, 64, 2, False,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import pydsa
-from . import harness, offline, reference
+from . import c4_paths, harness, offline, reference, v4_step
 from .harness import graph_us, host_us, host_vs_empty, median_graph_us
 
 from .mtp import _bf16_steps, commit_rows, compare_mtp_protocol
@@ -349,7 +349,8 @@ def main(argv=None):
     ap.add_argument("--reference-build", required=True, help="a build of benchmarks/reference")
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
-    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "commit", "step", "floor", "sglang-api", "planning", "offline"],
+    ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "commit", "step", "floor", "sglang-api", "planning", "offline",
+                                       "v4-step"],
                     help="one part")
     args = ap.parse_args(argv)
     ref = _load(args.reference_build)
@@ -385,6 +386,9 @@ def main(argv=None):
         result["floor"] = floor_rows(bs=(32, 256, 1024, 8192), rounds=rounds)
     if args.only in (None, "offline"):
         result["offline_vs_online"] = offline.rows(ref, rounds, PREFILL_CASES)
+    if args.only == "v4-step":  # P31, P35 (pydsa/bench/v4_step.py): on request only
+        result["v4_step"] = v4_step.rows(ref, rounds)
+        result["v4_step"]["rows"] += c4_paths.path_rows(ref, rounds)
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
 
