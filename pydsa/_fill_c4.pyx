@@ -286,6 +286,9 @@ cdef int _plan_fits(object plan, object main, object kv_score) except -1:
     plan_ring = getattr(plan, "ring_size", None)
     if plan_ring is None:
         return 0
+    if getattr(plan, "ratio", 4) != 4:
+        raise ArgumentValueError("plan", "plan was made by pyplan.plan_c128_offline (an offline c128 ring's records); "
+                                         "a c4 extend takes pyplan.plan_c4's")
     if m.rows_per_slot == 0:
         raise ArgumentValueError("main", f"plan was made by pyplan.plan_c4 for a request-scoped ring (ring_size "
                                          f"{plan_ring}) but main was made without ring_size")
