@@ -454,3 +454,20 @@ def test_the_gpu_agrees_with_the_host_backend(bf16_ring):
     assert len(v_host) == len(v_dev) > 5
     for a, b in zip(v_host, v_dev):
         assert rel_err(b, a) < TOL
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_readme_block_runs_as_written(device):
+    """The README's offline c128 block is the users' first call: it runs as written and stores what it closes."""
+    import pathlib
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    code = re.search(r"```python\n(.*?)```", text[text.index("## The offline c128 layers"):], re.S).group(1)
+    scope: dict = {}
+    exec(compile(code.replace('dev, slots_n = "cpu"', f'dev, slots_n = "{device}"'), "README.md", "exec"), scope)
+    ring, out = scope["ring"], scope["out"]
+    assert out.shape == (2, 512) and torch.isfinite(out).all()
+    flat = ring.store.cache.cpu().reshape(-1)
+    page = pydsa.kv_page_bytes(512, 2)
+    for loc in (0, 1, 6):  # the prefill's chunks 0 and 1 of request 0; the decode's chunk of request 1
+        assert flat[(loc // 2) * page + 576 * (loc % 2):(loc // 2) * page + 576 * (loc % 2 + 1)].any(), loc

@@ -498,12 +498,14 @@ typedef struct dsa_c128_offline_params {
   int64_t batch_size;             /* decode: requests (0: nothing runs; inputs may be null) */
   int64_t num_tokens;             /* extend: rows of kv_score (<= 65536: 16-bit ragged rows) */
   const dsa_c4_decode_record* decode_records; /* decode: [B], or null: seq_lens and slots */
-  const dsa_c4_compress_record* compress;     /* extend: [num_compress] */
-  const dsa_c4_write_record* write;           /* extend: [num_write] */
+  const dsa_c4_compress_record* compress;     /* extend: [num_compress] (may be null when it is 0) */
+  const dsa_c4_write_record* write;           /* extend: [num_write] (may be null when it is 0) */
   int64_t num_compress;
   int64_t num_write;
-  const int32_t* seq_lens;        /* decode without records: [B] length with the new token (<= 0 padding) */
-  const int32_t* slots;           /* decode without records: [B] request slot (negative: not held here) */
+  const int32_t* seq_lens;        /* decode without records: [B] length with the new token (<= 0 padding);
+                                     otherwise null */
+  const int32_t* slots;           /* decode without records: [B] request slot (negative: not held here; live
+                                     slots distinct); otherwise null */
   const dsa_kv_cache* store;      /* host memory, read during the call; null: no store */
   const int64_t* cache_slots;     /* with a store: decode [B], extend [num_tokens] (ragged rows); read at
                                      closing rows; -1: not stored here */

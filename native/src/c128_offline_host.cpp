@@ -26,7 +26,7 @@ struct Ring {
   const float* kv[kOfflineWindow] = {};
   const float* score[kOfflineWindow] = {};
 
-  Ring(const dsa_c128_offline_params& params) : p(params), D(params.head_dim), rows(kOfflineWindow * 2 * D) {}
+  explicit Ring(const dsa_c128_offline_params& params) : p(params), D(params.head_dim) {}
 
   S* row(int64_t r) const { return static_cast<S*>(p.ring) + r * 2 * D; }
 
@@ -37,6 +37,7 @@ struct Ring {
   }
 
   void from_ring(int j, int64_t ring_row) {
+    if (rows.empty()) rows.resize((size_t)kOfflineWindow * 2 * D);  // on the first closing row of the call
     const S* r = row(ring_row);
     float* w = rows.data() + j * 2 * D;
     for (int e = 0; e < 2 * D; ++e) w[e] = widen(r[e]);
