@@ -7,6 +7,8 @@
   and store= on the ops that close chunks;
 - the ratio-4 compressor (DeepSeek-V4's c4 layers: main and indexer, stores fused): C4Compressor,
   c4_decode, c4_extend, c4_verify; pyplan.plan_c4 plans a request-scoped ring's extends;
+- the offline c128 compressor (sglang's default c128 layer: a ring of raw rows, the store fused): C128Ring,
+  c128_offline_decode, c128_offline_extend; pyplan.plan_c128_offline plans a request-scoped ring's extends;
 - fused DSA metadata copy for CUDA-graph replay: MetadataCopy, metadata_copy.
 
 Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend). A wrong argument raises a
@@ -17,6 +19,7 @@ from ._abi import ABI_VERSION, DsaError, lib as _lib
 from ._tensors import error_count, reset_error_count
 from .errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from .c4 import C4Compressor, C4Decode, c4_decode, c4_extend, c4_max_drafts, c4_ring_bytes, c4_verify
+from .c128_offline import C128Ring, c128_offline_decode, c128_offline_extend
 from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill
 from .metadata import MetadataCopy, metadata_copy
 from .speculative import C128Commit, C128Verify, bank_bytes, c128_commit, c128_verify
@@ -25,7 +28,8 @@ from .store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
 __version__ = _lib.dsa_version_string().decode()
 
 __all__ = ["ABI_VERSION", "ArgumentError", "ArgumentTypeError", "ArgumentValueError", "DsaError", "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts",
-           "c4_ring_bytes", "c4_verify", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Verify", "DevicePlan",
+           "c4_ring_bytes", "c4_verify", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Ring", "C128Verify",
+           "DevicePlan", "c128_offline_decode", "c128_offline_extend",
            "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify",
            "error_count", "kv_page_bytes", "kv_store", "library_path", "metadata_copy",
            "reset_error_count", "__version__"]

@@ -183,24 +183,6 @@ cdef int32_t _request_ring(object main, object ring_size, str op) except -1:
     return m.rows_per_slot
 
 
-cdef int _distinct_slots(const Arg* seq, const Arg* slots, int64_t n, int32_t live_from) except -1:
-    """On the host backend: live requests (seq_lens >= live_from, slot >= 0) must hold distinct slots (two
-    would write one ring's rows). Device tensors are data the call does not read on the host."""
-    if seq.dev != -1:
-        return 0
-    cdef const int32_t* q = <const int32_t*>seq.data
-    cdef const int32_t* s = <const int32_t*>slots.data
-    cdef dict seen = {}
-    cdef int64_t i
-    for i in range(n):
-        if q[i] >= live_from and s[i] >= 0:
-            first = seen.setdefault(s[i], i)
-            if first != i:
-                raise ArgumentValueError("slots", f"slots[{first}] and slots[{i}] are both {s[i]}: live requests must "
-                                                  f"hold distinct slots (each owns its slot's ring rows)")
-    return 0
-
-
 cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
                write, seq_lens, slots, ring_size, num_drafts, cache_slots, uint32_t flags, error_count,
                list keep) except -1:
@@ -273,7 +255,7 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
         else:
             vector(seq_lens, &sl, "seq_lens", I32, dev, rows, keep, "B: the rows of kv_score")
             vector(slots, &sx, "slots", I32, dev, rows, keep, "B: the rows of kv_score")
-            _distinct_slots(&sl, &sx, rows, 1)
+            distinct_slots(&sl, &sx, rows, 1)
             p.seq_lens = <const int32_t*>sl.data
             p.slots = <const int32_t*>sx.data
     elif kind == VERIFY:
@@ -285,7 +267,7 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
                              f"length per request)")
         vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
         vector(slots, &sx, "slots", I32, dev, b, keep)
-        _distinct_slots(&sl, &sx, b, 0)
+        distinct_slots(&sl, &sx, b, 0)
         p.batch_size = b
         p.seq_lens = <const int32_t*>sl.data
         p.slots = <const int32_t*>sx.data
@@ -304,6 +286,9 @@ cdef int _plan_fits(object plan, object main, object kv_score) except -1:
     plan_ring = getattr(plan, "ring_size", None)
     if plan_ring is None:
         return 0
+    if getattr(plan, "ratio", 4) != 4:
+        raise ArgumentValueError("plan", "plan was made by pyplan.plan_c128_offline (an offline c128 ring's records); "
+                                         "a c4 extend takes pyplan.plan_c4's")
     if m.rows_per_slot == 0:
         raise ArgumentValueError("main", f"plan was made by pyplan.plan_c4 for a request-scoped ring (ring_size "
                                          f"{plan_ring}) but main was made without ring_size")

@@ -413,6 +413,24 @@ cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* ot
     return 0
 
 
+cdef int distinct_slots(const Arg* seq, const Arg* slots, int64_t n, int32_t live_from) except -1:
+    """On the host backend: live requests (seq_lens >= live_from, slot >= 0) must hold distinct slots (two
+    would write one ring's rows). Device tensors are data the call does not read on the host."""
+    if seq.dev != -1:
+        return 0
+    cdef const int32_t* q = <const int32_t*>seq.data
+    cdef const int32_t* s = <const int32_t*>slots.data
+    cdef dict seen = {}
+    cdef int64_t i
+    for i in range(n):
+        if q[i] >= live_from and s[i] >= 0:
+            first = seen.setdefault(s[i], i)
+            if first != i:
+                raise ArgumentValueError("slots", f"slots[{first}] and slots[{i}] are both {s[i]}: live requests must "
+                                                  f"hold distinct slots (each owns its slot's ring rows)")
+    return 0
+
+
 cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1:
     """x an int in low..high (a bool or another type is not), else the error naming it."""
     cdef int overflow = 0

@@ -267,6 +267,8 @@ class C4Plan(tuple):
     for: ring_size (R), num_slots (the slots it may address; None when not given) and num_tokens (the rows
     of the input it indexes). pydsa's c4_extend refuses it for a ring or an input of another geometry."""
 
+    ratio = 4  # tokens per entry of the ring's layer: a c4 plan is no offline c128 one, and the reverse
+
     def __new__(cls, compress, write, ring_size, num_slots, num_tokens):
         plan = tuple.__new__(cls, (compress, write))
         plan._geometry = (ring_size, num_slots, num_tokens)
@@ -279,12 +281,19 @@ class C4Plan(tuple):
     def to(self, device):
         """The same plan with its records as torch tensors on `device` (a GPU call reads them there)."""
         import torch
-        return C4Plan(torch.from_numpy(np.asarray(self[0])).to(device), torch.from_numpy(np.asarray(self[1])).to(device),
-                      *self._geometry)
+        return type(self)(torch.from_numpy(np.asarray(self[0])).to(device),
+                          torch.from_numpy(np.asarray(self[1])).to(device), *self._geometry)
 
     def __repr__(self):
-        return (f"C4Plan(compress=[{len(self[0])}, 16], write=[{len(self[1])}, 8], ring_size={self.ring_size}, "
-                f"num_slots={self.num_slots}, num_tokens={self.num_tokens})")
+        return (f"{type(self).__name__}(compress=[{len(self[0])}, 16], write=[{len(self[1])}, 8], "
+                f"ring_size={self.ring_size}, num_slots={self.num_slots}, num_tokens={self.num_tokens})")
+
+
+class C128OfflinePlan(C4Plan):
+    """One offline c128 extend's records (plan_c128_offline), with the geometry it was planned for; pydsa's
+    c128_offline_extend refuses it for a ring or an input of another geometry."""
+
+    ratio = 128
 
 
 def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None, num_slots=None):
@@ -301,6 +310,24 @@ def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None, num_slo
     (C4_COMPRESS_DTYPE, C4_WRITE_DTYPE viewed as bytes), with the geometry it was made for: one compress
     record per position p with (p + 1) % 4 == 0, its window rows before the extend read from the ring; one
     write record for each of the last min(extend, R) positions of each request."""
+    return _plan_ring(seq_lens, extend_lens, slots, ring_size, num_tokens, num_slots, 4)
+
+
+def plan_c128_offline(seq_lens, extend_lens, slots, ring_size=128, *, num_tokens=None, num_slots=None):
+    """Plan one offline c128 extend over pydsa's request-scoped ring (pydsa.C128Ring: request slot s owns ring rows
+    s*R .. s*R+R-1; position p lives at row s*R + p % R), as plan_c4 does for a c4 ring.
+
+    seq_lens, extend_lens, slots, num_tokens, num_slots: as plan_c4's. ring_size: R, a multiple of 128 (the
+    ring's). Returns a C128OfflinePlan in the same record formats: one compress record per position p with
+    (p + 1) % 128 == 0 (window rows before the extend read from the ring: 128 - min(j + 1, 128) for the j-th new
+    token, previous group -1, current group the page of 128 rows holding the chunk); one write record for each of
+    the last min(extend, R) positions of each request."""
+    return _plan_ring(seq_lens, extend_lens, slots, ring_size, num_tokens, num_slots, 128)
+
+
+cdef object _plan_ring(seq_lens, extend_lens, slots, ring_size, num_tokens, num_slots, int64_t ratio):
+    """The records of an extend over a request-scoped ring whose entries close every `ratio` positions: 4 (c4,
+    a window of the previous and the own quartet) or 128 (offline c128, a window of the chunk)."""
     cdef cnp.ndarray seq_arr = _as_int64(seq_lens, "seq_lens")
     cdef cnp.ndarray ext_arr = _as_int64(extend_lens, "extend_lens")
     cdef cnp.ndarray slot_arr = _as_int64(slots, "slots")
@@ -312,9 +339,12 @@ def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None, num_slo
         if cnp.PyArray_DIM(arr, 0) != B:
             raise ArgumentValueError(name, f"{name} has {cnp.PyArray_DIM(arr, 0)} entries but seq_lens has {B} (B: the "
                                            f"length of seq_lens, one entry per request)")
-    cdef int64_t R = _int(ring_size, "ring_size", 8, 2 ** 20)
-    if R % 4 != 0:
-        raise ArgumentValueError("ring_size", f"ring_size is {R}; expected a multiple of 4, >= 8")
+    cdef bint overlap = ratio == 4  # a c4 entry's window is its own quartet and the previous one
+    cdef int64_t window = 2 * ratio if overlap else ratio
+    cdef str layer = "c4" if overlap else "offline c128"
+    cdef int64_t R = _int(ring_size, "ring_size", window, 2 ** 20 if overlap else 2 ** 24)
+    if R % ratio != 0:
+        raise ArgumentValueError("ring_size", f"ring_size is {R}; expected a multiple of {ratio}, >= {window}")
     cdef int64_t slot_limit = 0x7FFFFFFF // R if num_slots is None else _int(num_slots, "num_slots", 0, 0x7FFFFFFF // R)
     cdef int64_t total = 0, n_c = 0, n_w = 0, b, p, l0, j, off, q
     cdef dict seen = {}
@@ -333,11 +363,11 @@ def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None, num_slo
                                                   f"extend must hold distinct slots")
         total += ext[b]
         if slot[b] >= 0:
-            n_c += seq[b] // 4 - (seq[b] - ext[b]) // 4
+            n_c += seq[b] // ratio - (seq[b] - ext[b]) // ratio
             n_w += min(ext[b], R)
     if num_tokens is None and total > 65536:
-        raise ArgumentValueError("extend_lens", f"the extends sum to {total} tokens; a c4 extend takes at most 65536 "
-                                                f"(16-bit ragged rows): split it")
+        raise ArgumentValueError("extend_lens", f"the extends sum to {total} tokens; a {layer} extend takes at most "
+                                                f"65536 (16-bit ragged rows): split it")
     cdef int64_t tokens = total if num_tokens is None else _int(num_tokens, "num_tokens", 0, 65536)
     if tokens < total:
         raise ArgumentValueError("num_tokens", f"num_tokens is {tokens}; expected sum(extend_lens) = {total} .. 65536 "
@@ -352,19 +382,22 @@ def plan_c4(seq_lens, extend_lens, slots, ring_size, *, num_tokens=None, num_slo
         for b in range(B):
             l0 = seq[b] - ext[b]
             if slot[b] >= 0:
-                for p in range(l0 + (3 - l0 % 4), seq[b], 4):
+                p = l0 + (ratio - 1 - l0 % ratio)  # the first closing position
+                while p < seq[b]:
                     j = p - l0
-                    q = p - 4 if p >= 4 else 0
+                    q = p - ratio if p >= ratio else 0
                     c[ci].seq_len = <unsigned int>(p + 1)
                     c[ci].ragged_id = <unsigned short>(off + j)
-                    c[ci].ring_rows = <unsigned short>(8 - min(j + 1, 8))
-                    c[ci].previous_group = <int>(_ring_row(slot[b], R, q) // 4)
-                    c[ci].current_group = <int>(_ring_row(slot[b], R, p) // 4)
+                    c[ci].ring_rows = <unsigned short>(window - min(j + 1, window))
+                    c[ci].previous_group = <int>(_ring_row(slot[b], R, q) // ratio) if overlap else -1
+                    c[ci].current_group = <int>(_ring_row(slot[b], R, p) // ratio)
                     ci += 1
+                    p += ratio
                 for p in range(max(l0, seq[b] - R), seq[b]):
                     w[wi].ragged_id = <unsigned int>(off + p - l0)
                     w[wi].ring_row = <int>_ring_row(slot[b], R, p)
                     wi += 1
             off += ext[b]
-    return C4Plan(compress_arr.view(np.uint8).reshape(n_c, 16), write_arr.view(np.uint8).reshape(n_w, 8), R,
-                  None if num_slots is None else slot_limit, tokens)
+    plan = C4Plan if overlap else C128OfflinePlan
+    return plan(compress_arr.view(np.uint8).reshape(n_c, 16), write_arr.view(np.uint8).reshape(n_w, 8), R,
+                None if num_slots is None else slot_limit, tokens)

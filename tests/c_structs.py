@@ -142,3 +142,17 @@ class C4PlanParams(C.Structure):
 
 
 STRUCTS.update(c4_plan_decode=C4PlanParams, c4_plan_extend=C4PlanParams)
+
+
+class C128OfflineParams(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
+        ("ring_dtype", C.c_int32), ("ring_size", C.c_int32), ("ring", C.c_void_p), ("ring_rows", C.c_int64),
+        ("kv_score", C.c_void_p), ("ape", C.c_void_p), ("out", C.c_void_p), ("batch_size", C.c_int64),
+        ("num_tokens", C.c_int64), ("decode_records", C.c_void_p), ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("num_compress", C.c_int64), ("num_write", C.c_int64), ("seq_lens", C.c_void_p), ("slots", C.c_void_p),
+        ("store", C.c_void_p), ("cache_slots", C.c_void_p), ("error_count", C.c_void_p),
+    ]
+
+
+STRUCTS.update(c128_offline_decode=C128OfflineParams, c128_offline_extend=C128OfflineParams)

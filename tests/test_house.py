@@ -54,6 +54,8 @@ OPS = [
     (pydsa.c4_decode, pydsa.C4Decode, _fill_c4.decode, c_structs.C4Params, {"into"}),
     (pydsa.c4_extend, None, None, c_structs.C4Params, set()),
     (pydsa.c4_verify, None, None, c_structs.C4Params, set()),
+    (pydsa.c128_offline_decode, None, None, c_structs.C128OfflineParams, set()),
+    (pydsa.c128_offline_extend, None, None, c_structs.C128OfflineParams, set()),
 ]
 # public arguments that the params struct holds in another form (a plan as its record pointers, compact as the
 # output layout, extend and the flag arguments as flags); a c4 call's per-compressor arguments are the fields of
@@ -71,6 +73,7 @@ def test_each_argument_has_one_name_in_every_layer(op):
         assert _names(prepared) == [n for n in outer if n != "stream"]
         assert [n for n in _names(fill) if n not in plumbing] == _names(prepared)
     held = HELD_ELSEWHERE | (C4_SIDES if struct is c_structs.C4Params else set())
+    held |= {"records"} if struct is c_structs.C128OfflineParams else set()  # the decode_records
     fields = {f[0] for f in struct._fields_}
     missing = [n for n in outer if n not in fields | held]
     assert not missing, f"{public.__name__}: {missing} are not fields of {struct.__name__}"

@@ -90,6 +90,10 @@ C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 1
       ("c4plan 1", "1 128"), ("c4plan 128", "1 128"), ("c4plan 129", "2 128"), ("c4plan 1024", "8 128"),
       ("c4plan 524288", "4096 128"), ("c4plan 600000", "4096 128")]
 
+# offline c128: D count -> blocks threads slices (the blocks of one closing row: a cluster) fits
+OFFLINE = [("offline 512 1", "8 512 8 1"), ("offline 512 1000", "8000 512 8 1"), ("offline 128 3", "6 512 2 1"),
+           ("offline 256 0", "0 512 4 1"), ("offline 512 300000000", "2400000000 512 8 0")]
+
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory):
@@ -110,8 +114,8 @@ def driver(tmp_path_factory):
     return ask
 
 
-@pytest.mark.parametrize("table", [DECODE, VERIFY, STORE, LANES, ROUTE, C4],
-                         ids=["decode", "verify", "store", "prefill lanes", "prefill route", "c4"])
+@pytest.mark.parametrize("table", [DECODE, VERIFY, STORE, LANES, ROUTE, C4, OFFLINE],
+                         ids=["decode", "verify", "store", "prefill lanes", "prefill route", "c4", "offline c128"])
 def test_launch_shapes_follow_the_policy_table(driver, table):
     got = driver([q for q, _ in table])
     assert len(got) == len(table)

@@ -75,7 +75,8 @@ typedef enum dsa_struct_id {
   DSA_STRUCT_KV_STORE_PARAMS = 11,
   DSA_STRUCT_RECORDS_PARAMS = 12,
   DSA_STRUCT_C4_PARAMS = 13,
-  DSA_STRUCT_C4_PLAN_PARAMS = 14
+  DSA_STRUCT_C4_PLAN_PARAMS = 14,
+  DSA_STRUCT_C128_OFFLINE_PARAMS = 15
 } dsa_struct_id;
 
 /* Flags for the `flags` field of the kernel params. */
@@ -502,6 +503,72 @@ typedef struct dsa_c4_plan_params {
 
 DSA_API dsa_status dsa_c4_plan_decode(const dsa_c4_plan_params* params, void* stream);
 DSA_API dsa_status dsa_c4_plan_extend(const dsa_c4_plan_params* params, void* stream);
+/* The offline c128 compressor (docs/spec.md, "The offline c128 compressor").
+ *
+ * A token's input row is fp32 [kv | score] (2 D); chunk n of a request closes at position 128n + 127 and is,
+ * per channel, the softmax over its 128 positions j of score + ape[j] (ape fp32 [128, D]) weighting kv. A store
+ * uses rotary row 128n (= seq_len - 128 at the closing token).
+ *
+ * State: a ring of raw input rows, [ring_rows, 2D] fp32 or bf16 (rounded to nearest even), ring_rows a
+ * multiple of 128, seen as pages of 128 rows (the row of position p within its page is p % 128). Where a
+ * position lives is the caller's choice, passed in the c4 record formats with a group of 128 rows (a page):
+ *   decode record   {u32 seq_len (with the new token; 0 padding), i32 write row, i32 unused, i32 page of the
+ *                   new token's chunk}
+ *   compress record {u32 seq_len = closing position + 1, u16 ragged row of the closing token, u16 window rows
+ *                   read from the ring (rows 0 .. ring_rows - 1 of the page; the others are input rows
+ *                   ragged - 127 + j), i32 unused, i32 page}
+ *   write record    {u32 ragged row, i32 ring row}
+ * or pydsa's request-scoped ring: request slot s owns rows s*R .. s*R+R-1 (R = ring_size, a multiple of 128),
+ * position p at row s*R + p % R.
+ *
+ *   dsa_c128_offline_decode  one new token per request: its row is written to the ring; when seq_len % 128 == 0
+ *                            the chunk's entry is computed from the page's 128 ring rows (the new one as
+ *                            written: a bf16 ring rounds it), written to `out` and stored. One launch.
+ *   dsa_c128_offline_extend  new tokens at ragged rows: every compress record closes a chunk (`out` row i for
+ *                            record i), then every write record copies an input row into the ring. Two
+ *                            launches: every ring read of the call precedes every ring write.
+ *
+ * Records and slots are data: a record whose rows lie outside the ring or the input is skipped and counted
+ * in error_count (a decode row whose write row is good but whose page is not still writes its row); padding
+ * records (seq_len or ragged row 0xFFFFFFFF, decode seq_len 0) and, in the request-scoped decode, a negative
+ * slot or a seq_len <= 0 are skipped silently. On the GPU the ops need sm_90 (thread-block clusters). */
+
+typedef struct dsa_c128_offline_params {
+  uint32_t struct_size;
+  uint32_t flags;                 /* DSA_FLAG_PDL; extend: DSA_FLAG_HOST_PLAN (host backend only: the records
+                                     are checked before anything runs and one that does not fit fails the
+                                     call, naming it) */
+  int32_t device;                 /* CUDA ordinal owning every pointer, or DSA_DEVICE_HOST */
+  int32_t head_dim;               /* D: 128, 256 or 512 */
+  int32_t ring_dtype;             /* dsa_state_dtype of the ring */
+  int32_t ring_size;              /* R of the request-scoped decode (seq_lens and slots): a multiple of 128
+                                     dividing ring_rows; rows in 64 bits, a slot past the ring skipped and
+                                     counted */
+  void* ring;                     /* [ring_rows, 2D] of ring_dtype, read and written */
+  int64_t ring_rows;              /* rows of `ring`, a multiple of 128 */
+  const float* kv_score;          /* decode [B, 2D], extend [num_tokens, 2D] */
+  const float* ape;               /* [128, D] */
+  float* out;                     /* decode [B, D] (closing rows written), extend [num_compress, D] (row i for
+                                     record i); may be null */
+  int64_t batch_size;             /* decode: requests (0: nothing runs; inputs may be null) */
+  int64_t num_tokens;             /* extend: rows of kv_score (<= 65536: 16-bit ragged rows) */
+  const dsa_c4_decode_record* decode_records; /* decode: [B], or null: seq_lens and slots */
+  const dsa_c4_compress_record* compress;     /* extend: [num_compress] (may be null when it is 0) */
+  const dsa_c4_write_record* write;           /* extend: [num_write] (may be null when it is 0) */
+  int64_t num_compress;
+  int64_t num_write;
+  const int32_t* seq_lens;        /* decode without records: [B] length with the new token (<= 0 padding);
+                                     otherwise null */
+  const int32_t* slots;           /* decode without records: [B] request slot (negative: not held here; live
+                                     slots distinct); otherwise null */
+  const dsa_kv_cache* store;      /* host memory, read during the call; null: no store */
+  const int64_t* cache_slots;     /* with a store: decode [B], extend [num_tokens] (ragged rows); read at
+                                     closing rows; -1: not stored here */
+  uint32_t* error_count;          /* [1] incremented per skipped record; may be null */
+} dsa_c128_offline_params;
+
+DSA_API dsa_status dsa_c128_offline_decode(const dsa_c128_offline_params* params, void* stream);
+DSA_API dsa_status dsa_c128_offline_extend(const dsa_c128_offline_params* params, void* stream);
 
 /* ------------------------------------------------------------------------------------------ */
 /* Speculative decoding (docs/spec.md, speculative decoding).

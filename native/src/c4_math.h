@@ -4,6 +4,7 @@
 #pragma once
 
 #include "store_math.h"
+#include "window_math.h"
 
 namespace dsa {
 
@@ -12,27 +13,10 @@ constexpr int kC4Quartet = 4;     // stride: entry n closes at position 4n + 3
 
 // One channel of entry n: kv[j], biased logit z[j] for window row j (rows 0..3: the A halves of the
 // previous quartet, 4..7: the B halves of the entry's own); rows below `first` are absent (4 for entry 0).
-// One max over the logits, exponentials in base 2, the weighted sum and the sum of weights in row order,
-// one division (on the GPU the approximate one).
+// The window is one block (window_math.h): one max over the logits, exponentials in base 2, the weighted
+// sum and the sum of weights in row order, one division (on the GPU the approximate one).
 DSA_HD float c4_channel(const float (&kv)[kC4Window], const float (&z)[kC4Window], int first) {
-  float m = z[kC4Window - 1];
-#pragma unroll
-  for (int j = 0; j < kC4Window - 1; ++j)
-    if (j >= first) m = fmaxf(m, z[j]);
-  float num = 0.0f, den = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kC4Window; ++j) {
-    if (j >= first) {
-      const float e = exp2_((z[j] - m) * kLog2e);
-      num = fmaf(e, kv[j], num);
-      den += e;
-    }
-  }
-#if defined(__CUDA_ARCH__)
-  return __fdividef(num, den);
-#else
-  return num / den;
-#endif
+  return window_value(window_sum(kv, z, first));
 }
 
 // ---- records (little-endian; docs/spec.md, "The ring") ----------------------------------------

@@ -244,4 +244,25 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
   return std::clamp<int64_t>((batch_size + kC4PlanThreads - 1) / kC4PlanThreads, 1, kC4PlanMaxBlocks);
 }
 
+// ---- offline c128 ---------------------------------------------------------------------------------
+// A closing row (a decode request, a compress record) reads 128 ring or input rows of 2 D values (512 KiB at
+// D = 512 in fp32). One block per 64-channel slice of D streams it (16 warps, warp w summing rows 8w .. 8w+7 of
+// the slice, 2 channels per lane: coalesced 256-byte row slices, 64 KiB per block), so a lone closing row is
+// spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block gathers the
+// vector from the others' shared memory for the store (its RMSNorm needs all D channels).
+constexpr int kOfflineSlice = 64;     // channels per block (one store group)
+constexpr int kOfflineThreads = 512;  // 16 warps: one block of 8 rows each
+constexpr int kOfflineLanes = 32;     // lanes of a row slice: 2 channels each
+
+inline int offline_slices(int head_dim) { return head_dim / kOfflineSlice; }
+
+// Blocks of a closing launch over `count` rows (clusters of offline_slices(D) blocks); fits false: too many.
+inline Shape offline_shape(int head_dim, int64_t count) {
+  Shape s;
+  s.grid_x = count * offline_slices(head_dim);
+  s.grid_y = s.grid_z = 1, s.block_x = kOfflineThreads, s.block_y = 1;
+  s.fits = s.grid_x <= INT32_MAX;
+  return s;
+}
+
 }  // namespace dsa

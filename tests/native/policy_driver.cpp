@@ -79,6 +79,12 @@ int main() {
       long long b;
       in >> b;
       std::printf("%lld %d\n", (long long)c4_plan_decode_blocks(b), kC4PlanThreads);
+    } else if (what == "offline") {  // D count
+      long long n;
+      int d;
+      in >> d >> n;
+      const Shape s = offline_shape(d, n);
+      std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_slices(d), s.fits ? 1 : 0);
     } else if (!what.empty()) {
       std::printf("? %s\n", what.c_str());
     }

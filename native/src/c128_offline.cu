@@ -1,0 +1,397 @@
+// The offline c128 compressor (docs/spec.md, "The offline c128 compressor"): the closing kernel (a decode's ring
+// write and chunk entry, an extend's compress pass; the store fused) and the entry points (check, then host or
+// device). An extend's write pass is the c4 write pass over rows of two D-wide parts (c4_device.cuh).
+#include <cooperative_groups.h>
+
+#include "c128_offline_host.h"
+#include "c128_offline_math.h"
+#include "c4_device.cuh"
+
+DSA_DECLARE_STRUCT(DSA_STRUCT_C128_OFFLINE_PARAMS, dsa_c128_offline_params);
+
+namespace dsa {
+namespace {
+
+struct OfflineLaunch {
+  void* ring;
+  int64_t ring_rows;
+  const float* kv_score;
+  const float* ape;
+  float* out;
+  int32_t head_dim;
+  int32_t ring_size;        // the request-scoped decode
+  int64_t count;            // decode: requests; compress: records
+  int64_t num_tokens;       // compress: input rows
+  const void* records;      // decode or compress records (null in the request-scoped decode)
+  const int32_t* seq_lens;
+  const int32_t* slots;
+  uint32_t* error_count;
+  int32_t stores;           // 1: store every closed chunk
+  int32_t reserved;
+  StoreLaunch store;
+};
+
+enum OfflineMode { kDecodeRecords, kDecodeRequests, kCompress };
+
+// What a closing row is: the closing length, the new token's ring row (decode), the page its window rows come
+// from, how many of them (0 .. ring_rows - 1; a decode reads all 128), the closing token's input row.
+struct OfflineRow {
+  uint32_t seq_len;
+  int32_t write_row;
+  int32_t page;
+  int ring_rows;
+  int64_t ragged;
+};
+
+// Record (or request) i of the launch; false: nothing to do (padding, a request not held here).
+template <int kMode>
+__device__ __forceinline__ bool offline_row(const OfflineLaunch& p, int64_t i, OfflineRow* r) {
+  if constexpr (kMode == kCompress) {
+    const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + i);
+    if ((uint32_t)q.x == kC4Padding) return false;
+    *r = OfflineRow{(uint32_t)q.x, -1, q.w, (int)((uint32_t)q.y >> 16), (int64_t)((uint32_t)q.y & 0xFFFFu)};
+    return true;
+  } else {
+    C4DecodeRecord d;
+    if constexpr (kMode == kDecodeRecords) {
+      const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + i);
+      d = C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
+    } else {
+      const int32_t seq = __ldg(p.seq_lens + i), slot = __ldg(p.slots + i);
+      if (seq <= 0 || slot < 0) return false;
+      d = offline_decode_record(seq, slot, p.ring_size);
+    }
+    if (d.seq_len == 0u || d.seq_len > 0x7FFFFFFFu) return false;
+    *r = OfflineRow{d.seq_len, d.write_row, d.current_group, kOfflineWindow, i};
+    return true;
+  }
+}
+
+// The blocks of one closing row form a thread-block cluster (sm_90 and later; the entry points refuse older
+// devices): a barrier over the cluster, after which every block's shared memory written before it is visible
+// to all, and another block's shared memory.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#endif
+}
+
+__device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(p, rank);
+#else
+  return p;
+#endif
+}
+
+// Why the store is finished by the cluster's first block: the store's RMSNorm needs all D channels, each slice's
+// block holds 64. A second launch would need `out` (optional here) or a scratch buffer; a last-block counter a
+// scratch buffer that is zeroed and reset. The cluster needs neither: the first block reads the other blocks'
+// slices from their shared memory and runs the standalone store's epilogue (store.cuh) over the whole vector,
+// so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
+template <typename S, int kMode>
+__global__ void __launch_bounds__(kOfflineThreads) offline_close_kernel(const __grid_constant__ OfflineLaunch p) {
+  __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
+  __shared__ __align__(16) float block_num[kOfflineBlocks][kOfflineSlice];
+  __shared__ __align__(16) float block_den[kOfflineBlocks][kOfflineSlice];
+  __shared__ __align__(16) float slice[kOfflineSlice];
+  const int D = p.head_dim, slices = D / kOfflineSlice;
+  const unsigned rank = blockIdx.x % (unsigned)slices;  // clusters run along x: a row's slices are its blocks
+  const int64_t i = blockIdx.x / (unsigned)slices;
+  const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
+  const int ch = (int)rank * kOfflineSlice + 2 * lane;
+  wait_for_producers();
+  allow_dependents();
+  OfflineRow r;
+  if (!offline_row<kMode>(p, i, &r)) return;
+  const bool first = rank == 0 && threadIdx.x == 0;  // counts a skipped row once
+  S* ring = static_cast<S*>(p.ring);
+  if constexpr (kMode != kCompress) {
+    if (r.write_row < 0 || r.write_row >= p.ring_rows) {
+      if (first) count_error(p.error_count);
+      return;
+    }
+    if (warp == kOfflineBlocks - 1) {  // the new row's slice, by one warp
+      const float* in = p.kv_score + i * 2 * D + ch;
+      const Lanes<2> half[2] = {load_lanes<2>(in), load_lanes<2>(in + D)};
+      ring_store<S, 2, 2>(ring, r.write_row, D, ch, half);
+    }
+    if (!closes_chunk(r.seq_len)) return;
+    if (!page_ok(r.page, p.ring_rows)) {
+      if (first) count_error(p.error_count);
+      return;
+    }
+    __syncthreads();  // the new row as written (a bf16 ring rounds it) is read below, by whichever warp holds it
+  } else if (!offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows)) {
+    if (first) count_error(p.error_count);
+    return;
+  }
+  // warp w sums window rows 8w .. 8w+7 of its lane's two channels (window_math.h's block)
+  float kv[2][kOfflineBlockRows], z[2][kOfflineBlockRows];
+#pragma unroll
+  for (int k = 0; k < kOfflineBlockRows; ++k) {
+    const int j = warp * kOfflineBlockRows + k;
+    const Lanes<2> bias = load_lanes<2>(p.ape + j * D + ch);
+    Lanes<2> value, score;
+    if (kMode != kCompress || j < r.ring_rows) {
+      const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+      value = load_state<2, S>(at), score = load_state<2, S>(at + D);
+    } else {
+      const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+      value = load_lanes<2>(at), score = load_lanes<2>(at + D);
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
+  }
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const WindowSum w = window_sum(kv[c], z[c], 0);
+    block_max[warp][2 * lane + c] = w.max, block_num[warp][2 * lane + c] = w.num, block_den[warp][2 * lane + c] = w.den;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    Lanes<2> x;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      WindowSum blocks[kOfflineBlocks];
+#pragma unroll
+      for (int b = 0; b < kOfflineBlocks; ++b)
+        blocks[b] = WindowSum{block_max[b][2 * lane + c], block_num[b][2 * lane + c], block_den[b][2 * lane + c]};
+      x.v[c] = window_value(merge_windows(blocks));
+      slice[2 * lane + c] = x.v[c];
+    }
+    if (p.out != nullptr) store_lanes<2>(p.out + i * D + ch, x);
+  }
+  if (!p.stores) return;  // the same for every block of the cluster: none waits at a barrier below
+  cluster_sync();
+  const bool storing = rank == 0 && (int)threadIdx.x < D / 2;
+  float x[2];
+  if (storing) {
+    const int c = 2 * (int)threadIdx.x;
+    const float* from = cluster_shared(slice, (unsigned)(c / kOfflineSlice)) + c % kOfflineSlice;
+    x[0] = from[0], x[1] = from[1];
+  }
+  cluster_sync();  // every slice read: the other blocks may leave
+  if (!storing) return;
+  const int c = 2 * (int)threadIdx.x;
+  const int64_t loc = __ldg(p.store.cache_slots + (kMode == kCompress ? r.ragged : i));
+  const int64_t pos = (int64_t)r.seq_len - kOfflineWindow;
+  StoreOperands<2> o;
+  load_weights<2>(o, p.store, c);
+  load_rotary<2>(o, p.store, D, c, pos);
+  aim_store<2>(o, p.store, loc, pos, D);
+  store_vector<2>(p.store, x, o, D, c, D / 2, p.error_count, 0);
+}
+
+// ---- checks and launches ----------------------------------------------------------------------------
+
+// A host plan (DSA_FLAG_HOST_PLAN: records in host memory) is checked before anything runs: a record that is
+// not padding and does not fit this call fails the call, naming it. Records of other origins are data.
+dsa_status check_offline_host_plan(const dsa_c128_offline_params& p, const char* op) {
+  if (!(p.flags & DSA_FLAG_HOST_PLAN)) return DSA_STATUS_OK;
+  for (int64_t i = 0; i < p.num_compress; ++i) {
+    const dsa_c4_compress_record& r = p.compress[i];
+    if (r.seq_len != kC4Padding &&
+        !offline_compress_fits(r.seq_len, r.ragged_id, r.ring_rows, r.current_group, p.num_tokens, p.ring_rows))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compress record %lld {seq_len %u, ragged_id %u, ring_rows %u, "
+                  "page %d} does not fit this call (%lld input rows, a ring of %lld rows): a plan made for other "
+                  "inputs?", op, (long long)i, r.seq_len, (unsigned)r.ragged_id, (unsigned)r.ring_rows,
+                  r.current_group, (long long)p.num_tokens, (long long)p.ring_rows);
+  }
+  for (int64_t i = 0; i < p.num_write; ++i) {
+    const dsa_c4_write_record& w = p.write[i];
+    if (w.ragged_id != kC4Padding &&
+        ((int64_t)w.ragged_id >= p.num_tokens || w.ring_row < 0 || w.ring_row >= p.ring_rows))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: write record %lld {ragged_id %u, ring_row %d} does not fit this "
+                  "call (%lld input rows, a ring of %lld rows): a plan made for other inputs?", op, (long long)i,
+                  w.ragged_id, w.ring_row, (long long)p.num_tokens, (long long)p.ring_rows);
+  }
+  return DSA_STATUS_OK;
+}
+
+enum OfflineOp { kOpDecode, kOpExtend };
+
+struct OfflineChecked {
+  bool nothing = false;
+  StoreLaunch store = {};
+};
+
+// The fields both ops read: D, the ring, the input, the store.
+dsa_status check_offline_ring(const dsa_c128_offline_params& p, bool nothing, const char* op, OfflineChecked* checked) {
+  const int D = p.head_dim;
+  if (D != 128 && D != 256 && D != 512)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: head_dim is %d; expected 128, 256 or 512", op, D);
+  if (p.ring_dtype != DSA_STATE_FLOAT32 && p.ring_dtype != DSA_STATE_BFLOAT16)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ring_dtype is %d; expected %d (float32) or %d (bfloat16)", op,
+                p.ring_dtype, DSA_STATE_FLOAT32, DSA_STATE_BFLOAT16);
+  if (p.ring == nullptr || p.ape == nullptr)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ring and ape must be non-null", op);
+  if (p.kv_score == nullptr && !nothing)  // an empty call may come with an empty (null) input
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: kv_score must be non-null", op);
+  if (p.ring_rows < kOfflineWindow || p.ring_rows % kOfflineWindow != 0 || p.ring_rows > INT32_MAX)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ring_rows is %lld; expected a multiple of 128 in 128..2^31-1", op,
+                (long long)p.ring_rows);
+  if (p.device != DSA_DEVICE_HOST &&
+      (!aligned(p.ring, 16) || !aligned(p.kv_score, 16) || !aligned(p.ape, 16) || !aligned(p.out, 16)))
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, ring, kv_score, ape and out must be 16-byte aligned", op);
+  if (p.store != nullptr && !nothing) {  // an empty call's cache_slots may be null (nothing is stored)
+    if (p.cache_slots == nullptr) return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a store needs cache_slots", op);
+    DSA_TRY(store_launch(p.store, p.cache_slots, D, p.device, op, &checked->store));
+  } else if (p.store != nullptr) {
+    DSA_TRY(check_struct(p.store, op));
+  }
+  return DSA_STATUS_OK;
+}
+
+dsa_status check_offline(const dsa_c128_offline_params& p, OfflineOp kind, const char* op, OfflineChecked* checked) {
+  const bool nothing = kind == kOpExtend ? p.num_compress == 0 && p.num_write == 0 : p.batch_size == 0;
+  DSA_TRY(check_offline_ring(p, nothing, op, checked));
+  const bool gpu = p.device != DSA_DEVICE_HOST;
+  if (kind == kOpDecode) {
+    if (p.batch_size < 0 || p.batch_size > INT32_MAX)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size is %lld; expected 0..%d", op, (long long)p.batch_size,
+                  INT32_MAX);
+    if (p.decode_records == nullptr && !nothing) {  // the request-scoped ring
+      if (p.ring_size < kOfflineWindow || p.ring_size % kOfflineWindow != 0 || p.ring_rows % p.ring_size != 0)
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: ring_size is %d; expected a multiple of 128 dividing ring_rows "
+                    "(%lld): a request-scoped ring holds num_slots * ring_size rows", op, p.ring_size,
+                    (long long)p.ring_rows);
+      if (p.seq_lens == nullptr || p.slots == nullptr)
+        return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: seq_lens and slots must be non-null (or decode_records given)",
+                    op);
+    }
+    if (gpu && !aligned(p.decode_records, 16))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, decode_records must be 16-byte aligned", op);
+  } else {
+    if (p.num_tokens < 0 || p.num_tokens > 65536)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_tokens is %lld; expected 0..65536 (16-bit ragged rows)", op,
+                  (long long)p.num_tokens);
+    if (p.num_compress < 0 || p.num_compress > INT32_MAX || p.num_write < 0 || p.num_write > INT32_MAX)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_compress is %lld and num_write %lld; expected 0..2^31-1", op,
+                  (long long)p.num_compress, (long long)p.num_write);
+    if ((p.num_compress > 0 && p.compress == nullptr) || (p.num_write > 0 && p.write == nullptr))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compress and write must be non-null when their counts are", op);
+    if (gpu && (!aligned(p.compress, 16) || !aligned(p.write, 8)))
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, compress must be 16-byte and write 8-byte aligned", op);
+    if ((p.flags & DSA_FLAG_HOST_PLAN) && gpu)
+      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a host plan (DSA_FLAG_HOST_PLAN) runs on the host backend only; "
+                  "copy its records to the device for a GPU call", op);
+    DSA_TRY(check_offline_host_plan(p, op));
+  }
+  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size).fits) return too_large(op);
+  checked->nothing = nothing;
+  return DSA_STATUS_OK;
+}
+
+// Thread-block clusters came with sm_90: an older device is refused by name (cached per device).
+dsa_status check_clusters(int device, const char* op) {
+  static int majors[kMaxDevices] = {};
+  int major = __atomic_load_n(&majors[device], __ATOMIC_RELAXED);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      cudaGetLastError();
+      return fail(DSA_STATUS_CUDA_ERROR, "%s: cannot query device %d", op, device);
+    }
+    __atomic_store_n(&majors[device], major, __ATOMIC_RELAXED);
+  }
+  if (major < 9)
+    return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: device %d is sm_%d0-class; the offline c128 ops need sm_90 or newer "
+                "(thread-block clusters)", op, device, major);
+  return DSA_STATUS_OK;
+}
+
+OfflineLaunch offline_launch(const dsa_c128_offline_params& p, const OfflineChecked& c) {
+  OfflineLaunch a = {};
+  a.ring = p.ring, a.ring_rows = p.ring_rows, a.kv_score = p.kv_score, a.ape = p.ape, a.out = p.out;
+  a.head_dim = p.head_dim, a.ring_size = p.ring_size, a.num_tokens = p.num_tokens;
+  a.seq_lens = p.seq_lens, a.slots = p.slots, a.error_count = p.error_count;
+  a.stores = p.store != nullptr, a.store = c.store;
+  return a;
+}
+
+// The closing kernel over `count` rows in clusters of D / 64 blocks.
+template <typename S, int kMode>
+dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int64_t count, const void* records,
+                          cudaStream_t stream, const char* op) {
+  a.count = count, a.records = records;
+  const Shape shape = offline_shape(p.head_dim, count);
+  cudaLaunchAttribute attributes[2];
+  unsigned n = 0;
+  attributes[n].id = cudaLaunchAttributeClusterDimension;
+  attributes[n++].val.clusterDim = {(unsigned)offline_slices(p.head_dim), 1, 1};
+  if (p.flags & DSA_FLAG_PDL) {
+    attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid_of(shape), config.blockDim = block_of(shape), config.stream = stream;
+  config.attrs = attributes, config.numAttrs = n;
+  return launch_status(cudaLaunchKernelEx(&config, offline_close_kernel<S, kMode>, a), op);
+}
+
+// The write pass: the c4 write kernel over one ring of rows [kv | score].
+template <typename S>
+dsa_status launch_writes(const dsa_c128_offline_params& p, cudaStream_t stream, const char* op) {
+  C4Launch a = {};
+  a.side[0] = C4Side{p.head_dim, 0, p.ring, p.ring_rows, p.kv_score, p.ape, nullptr, StoreLaunch{}};
+  const int64_t blocks = c4_blocks(p.head_dim, kC4WriteChannels, p.num_write);
+  a.blocks0 = (uint32_t)blocks, a.count = p.num_write, a.num_tokens = p.num_tokens;
+  a.records = p.write, a.error_count = p.error_count;
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  return launch_status(launch(c4_write_kernel<S, kC4Records, 2>, dim3((unsigned)blocks),
+                              dim3(c4_block_threads(kC4WriteChannels)), stream, mode, a), op);
+}
+
+template <typename S>
+dsa_status offline_decode(const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s, const char* op) {
+  if (p.decode_records != nullptr) return launch_closing<S, kDecodeRecords>(p, a, p.batch_size, p.decode_records, s, op);
+  return launch_closing<S, kDecodeRequests>(p, a, p.batch_size, nullptr, s, op);
+}
+
+// The compress pass, then the write pass, in stream order.
+template <typename S>
+dsa_status offline_extend(const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s, const char* op) {
+  if (p.num_compress > 0) DSA_TRY((launch_closing<S, kCompress>(p, a, p.num_compress, p.compress, s, op)));
+  if (p.num_write > 0) DSA_TRY(launch_writes<S>(p, s, op));
+  return DSA_STATUS_OK;
+}
+
+// Both entry points: dispatch (check, then host or device) with the op's kind; `device(p, launch, stream)` runs
+// the launches with the ring's element type.
+template <typename Device>
+dsa_status offline_entry(const dsa_c128_offline_params* params, void* stream, OfflineOp kind, const char* op,
+                         void (*host)(const dsa_c128_offline_params&), Device&& device) {
+  return dispatch<OfflineChecked>(
+      params, stream, op,
+      [kind](const dsa_c128_offline_params& p, const char* name, OfflineChecked* c) {
+        return check_offline(p, kind, name, c);
+      },
+      host,
+      [&device](const dsa_c128_offline_params& p, const OfflineChecked& c, int, cudaStream_t s, const char* name) {
+        DSA_TRY(check_clusters(p.device, name));
+        return device(p, offline_launch(p, c), s);
+      });
+}
+
+}  // namespace
+}  // namespace dsa
+
+extern "C" dsa_status dsa_c128_offline_decode(const dsa_c128_offline_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c128_offline_decode";
+  return offline_entry(params, stream, kOpDecode, op, host_c128_offline_decode,
+                       [op](const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s) {
+                         if (p.ring_dtype == DSA_STATE_BFLOAT16) return offline_decode<Bf16>(p, a, s, op);
+                         return offline_decode<float>(p, a, s, op);
+                       });
+}
+
+extern "C" dsa_status dsa_c128_offline_extend(const dsa_c128_offline_params* params, void* stream) {
+  using namespace dsa;
+  const char* op = "dsa_c128_offline_extend";
+  return offline_entry(params, stream, kOpExtend, op, host_c128_offline_extend,
+                       [op](const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s) {
+                         if (p.ring_dtype == DSA_STATE_BFLOAT16) return offline_extend<Bf16>(p, a, s, op);
+                         return offline_extend<float>(p, a, s, op);
+                       });
+}
