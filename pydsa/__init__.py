@@ -15,6 +15,9 @@ Everything runs on CUDA tensors (kernels) and on CPU tensors (the host backend).
 pydsa.ArgumentError (a TypeError or ValueError) naming it, before anything runs; a status from the library a
 pydsa.DsaError.
 """
+from . import info as _info
+
+_info.refuse_namesakes()  # before anything imports pyplan: a namesake's own failing import would hide the cause
 from ._abi import ABI_VERSION, DsaError, lib as _lib
 from ._tensors import error_count, reset_error_count
 from .errors import ArgumentError, ArgumentTypeError, ArgumentValueError

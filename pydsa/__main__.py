@@ -12,6 +12,12 @@ def main(argv=None) -> int:
               "  info   library, ABI and CUDA details, and where the library was loaded from\n"
               "  bench  benchmark the planner and the kernels against their floors and baselines")
         return 0
+    from .info import namesakes
+    found = namesakes()  # PyPI's pydsa over this one's __init__.py still runs this file: say so, run nothing
+    for problem in found:
+        print(f"pydsa: {problem}", file=sys.stderr)
+    if found:
+        return 1
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
         from .demo_cli import main as run

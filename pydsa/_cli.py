@@ -19,8 +19,8 @@ def add_run_flags(ap) -> None:
 def judge_run_flags(ap, args, counts: dict) -> torch.device:
     """The install, then `counts` (flag -> value, each at least 1), the seed, the device and the JSON path,
     each odd one an argparse error; returns the device."""
-    from .info import replaced_files
-    for problem in replaced_files():
+    from .info import install_problems
+    for problem in install_problems():
         ap.error(f"this install is broken: {problem}")
     if any(v < 1 for v in counts.values()):
         ap.error(f"{' and '.join(counts)} must be at least 1 (got {', '.join(str(v) for v in counts.values())})")

@@ -233,6 +233,17 @@ class MetadataBackends:
             self.failures += not ok
 
 
+def show_progress(what: str, step: int, steps: int, counts: str) -> None:
+    """The progress of a loop after `step` (0-based) of `steps`, on stderr: a live bar on a terminal (ended
+    by a newline after the last step), a line per 50 steps and the last in a log."""
+    tty, last = sys.stderr.isatty(), step + 1 == steps
+    if tty or (step + 1) % 50 == 0 or last:
+        filled = int(30 * (step + 1) / steps)
+        start, end = ("\r", "\n" if last else "") if tty else ("", "\n")
+        print(f"{start}[{'#' * filled}{'.' * (30 - filled)}] {what} {step + 1}/{steps}  {counts}", end=end,
+              file=sys.stderr, flush=True)
+
+
 def _bucket(n: int) -> int:
     b = 1
     while b < n:
@@ -419,7 +430,6 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
             rejected_drafts += lens[j] - a
             tokens += a
 
-    tty = sys.stderr.isatty()  # a live bar on a terminal, a line per 50 steps in logs
     started = time.perf_counter()
     for step in range(steps):
         verify_torch = step % 10 == 0
@@ -449,14 +459,8 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
             running.remove(r)
             free.append(r.slot)
             finished += 1
-        if progress and (tty or (step + 1) % 50 == 0 or step + 1 == steps):
-            filled = int(30 * (step + 1) / steps)
-            start = "\r" if tty else ""
-            print(f"{start}[{'#' * filled}{'.' * (30 - filled)}] step {step + 1}/{steps}  "
-                  f"chunks {checker.chunks}  max err {checker.max_err:.1e}", end="" if tty else "\n",
-                  file=sys.stderr, flush=True)
-    if progress and tty:
-        print(file=sys.stderr)
+        if progress:
+            show_progress("c128 layers, step", step, steps, f"chunks {checker.chunks}  max err {checker.max_err:.1e}")
     ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0 and entries.failures == 0 and entries.entries > 0
     return dict(device=str(device), steps=steps, busy_steps=busy, requests_arrived=arrived, requests_finished=finished,
                 tokens=tokens, chunks_emitted=checker.chunks, verify_steps=verify_steps,

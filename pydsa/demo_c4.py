@@ -18,6 +18,7 @@ import torch
 import pyplan
 
 from .c4 import C4Compressor, c4_decode, c4_extend, c4_max_drafts, c4_verify
+from .demo import show_progress
 from .store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
 
 DIMS = (512, 128)
@@ -56,7 +57,7 @@ class Layer:
             page = kv_page_bytes(d, PAGE) if k == 0 else indexer_page_bytes(d, PAGE)
             cache = KVCache(torch.zeros(pages, page, dtype=torch.uint8, device=device), w, self.rotary,
                             page_size=PAGE, layout="v4" if k == 0 else "indexer")
-            self.comp.append(C4Compressor(ring, ape, store=cache))
+            self.comp.append(C4Compressor(ring, ape, store=cache, ring_size=RING))
             self.apes.append(ape.cpu().numpy().astype(np.float64))
             self.weights.append(w.cpu().numpy().astype(np.float64))
         self.scratch = KVCache(torch.zeros(1, kv_page_bytes(512, PAGE), dtype=torch.uint8, device=device),
@@ -116,13 +117,14 @@ class Layer:
         return abs(scale - want) <= 1e-5 * want and bool(np.all(np.abs(_fp8(codes) - v) <= step * 1.0001))
 
 
-def run(steps: int, requests: int, device, seed: int = 0) -> dict:
-    """Serves `steps` steps of one c4 layer for up to `requests` concurrent requests; the summary."""
+def run(steps: int, requests: int, device, seed: int = 0, progress: bool = True) -> dict:
+    """Serves `steps` steps of one c4 layer for up to `requests` concurrent requests; the summary. progress:
+    report each step on stderr (demo.show_progress)."""
     gen = torch.Generator().manual_seed(seed + 4)
     rng = np.random.default_rng(seed + 4)
     max_prompt, max_output = 700, 80
     layer = Layer(device, requests, (max_prompt + max_output + 16) // 4 + 1, gen)
-    V = min(4, c4_max_drafts(RING))
+    V = min(4, c4_max_drafts(layer.comp[0].ring_size))
     free = list(range(requests))
     live = {}  # slot -> dict(rows=[per compressor list of rows], done, prompt, total)
     stats = dict(extends=0, decodes=0, verifies=0, accepted=0, rejected=0, arrived=0, finished=0)
@@ -139,14 +141,9 @@ def run(steps: int, requests: int, device, seed: int = 0) -> dict:
             if (p + 1) % 4 == 0:
                 layer.check([rows_of(req, k)[:p + 1] for k in range(2)], slot, (p + 1) // 4 - 1, outs_by_pos[p])
 
-    for step in range(steps):
-        while free and rng.random() < 0.5:
-            slot = free.pop()
-            prompt = int(rng.integers(1, max_prompt))
-            live[slot] = dict(rows=[[], []], done=0, prompt=prompt, total=prompt + int(rng.integers(1, max_output)))
-            stats["arrived"] += 1
-        if not live:
-            continue
+    def serve(step):
+        """One step over the live requests: an extend of the prefilling ones, then a decode (even steps) or a
+        verify of the decoding ones; finished requests free their slots."""
         pre = [s for s, r in live.items() if r["done"] < r["prompt"]]
         dec = [s for s, r in live.items() if r["done"] >= r["prompt"]]
         if pre:  # one extend: a chunk of each prefilling request
@@ -155,15 +152,15 @@ def run(steps: int, requests: int, device, seed: int = 0) -> dict:
                 for k in range(2):
                     live[s]["rows"][k] += [new_row(k) for _ in range(e)]
             seqs = [live[s]["done"] + e for s, e in zip(pre, exts)]
-            compress, write = pyplan.plan_c4(np.array(seqs), np.array(exts), np.array(pre), RING)
+            plan = pyplan.plan_c4(np.array(seqs), np.array(exts), np.array(pre), ring_size=RING, num_slots=requests)
+            compress = plan[0]  # row i of out: the position its record names
             kv = [torch.from_numpy(np.concatenate([rows_of(live[s], k)[live[s]["done"]:q] for s, q in zip(pre, seqs)]))
                   .to(device) for k in range(2)]
             pos = [(s, p) for s, q, e in zip(pre, seqs, exts) for p in range(q - e, q)]
             slots_rows = torch.tensor([layer.loc(s, p // 4) for s, p in pos], dtype=torch.int64, device=device)
             outs = [torch.full((compress.shape[0], d), float("nan"), device=device) for d in DIMS]
-            c4_extend(layer.comp[0], kv[0], (torch.from_numpy(compress).to(device), torch.from_numpy(write).to(device)),
-                      indexer=layer.comp[1], indexer_kv_score=kv[1], out=outs[0], indexer_out=outs[1],
-                      cache_slots=slots_rows)
+            c4_extend(layer.comp[0], kv[0], plan.to(device), indexer=layer.comp[1], indexer_kv_score=kv[1],
+                      out=outs[0], indexer_out=outs[1], cache_slots=slots_rows)
             o = [x.cpu().numpy() for x in outs]
             rec = compress.view(np.uint32).reshape(-1, 4)
             by = {}
@@ -183,7 +180,7 @@ def run(steps: int, requests: int, device, seed: int = 0) -> dict:
             outs = [torch.full((len(dec), d), float("nan"), device=device) for d in DIMS]
             c4_decode(layer.comp[0], kv[0], indexer=layer.comp[1], indexer_kv_score=kv[1],
                       seq_lens=torch.tensor(seqs, dtype=torch.int32, device=device),
-                      slots=torch.tensor(dec, dtype=torch.int32, device=device), ring_size=RING, out=outs[0],
+                      slots=torch.tensor(dec, dtype=torch.int32, device=device), out=outs[0],
                       indexer_out=outs[1], cache_slots=torch.tensor([layer.loc(s, (q - 1) // 4) for s, q in
                                                                      zip(dec, seqs)], dtype=torch.int64, device=device))
             o = [x.cpu().numpy() for x in outs]
@@ -203,7 +200,7 @@ def run(steps: int, requests: int, device, seed: int = 0) -> dict:
             outs = [torch.full((len(dec) * V, d), float("nan"), device=device) for d in DIMS]
             c4_verify(layer.comp[0], torch.from_numpy(np.stack(drafts[0])).to(device),
                       torch.tensor(seq0, dtype=torch.int32, device=device),
-                      torch.tensor(dec, dtype=torch.int32, device=device), num_drafts=V, ring_size=RING,
+                      torch.tensor(dec, dtype=torch.int32, device=device), num_drafts=V,
                       indexer=layer.comp[1], indexer_drafts=torch.from_numpy(np.stack(drafts[1])).to(device),
                       out=outs[0], indexer_out=outs[1],
                       cache_slots=torch.tensor([layer.loc(s, (q + j) // 4) for s, q in zip(dec, seq0) for j in range(V)],
@@ -219,6 +216,17 @@ def run(steps: int, requests: int, device, seed: int = 0) -> dict:
             del live[s]
             free.append(s)
             stats["finished"] += 1
+
+    for step in range(steps):
+        while free and rng.random() < 0.5:
+            slot = free.pop()
+            prompt = int(rng.integers(1, max_prompt))
+            live[slot] = dict(rows=[[], []], done=0, prompt=prompt, total=prompt + int(rng.integers(1, max_output)))
+            stats["arrived"] += 1
+        if live:
+            serve(step)
+        if progress:
+            show_progress("c4 layer, step", step, steps, f"entries {layer.entries}  max err {layer.max_err:.1e}")
     return dict(c4_entries_checked=layer.entries, c4_failures=layer.failures, c4_max_relative_error=layer.max_err,
                 c4_extends=stats["extends"], c4_decodes=stats["decodes"], c4_verifies=stats["verifies"],
                 c4_drafts_accepted=stats["accepted"], c4_drafts_rejected=stats["rejected"],

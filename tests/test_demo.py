@@ -96,3 +96,25 @@ def test_soak_keeps_requests_arriving_and_counts_busy_steps():
     soak = demo.run(steps=60, requests=1, device="cpu", progress=False, seed=5, soak=True)
     assert idle["requests_arrived"] == 1 and soak["requests_arrived"] > 1 and soak["ok"]
     assert soak["busy_steps"] == 60 and idle["busy_steps"] <= 60
+
+
+def test_the_demo_shows_the_c4_layer_s_progress_and_times_the_whole_run(tmp_path, monkeypatch, capsys):
+    """The c4 layer runs after the c128 layers' bar is full: it reports its own steps, and the run's time
+    includes it (a test double makes it last 0.5 s longer)."""
+    import json
+    import time
+    from pydsa import demo_c4
+    original = demo_c4.run
+
+    def slower(*args, **kwargs):
+        time.sleep(0.5)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(demo_c4, "run", slower)
+    path = tmp_path / "demo.json"
+    assert main(["demo", "--steps", "6", "--device", "cpu", "--json", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "c128 layers, step 6/6" in captured.err and "c4 layer, step 6/6" in captured.err
+    r = json.loads(path.read_text())
+    assert r["wall_s"] >= r["c128_wall_s"] + 0.5
+    assert f"in {r['wall_s']:.1f} s (c128 layers {r['c128_wall_s']:.1f} s, c4 layer" in captured.out
