@@ -44,7 +44,10 @@ except ImportError as exc:
                           f"{_installed} (the current directory or PYTHONPATH comes first on sys.path); run from "
                           f"another directory, or install the clone editable: pip install --no-build-isolation "
                           f"-e .") from exc
-    raise ImportError(f"pydsa: the compiled modules are missing ({exc}); {_BUILD_HINT}") from exc
+    # Python's own words for a module that is not there while pydsa is half-imported end in "(most likely due
+    # to a circular import)", which would send the reader the wrong way: say what is missing instead
+    missing = getattr(exc, "name", None) or str(exc).split(" (most likely")[0]
+    raise ImportError(f"pydsa: the compiled modules are missing (no {missing}); {_BUILD_HINT}") from None
 
 ABI_VERSION = _read.ABI_VERSION  # the header's, compiled into the binding
 DEVICE_HOST = -1
