@@ -282,19 +282,7 @@ dsa_status check_c4(const dsa_c4_params& p, C4Op kind, const char* op, C4Checked
       return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: batch_size * num_drafts exceeds 2^31-1", op);
   }
   if (kind == kOpExtend) {
-    if (p.num_tokens < 0 || p.num_tokens > 65536)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_tokens is %lld; expected 0..65536 (16-bit ragged rows)", op,
-                  (long long)p.num_tokens);
-    if (p.num_compress < 0 || p.num_compress > INT32_MAX || p.num_write < 0 || p.num_write > INT32_MAX)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: num_compress is %lld and num_write %lld; expected 0..2^31-1", op,
-                  (long long)p.num_compress, (long long)p.num_write);
-    if ((p.num_compress > 0 && p.compress == nullptr) || (p.num_write > 0 && p.write == nullptr))
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: compress and write must be non-null when their counts are", op);
-    if (gpu && (!aligned(p.compress, 16) || !aligned(p.write, 8)))
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: on the GPU, compress must be 16-byte and write 8-byte aligned", op);
-    if ((p.flags & DSA_FLAG_HOST_PLAN) && gpu)
-      return fail(DSA_STATUS_INVALID_ARGUMENT, "%s: a host plan (DSA_FLAG_HOST_PLAN) runs on the host backend only; "
-                  "copy its records to the device for a GPU call", op);
+    DSA_TRY(check_extend_lists(p.num_tokens, p.num_compress, p.num_write, p.compress, p.write, p.flags, gpu, op));
     DSA_TRY(check_c4_host_plan(p, op));
   }
   if (kind == kOpDecode && gpu && !aligned(p.decode_records, 16))
