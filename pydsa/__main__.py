@@ -7,8 +7,8 @@ def main(argv=None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m pydsa {demo,soak,info,bench} [options]\n"
               "  demo   simulate a DeepSeek-V4-style serving loop on built-in data, checking every result\n"
-              "  soak   the c128 serving loop for as many steps as asked (a million on a GPU), every step busy,\n"
-              "         every result checked against float64 on the device, memory flat\n"
+              "  soak   the c128 loop and a c4 layer for as many steps as asked (a million on a GPU), every step\n"
+              "         busy, every result checked against float64 where the ops run, memory judged for growth\n"
               "  info   library, ABI and CUDA details, and where the library was loaded from\n"
               "  bench  benchmark the planner and the kernels against their floors and baselines")
         return 0

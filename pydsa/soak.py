@@ -1,5 +1,6 @@
-"""`python -m pydsa soak`: the c128 serving loop for as many steps as asked, every step busy, every
-result checked against float64 on the device.
+"""`python -m pydsa soak`: the c128 serving loop and a c4 layer beside it for as many steps as asked, every
+step busy, every result checked against float64 where the ops ran (the GPU, or the host backend), and the
+memory judged for growth.
 
 Requests keep arriving (prompts of 1..3000 tokens, outputs of 20..300) and finishing over 32 main
 state slots, so the slots, their bank entries and the KV-cache entries are reused over and over. Each
@@ -7,22 +8,27 @@ step prefills a chunk of every prefilling request (up to 512 tokens each, 2048 p
 DevicePlan) and runs, for the decoding requests, a plain decode (one step in three) or a speculative
 step: V = 4 drafts verified in one launch, a random number accepted, the commit resolving on the device
 where each state now is (the next op reads it from there: the host never learns it). Every op stores
-the vectors it closes into a paged fp8 KV cache in the same launch.
+the vectors it closes into a paged fp8 KV cache in the same launch. A c4 layer serves requests of its
+own beside it, one serving step every 8 loop steps, with both its compressors (main D = 512 into a "v4"
+cache, the indexer's D = 128 into an "indexer" cache): chunked prefills as c4_extend, plain decodes as
+c4_decode, speculative steps as c4_verify with a random number of drafts accepted (pydsa/_soak_c4.py).
 
-The checks run on the device, so the loop waits for the GPU only at checkpoints:
+The checks run where the ops run, so the loop waits for the GPU only at checkpoints:
 - every accepted chunk vector against the float64 softmax over its 128 raw rows (kept per slot in a
   ring), relative error < 1e-5: a rejected draft leaking into a state, a stale state read, an
-  unwritten output (outputs are poisoned with NaN before each launch) all fail it;
+  unwritten output (outputs are poisoned with NaN before each launch) all fail it; every committed c4
+  entry of both compressors likewise against the float64 formula over its 8 raw rows;
 - the KV cache, byte for byte, against a mirror that the standalone store fills from the same vectors
   at the same slots and positions (the entries of rejected drafts included), often enough that every
-  entry is compared before its slot is reused;
+  entry is compared before its slot is reused; both c4 caches likewise;
 - the index errors the ops skip and count (must stay 0).
-At each checkpoint the counters are read with the device memory in use and the process's resident
-memory, which must stay flat from the first checkpoint on.
+At each checkpoint the counters are read. The memory is sampled as the run goes (at most 256 times) and
+judged for growth after the first quarter of the steps (pydsa/_soak_memory.py): the device memory in use
+exactly (never above its level then), the host heap in use and the resident memory less the allocator's
+free bytes within a floor and their own measured noise, so that a leak fails and allocator noise passes.
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -31,8 +37,12 @@ import torch
 
 from ._abi import CHUNK
 from ._tensors import resolve_device
+from ._soak_c4 import C4_EVERY, C4_SLOTS, RING as C4_RING, C4Soak
+from ._soak_memory import MemoryTrace
+from ._soak_report import progress_line, summary_text
 from .c128 import C128Decode, C128Prefill, DevicePlan
 from .demo import TOLERANCE, _bucket  # the demo's check limit and its CUDA-graph batch buckets
+from .errors import ArgumentTypeError, ArgumentValueError
 from .speculative import C128Commit, C128Verify
 from .store import KVCache, kv_page_bytes, kv_store
 
@@ -51,32 +61,29 @@ COMPARE_EVERY = 16
 CHECK_EVERY, MAX_CLOSED = 8, TOKEN_BUDGET // CHUNK + 2 * MAX_RUNNING
 WINDOWS_HELD, VECTORS_HELD = 256, 512
 TRASH = MAX_RUNNING * RING  # the ring row that takes what must not be kept
-FAULTS = ("out", "leak", "cache")  # what a self-test may break: each must fail the run
+# What a self-test may break; each must fail the run: `out` perturbs the outputs before the check; `leak`
+# commits every verified draft while the checks accept only some; `cache` flips a cache byte; `c4ring`
+# shifts the c4 main ring's rows (a stale state); `c4cache` flips a c4 cache byte; `retain` keeps one
+# request's raw rows (RING rows, 4 MiB) every RETAIN_EVERY steps, a leak of one request's state.
+FAULTS = ("out", "leak", "cache", "c4ring", "c4cache", "retain")
+RETAIN_EVERY = 50
 
 # int32 staging: the ops' host-known index buffers at fixed offsets (MAX_RUNNING each), then the
-# mirror store's positions.
+# mirror store's positions and the c4 layer's indices.
 P_IDX, P_LOAD, D_IDX, D_SEQ, V_SEQ, V_BANK, V_LENS, V_ACC = (i * MAX_RUNNING for i in range(8))
 I32_FIXED = 8 * MAX_RUNNING
 # int64 staging: the ops' cache slots (per prefill row, per decode row, per draft), then the
-# step's gather and scatter indices.
+# step's gather and scatter indices and the c4 layer's (its check's windows: 16 per entry, up to 4096).
 P_SLOTS, D_SLOTS, V_SLOTS = 0, TOKEN_BUDGET, TOKEN_BUDGET + MAX_RUNNING
 I64_FIXED = TOKEN_BUDGET + MAX_RUNNING * (1 + DRAFTS)
-
-
-def _rss_mb() -> float:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError):
-        return float("nan")
 
 
 class _Staging:
     """The step's index data, built in numpy and sent in one int32 and one int64 copy."""
 
     def __init__(self, device):
-        self.h32 = np.zeros(I32_FIXED + 4096, np.int32)
-        self.h64 = np.zeros(I64_FIXED + 32768, np.int64)
+        self.h32 = np.zeros(I32_FIXED + 16384, np.int32)
+        self.h64 = np.zeros(I64_FIXED + 131072, np.int64)
         self.t32, self.t64 = torch.from_numpy(self.h32), torch.from_numpy(self.h64)
         self.d32 = torch.zeros(len(self.h32), dtype=torch.int32, device=device)
         self.d64 = torch.zeros(len(self.h64), dtype=torch.int64, device=device)
@@ -85,8 +92,10 @@ class _Staging:
     def reset(self):
         self.n32, self.n64 = I32_FIXED, I64_FIXED
 
-    def put64(self, values) -> torch.Tensor:
-        """Appends values to the int64 staging; returns their device view (valid after send())."""
+    def put64(self, values, align: int = 1) -> torch.Tensor:
+        """Appends values to the int64 staging at a multiple of `align` values; returns their device view
+        (valid after send())."""
+        self.n64 += -self.n64 % align
         view, self.n64 = self._put(self.h64, self.d64, self.n64, values)
         return view
 
@@ -106,18 +115,10 @@ class _Staging:
 
 @torch.inference_mode()
 def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, progress=True, pool_rows=1 << 14) -> dict:
-    """Runs the soak; returns its summary (ok: every check passed, every step busy, memory flat).
-    fault: break one thing on purpose (`out`: perturb the outputs before the check; `leak`: commit
-    every verified draft while the checks accept only some; `cache`: flip a cache byte) — the run must
-    then fail."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an int >= 1 (got {steps!r})")
-    if isinstance(checkpoint, bool) or not isinstance(checkpoint, int) or checkpoint < 1:
-        raise ValueError(f"checkpoint must be an int >= 1 (got {checkpoint!r})")
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"fault must be None or one of {', '.join(FAULTS)} (got {fault!r})")
+    """Runs the soak; returns its summary (ok: every check passed, every step busy, no memory growing).
+    fault: break one thing on purpose (one of FAULTS) — the run must then fail."""
+    _check_arguments(steps, checkpoint, fault)
     device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    cuda = device.type == "cuda"
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     f32 = dict(dtype=torch.float32, device=device)
@@ -148,6 +149,8 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     load_table = torch.cat([torch.arange(num_main, dtype=torch.int32), torch.arange(num_main, dtype=torch.int32)]).to(device)
 
     st = _Staging(device)
+    c4 = C4Soak(device, st, errors, rot, w, drafts=DRAFTS, pool_rows=pool_rows, seed=seed, fault=fault)
+    memory, retained = MemoryTrace(steps, device), []
     d32, d64 = st.d32, st.d64
     kv_pre = torch.empty(TOKEN_BUDGET, 2 * D, **f32)
     plan = DevicePlan(TOKEN_BUDGET, MAX_RUNNING, device=device)
@@ -186,7 +189,7 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     counts = dict(arrived=0, finished=0, tokens=0, chunks=0, entries=0, verify_steps=0, decode_steps=0,
                   prefill_launches=0, drafts_accepted=0, drafts_rejected=0, busy=0)
     next_cache = 0
-    marks = []  # checkpoints: (step, failures, mismatches, errors, max_err, device MB, rss MB)
+    marks = []  # the checkpoints (_mark)
 
     def cache_slots(k):
         nonlocal next_cache
@@ -315,14 +318,16 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
             window = np.concatenate(pending_windows[-len(stores):])
             window = st.put64(window) if len(window) else None
             step_vectors = vectors[vec_used - stored:vec_used]
+        at_mark = (step + 1) % checkpoint == 0 or step + 1 == steps
         check_now = pending and (pending + MAX_CLOSED > WINDOWS_HELD or vec_used + MAX_CLOSED > VECTORS_HELD
-                                 or step % CHECK_EVERY == CHECK_EVERY - 1 or (step + 1) % checkpoint == 0
-                                 or step + 1 == steps)
+                                 or step % CHECK_EVERY == CHECK_EVERY - 1 or at_mark)
         if check_now:
             check_rows = st.put64(np.concatenate(pending_rows))
+        c4.plan(step, at_mark)
 
         # --- the device side: one copy of the indices, the ops, the checks ---------------------------
         st.send()
+        c4.launch(step, steps)
         if len(pre):
             kv_pre[:n].copy_(kv_src)
             out_pre[:k].fill_(float("nan"))
@@ -383,39 +388,58 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
         finished = active & (done >= total)
         counts["finished"] += int(finished.sum())
         active &= ~finished
-
-        if (step + 1) % checkpoint == 0 or step + 1 == steps:
-            marks.append((step + 1, int(failures), int(mismatches), int(errors.item()) & 0xFFFFFFFF, float(max_err),
-                          torch.cuda.memory_allocated(device) / 2**20 if cuda else float("nan"), _rss_mb()))
+        if fault == "retain" and step % RETAIN_EVERY == RETAIN_EVERY - 1:
+            retained.append(ring[:RING].clone())
+        memory.sample(step)
+        if at_mark:
+            marks.append(_mark(step + 1, failures, mismatches, errors, max_err, c4=c4, memory=memory))
             if progress:
-                m = marks[-1]
-                print(("\r" if tty else "") + f"step {m[0]}/{steps}: {counts['chunks']} chunks checked, {m[1]} failed, "
-                      f"{m[2]} cache mismatches, {m[3]} index errors, max err {m[4]:.1e}, "
-                      + (f"device {m[5]:.0f} MB, " if cuda else "") + f"rss {m[6]:.0f} MB, {(time.perf_counter() - started) / (step + 1) * 1e3:.3f} ms/step",
-                      end="" if tty else "\n", file=sys.stderr, flush=True)
+                progress_line(marks[-1], counts, c4.counts, steps, time.perf_counter() - started, tty)
     if tty:
         print(file=sys.stderr)
-    wall = time.perf_counter() - started
-    last = marks[-1]
-    first = marks[0]
-    # Flat: the device memory in use never above the first checkpoint's; the resident memory (noisier:
-    # the host allocator keeps freed pages a while) at most 64 MB above the highest of the first half.
-    early = marks[:max(1, len(marks) // 2)]
-    device_growth = max(m[5] for m in marks) - first[5] if cuda else 0.0
-    rss_growth = last[6] - max(m[6] for m in early)
-    flat = (device_growth <= 0.0) and not rss_growth > 64.0
-    ok = (last[1] == 0 and last[2] == 0 and last[3] == 0 and counts["chunks"] > 0 and counts["busy"] == steps
-          and flat)
+    return _summary(device, steps, counts, c4.counts, marks, memory=memory.judge(), fault=fault, seed=seed,
+                    wall=time.perf_counter() - started)
+
+
+def _check_arguments(steps, checkpoint, fault) -> None:
+    for name, value in (("steps", steps), ("checkpoint", checkpoint)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ArgumentTypeError(name, f"{name} must be an int >= 1 (got {type(value).__name__} {value!r})")
+        if value < 1:
+            raise ArgumentValueError(name, f"{name} must be an int >= 1 (got {value!r})")
+    if fault is not None and fault not in FAULTS:
+        raise ArgumentValueError("fault", f"fault must be None or one of {', '.join(FAULTS)} (got {fault!r})")
+
+
+def _mark(step, failures, mismatches, errors, max_err, *, c4, memory) -> dict:
+    """A checkpoint: the device's counters (reading them waits for the device) and the memory now."""
+    device_mb, heap_mb, resident_mb, rss_mb = memory.now()
+    return dict(step=step, chunk_failures=int(failures), cache_mismatches=int(mismatches),
+                index_errors=int(errors.item()) & 0xFFFFFFFF, max_relative_error=float(max_err),
+                c4_failures=int(c4.failures), c4_cache_mismatches=int(c4.mismatches),
+                c4_max_relative_error=float(c4.max_err), device_mb=device_mb, heap_mb=heap_mb,
+                resident_less_free_mb=resident_mb, rss_mb=rss_mb)
+
+
+def _summary(device, steps, counts, c4_counts, marks, *, memory, fault, seed, wall) -> dict:
+    """The run's summary: its counts, the last checkpoint's counters, the memory judgement, ok."""
+    first, last = marks[0], marks[-1]
+    flat = all(m["ok"] for m in memory.values())
+    ok = (last["chunk_failures"] == last["cache_mismatches"] == last["index_errors"] == 0 and counts["chunks"] > 0
+          and last["c4_failures"] == last["c4_cache_mismatches"] == 0 and c4_counts["c4_entries_checked"] > 0
+          and counts["busy"] == steps and flat)
     return dict(device=str(device), steps=steps, busy_steps=counts["busy"], requests_arrived=counts["arrived"],
                 requests_finished=counts["finished"], tokens=counts["tokens"], prefill_launches=counts["prefill_launches"],
                 decode_steps=counts["decode_steps"], verify_steps=counts["verify_steps"],
                 drafts_accepted=counts["drafts_accepted"], drafts_rejected=counts["drafts_rejected"],
-                chunks_checked=counts["chunks"], chunk_failures=last[1], max_relative_error=last[4],
-                cache_entries_stored=counts["entries"], cache_mismatches=last[2], index_errors=last[3],
-                device_mb_first=first[5], device_mb_last=last[5], rss_mb_first=first[6], rss_mb_last=last[6],
-                memory_flat=flat, checkpoints=[dict(zip(("step", "chunk_failures", "cache_mismatches", "index_errors",
-                                                         "max_relative_error", "device_mb", "rss_mb"), m)) for m in marks],
-                fault=fault, seed=seed,
+                chunks_checked=counts["chunks"], chunk_failures=last["chunk_failures"],
+                max_relative_error=last["max_relative_error"], cache_entries_stored=counts["entries"],
+                cache_mismatches=last["cache_mismatches"], index_errors=last["index_errors"], **c4_counts,
+                c4_failures=last["c4_failures"], c4_max_relative_error=last["c4_max_relative_error"],
+                c4_cache_mismatches=last["c4_cache_mismatches"], c4_every=C4_EVERY, c4_slots=C4_SLOTS,
+                c4_ring_size=C4_RING,
+                device_mb_first=first["device_mb"], device_mb_last=last["device_mb"], rss_mb_first=first["rss_mb"],
+                rss_mb_last=last["rss_mb"], memory=memory, memory_flat=flat, checkpoints=marks, fault=fault, seed=seed,
                 wall_s=wall, ms_per_step=wall / steps * 1e3, ok=ok)
 
 
@@ -423,30 +447,20 @@ def main(argv=None) -> int:
     """`python -m pydsa soak`'s command line: flags checked first, the run, its summary (--json: strict JSON)."""
     import argparse
     from ._cli import add_run_flags, judge_run_flags, write_json
-    ap = argparse.ArgumentParser(prog="python -m pydsa soak", description=__doc__.splitlines()[0])
+    what = " ".join(__doc__.split("\n\n")[0].split()).split(": ", 1)[1]  # the docstring's first paragraph
+    ap = argparse.ArgumentParser(prog="python -m pydsa soak", description=what[0].upper() + what[1:],
+                                 epilog="Exit status 0 when every check passed, every step was busy and no memory grew "
+                                        "(PASS); 1 otherwise (FAIL, the line that saw it marked); 2 for a wrong flag.")
     ap.add_argument("--steps", type=int, default=100_000, help="serving steps to run, every one busy (default 100000)")
     ap.add_argument("--checkpoint", type=int, default=10_000, help="steps between checkpoints: the only points "
-                    "where the loop waits for the device, reads the counters and the memory in use (default 10000)")
+                    "where the loop waits for the device and reads the counters (default 10000)")
     add_run_flags(ap)
     args = ap.parse_args(argv)
     device = judge_run_flags(ap, args, {"--steps": args.steps, "--checkpoint": args.checkpoint})
     where = "the host backend" if device.type == "cpu" else torch.cuda.get_device_name(device)
-    print(f"pydsa soak: {args.steps} steps on {where}, checked on the device, a checkpoint every {args.checkpoint}")
+    print(f"pydsa soak: {args.steps} steps, run and checked on {where}, a checkpoint every {args.checkpoint}")
     r = run(args.steps, device, args.seed, args.checkpoint)
-    print(f"\n{'steps (busy: an op ran)':<34}{r['steps']} ({r['busy_steps']} busy)\n"
-          f"{'requests arrived / finished':<34}{r['requests_arrived']} / {r['requests_finished']}\n"
-          f"{'tokens absorbed':<34}{r['tokens']}\n"
-          f"{'prefill / decode / verify steps':<34}{r['prefill_launches']} / {r['decode_steps']} / {r['verify_steps']} "
-          f"({r['drafts_accepted']} drafts accepted, {r['drafts_rejected']} rejected)\n"
-          f"{'chunks checked vs float64':<34}{r['chunks_checked']} ({r['chunk_failures']} failed; max relative "
-          f"error {r['max_relative_error']:.2e}, limit {TOLERANCE:g})\n"
-          f"{'KV-cache entries stored':<34}{r['cache_entries_stored']} ({r['cache_mismatches']} comparisons found the "
-          f"cache unlike its mirror)\n{'index errors counted':<34}{r['index_errors']}\n"
-          + (f"{'device memory, first / last':<34}{r['device_mb_first']:.1f} / {r['device_mb_last']:.1f} MB\n"
-             if device.type == "cuda" else "") +
-          f"{'resident memory, first / last':<34}{r['rss_mb_first']:.1f} / {r['rss_mb_last']:.1f} MB "
-          f"({'flat' if r['memory_flat'] else 'GROWING'})\n"
-          f"{'time':<34}{r['wall_s']:.1f} s, {r['ms_per_step']:.3f} ms per step\n\n{'PASS' if r['ok'] else 'FAIL'}")
+    print(summary_text(r, TOLERANCE))
     if args.json:  # strict JSON, with where and how it ran
         import datetime
         from . import __version__
