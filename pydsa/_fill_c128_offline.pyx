@@ -67,44 +67,20 @@ cdef class C128Ring:
     cdef list views  # DLPack views of arrays of another framework, alive as long as the ring
 
     def __init__(self, ring, ape, *, store=None, ring_size=WINDOW):
-        cdef Arg r, a
+        cdef RawRing r
         cdef list views = []
-        shape = getattr(ring, "shape", None)
-        if shape is None or len(shape) != 2 or shape[1] % 2 or shape[1] // 2 not in (128, 256, 512):
-            raise ArgumentValueError("ring", f"ring must be a 2-D tensor [rows, 2D] with D 128, 256 or 512 (got shape "
-                                             f"{None if shape is None else tuple(shape)})")
-        if shape[0] < WINDOW or shape[0] % WINDOW:
-            raise ArgumentValueError("ring", f"ring has {shape[0]} rows; expected a positive multiple of 128 (pages of "
-                                             f"a chunk's rows)")
-        cdef int64_t d = shape[1] // 2
-        read(ring, &r, "ring", views)
-        if r.dev == OTHER_DEVICE or (r.dtype != F32 and r.dtype != BF16):
-            tensor(ring, &r, "ring", F32, -1 if r.dev == OTHER_DEVICE else r.dev, 2, ANY, 2 * d, views)  # raises
-        tensor(ring, &r, "ring", r.dtype, r.dev, 2, ANY, 2 * d, views)  # contiguous
-        tensor(ape, &a, "ape", F32, r.dev, 2, WINDOW, d, views)
+        raw_ring(ring, ape, store, 2, WINDOW, WINDOW, "pages of a chunk's rows", "v4", &r, views)
         int_arg(ring_size, "ring_size", WINDOW, 2 ** 24, " (rows per request slot, a multiple of 128)")
-        if ring_size % WINDOW or r.shape[0] % ring_size:
+        if ring_size % WINDOW or r.rows % ring_size:
             raise ArgumentValueError("ring_size", f"ring_size is {ring_size}; expected a multiple of 128 that divides "
-                                                  f"the ring's {r.shape[0]} rows (num_slots * ring_size)")
-        self.store_address = NULL
-        if store is not None:
-            if not is_store(store):
-                raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
-            if store.layout != "v4":
-                raise ArgumentValueError("store", f"store has layout {store.layout!r}; an offline c128 layer stores "
-                                                  f"into a 'v4' cache")
-            if store.head_dim != d:
-                raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the ring's D is {d}")
-            if store.device != r.dev:
-                raise ArgumentValueError("store", f"store's cache is on {store.cache.device} but the ring is on "
-                                                  f"{'cpu' if r.dev < 0 else f'cuda:{r.dev}'}")
-            self.store_address = <const void*><uintptr_t>store.address
-        self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>d
+                                                  f"the ring's {r.rows} rows (num_slots * ring_size)")
+        self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>r.head_dim
         self.dev = r.dev
         self.ring_dtype = DSA_STATE_BFLOAT16 if r.dtype == BF16 else DSA_STATE_FLOAT32
         self.ring_data = r.data
-        self.ring_rows = r.shape[0]
-        self.ape_data = <const float*>a.data
+        self.ring_rows = r.rows
+        self.ape_data = r.ape
+        self.store_address = r.store
         self.views = views
         self.ring_size = ring_size
         self.num_slots = self.ring_rows // ring_size

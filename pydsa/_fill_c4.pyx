@@ -81,35 +81,16 @@ cdef class C4Compressor:
     cdef list views  # DLPack views of arrays of another framework, alive as long as the compressor
 
     def __init__(self, ring, ape, *, store=None, ring_size=None):
-        cdef Arg r, a
+        cdef RawRing r
         cdef list views = []
-        shape = getattr(ring, "shape", None)
-        if shape is None or len(shape) != 2 or shape[1] % 4 or shape[1] // 4 not in (128, 256, 512):
-            raise ArgumentValueError("ring", f"ring must be a 2-D tensor [rows, 4D] with D 128, 256 or 512 (got shape "
-                             f"{None if shape is None else tuple(shape)})")
-        if shape[0] < 4 or shape[0] % 4:
-            raise ArgumentValueError("ring", f"ring has {shape[0]} rows; expected a positive multiple of 4 (groups of a quartet)")
-        cdef int64_t d = shape[1] // 4
-        read(ring, &r, "ring", views)
-        if r.dev == OTHER_DEVICE or (r.dtype != F32 and r.dtype != BF16):
-            tensor(ring, &r, "ring", F32, -1 if r.dev == OTHER_DEVICE else r.dev, 2, ANY, 4 * d, views)  # raises
-        tensor(ring, &r, "ring", r.dtype, r.dev, 2, ANY, 4 * d, views)  # contiguous
-        tensor(ape, &a, "ape", F32, r.dev, 2, 8, d, views)
-        self.store_address = NULL
-        if store is not None:
-            if not is_store(store):
-                raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
-            if store.head_dim != d:
-                raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the ring's D is {d}")
-            if store.device != r.dev:
-                raise ArgumentValueError("store", f"store's cache is on {store.cache.device} but the ring is on {_device(r.dev)}")
-            self.store_address = <const void*><uintptr_t>store.address
-        self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>d
+        raw_ring(ring, ape, store, 4, 8, 4, "groups of a quartet", None, &r, views)
+        self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>r.head_dim
         self.dev = r.dev
         self.ring_dtype = DSA_STATE_BFLOAT16 if r.dtype == BF16 else DSA_STATE_FLOAT32
         self.ring_data = r.data
-        self.ring_rows = r.shape[0]
-        self.ape_data = <const float*>a.data
+        self.ring_rows = r.rows
+        self.ape_data = r.ape
+        self.store_address = r.store
         self.views = views
         self.rows_per_slot = 0
         self.ring_size = self.num_slots = None

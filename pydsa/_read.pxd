@@ -84,3 +84,19 @@ cdef int launch(int op, const void* params, int32_t dev, object stream) except? 
 # An op's `pdl` argument as its launch flag (or the error naming pdl); a one-shot call's non-OK status raised.
 cpdef uint32_t pdl_flag(object pdl) except? 0xFFFFFFFF
 cdef int raise_status(int status) except -1
+
+# A raw ring's buffers as both raw-ring families' descriptions (C4Compressor, C128Ring) read them once: the ring
+# (fp32 or bf16 [rows, parts * D], D 128 / 256 / 512, rows a positive multiple of row_unit), its ape (fp32
+# [ape_rows, D] on the ring's device) and an optional store (a KVCache of that D on that device; of `layout` when
+# given). Each wrong one raises, naming it; `what_rows` says what a row_unit of rows is.
+cdef struct RawRing:
+    int32_t dev
+    uint32_t dtype
+    void* data
+    int64_t rows
+    int64_t head_dim
+    const float* ape
+    const void* store
+cdef int raw_ring(object ring, object ape, object store, int parts, int64_t ape_rows, int64_t row_unit,
+                  str what_rows, str layout, RawRing* out, list views) except -1
+

@@ -403,6 +403,40 @@ cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int
     return 0
 
 
+cdef int raw_ring(object ring, object ape, object store, int parts, int64_t ape_rows, int64_t row_unit,
+                  str what_rows, str layout, RawRing* out, list views) except -1:
+    cdef Arg r, a
+    shape = getattr(ring, "shape", None)
+    if shape is None or len(shape) != 2 or shape[1] % parts or shape[1] // parts not in (128, 256, 512):
+        raise ArgumentValueError("ring", f"ring must be a 2-D tensor [rows, {parts}D] with D 128, 256 or 512 (got "
+                                         f"shape {None if shape is None else tuple(shape)})")
+    if shape[0] < row_unit or shape[0] % row_unit:
+        raise ArgumentValueError("ring", f"ring has {shape[0]} rows; expected a positive multiple of {row_unit} "
+                                         f"({what_rows})")
+    cdef int64_t d = shape[1] // parts
+    read(ring, &r, "ring", views)
+    if r.dev == OTHER_DEVICE or (r.dtype != F32 and r.dtype != BF16):
+        tensor(ring, &r, "ring", F32, -1 if r.dev == OTHER_DEVICE else r.dev, 2, ANY, parts * d, views)  # raises
+    tensor(ring, &r, "ring", r.dtype, r.dev, 2, ANY, parts * d, views)  # contiguous
+    tensor(ape, &a, "ape", F32, r.dev, 2, ape_rows, d, views)
+    out.store = NULL
+    if store is not None:
+        if not is_store(store):
+            raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
+        if layout is not None and store.layout != layout:
+            raise ArgumentValueError("store", f"store has layout {store.layout!r}; this ring stores into a "
+                                              f"{layout!r} cache")
+        if store.head_dim != d:
+            raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the ring's D is {d}")
+        if store.device != r.dev:
+            raise ArgumentValueError("store", f"store's cache is on {store.cache.device} but the ring is on "
+                                              f"{_messages.device_name(r.dev)}")
+        out.store = <const void*><uintptr_t>store.address
+    out.dev, out.dtype, out.data, out.rows, out.head_dim = r.dev, r.dtype, r.data, r.shape[0], d
+    out.ape = <const float*>a.data
+    return 0
+
+
 cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
                   str other_name) except -1:
     if out.data == NULL or other.data == NULL or out.dev != other.dev:
