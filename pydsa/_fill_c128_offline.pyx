@@ -155,29 +155,6 @@ cdef int _fill(dsa_c128_offline_params* p, bint extend, ring_, kv_score, out, re
     return 0
 
 
-cdef int _plan_fits(object plan, C128Ring ring, object kv_score) except -1:
-    """A plan from pyplan.plan_c128_offline carries the geometry it was made for (ring_size, num_slots, num_tokens):
-    it must be the ring's and this call's input; a c4 plan is not an offline c128 one. Record tuples of another
-    origin carry none."""
-    plan_ring = getattr(plan, "ring_size", None)
-    if plan_ring is None:
-        return 0
-    if getattr(plan, "ratio", 4) != WINDOW:
-        raise ArgumentValueError("plan", f"plan was made by pyplan.plan_c4 (a c4 ring's records); an offline c128 extend "
-                                         f"takes pyplan.plan_c128_offline's")
-    if plan_ring != ring.ring_size:
-        raise ArgumentValueError("plan", f"plan was made for ring_size {plan_ring} but ring.ring_size is {ring.ring_size}")
-    plan_slots = getattr(plan, "num_slots", None)
-    if plan_slots is not None and plan_slots > ring.num_slots:
-        raise ArgumentValueError("plan", f"plan was made for {plan_slots} slots but the ring holds {ring.num_slots}")
-    plan_tokens = getattr(plan, "num_tokens", None)
-    shape = getattr(kv_score, "shape", None)
-    if plan_tokens is not None and shape is not None and len(shape) == 2 and shape[0] != plan_tokens:
-        raise ArgumentValueError("kv_score", f"kv_score has {shape[0]} rows but plan was made for num_tokens = "
-                                             f"{plan_tokens} (its input rows)")
-    return 0
-
-
 cdef int _launch(int op, const dsa_c128_offline_params* p, stream) except -1:
     cdef int status = launch(op, p, p.device, stream)
     if status:
@@ -220,7 +197,7 @@ def c128_offline_extend(ring, kv_score, plan, *, out=None, cache_slots=None, str
         raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
                                         f"{type(plan).__name__})") from None
     if type(ring) is C128Ring:
-        _plan_fits(plan, <C128Ring>ring, kv_score)
+        plan_geometry(plan, WINDOW, "ring", (<C128Ring>ring).ring_size, (<C128Ring>ring).num_slots, kv_score)
     host_plan = DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0
     _fill(&p, True, ring, kv_score, out, compress, write, None, None, None, cache_slots, pdl_flag(pdl) | host_plan,
           error_count, None)

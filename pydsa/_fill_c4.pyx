@@ -260,32 +260,6 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
     return 0
 
 
-cdef int _plan_fits(object plan, object main, object kv_score) except -1:
-    """A plan from pyplan.plan_c4 carries the geometry it was made for (ring_size, num_slots, num_tokens): it
-    must be main's ring and this call's input. Record tuples of another origin carry none."""
-    cdef C4Compressor m = <C4Compressor>main
-    plan_ring = getattr(plan, "ring_size", None)
-    if plan_ring is None:
-        return 0
-    if getattr(plan, "ratio", 4) != 4:
-        raise ArgumentValueError("plan", "plan was made by pyplan.plan_c128_offline (an offline c128 ring's records); "
-                                         "a c4 extend takes pyplan.plan_c4's")
-    if m.rows_per_slot == 0:
-        raise ArgumentValueError("main", f"plan was made by pyplan.plan_c4 for a request-scoped ring (ring_size "
-                                         f"{plan_ring}) but main was made without ring_size")
-    if plan_ring != m.ring_size:
-        raise ArgumentValueError("plan", f"plan was made for ring_size {plan_ring} but main.ring_size is {m.ring_size}")
-    plan_slots = getattr(plan, "num_slots", None)
-    if plan_slots is not None and plan_slots > m.num_slots:
-        raise ArgumentValueError("plan", f"plan was made for {plan_slots} slots but main's ring holds {m.num_slots}")
-    plan_tokens = getattr(plan, "num_tokens", None)
-    shape = getattr(kv_score, "shape", None)
-    if plan_tokens is not None and shape is not None and len(shape) == 2 and shape[0] != plan_tokens:
-        raise ArgumentValueError("kv_score", f"kv_score has {shape[0]} rows but plan was made for num_tokens = "
-                                             f"{plan_tokens} (its input rows)")
-    return 0
-
-
 def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
               slots=None, ring_size=None, out=None, indexer_out=None, cache_slots=None, stream=None, pdl=None,
               error_count=None):
@@ -318,7 +292,7 @@ def c4_extend(main, kv_score, plan, *, indexer=None, indexer_kv_score=None, out=
         raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
                                         f"{type(plan).__name__})") from None
     if type(main) is C4Compressor:
-        _plan_fits(plan, main, kv_score)
+        plan_geometry(plan, 4, "main", main.ring_size, main.num_slots, kv_score)
     # numpy records are pyplan's host plan: checked by the library before anything runs (one that does not
     # fit fails the call, naming it); record tensors are data, skipped and counted
     host_plan = DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0

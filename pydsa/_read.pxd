@@ -99,4 +99,9 @@ cdef struct RawRing:
     const void* store
 cdef int raw_ring(object ring, object ape, object store, int parts, int64_t ape_rows, int64_t row_unit,
                   str what_rows, str layout, RawRing* out, list views) except -1
+# A plan from pyplan (plan_c4: ratio 4, plan_c128_offline: ratio 128) carries the ring and input it was made for:
+# it must be of this op's ratio, for the ring's ring_size and at most its num_slots (ring_name: how the call names
+# the ring), and for this call's input rows. Record tuples of another origin carry none (0, nothing checked).
+cdef int plan_geometry(object plan, int ratio, str ring_name, object ring_size, object num_slots,
+                       object kv_score) except -1
 

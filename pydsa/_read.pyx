@@ -437,6 +437,33 @@ cdef int raw_ring(object ring, object ape, object store, int parts, int64_t ape_
     return 0
 
 
+cdef int plan_geometry(object plan, int ratio, str ring_name, object ring_size, object num_slots,
+                       object kv_score) except -1:
+    plan_ring = getattr(plan, "ring_size", None)
+    if plan_ring is None:
+        return 0
+    made_by = {4: "pyplan.plan_c4 (a c4 ring's records)", 128: "pyplan.plan_c128_offline (an offline c128 ring's records)"}
+    plan_ratio = getattr(plan, "ratio", 4)
+    if plan_ratio != ratio:
+        raise ArgumentValueError("plan", f"plan was made by {made_by.get(plan_ratio, plan_ratio)}; this extend takes "
+                                         f"{made_by[ratio].split(' ')[0]}'s")
+    if ring_size is None:
+        raise ArgumentValueError(ring_name, f"plan was made by {made_by[ratio].split(' ')[0]} for a request-scoped ring "
+                                            f"(ring_size {plan_ring}) but {ring_name} was made without ring_size")
+    if plan_ring != ring_size:
+        raise ArgumentValueError("plan", f"plan was made for ring_size {plan_ring} but {ring_name}.ring_size is "
+                                         f"{ring_size}")
+    plan_slots = getattr(plan, "num_slots", None)
+    if plan_slots is not None and plan_slots > num_slots:
+        raise ArgumentValueError("plan", f"plan was made for {plan_slots} slots but {ring_name}'s ring holds {num_slots}")
+    plan_tokens = getattr(plan, "num_tokens", None)
+    shape = getattr(kv_score, "shape", None)
+    if plan_tokens is not None and shape is not None and len(shape) == 2 and shape[0] != plan_tokens:
+        raise ArgumentValueError("kv_score", f"kv_score has {shape[0]} rows but plan was made for num_tokens = "
+                                             f"{plan_tokens} (its input rows)")
+    return 0
+
+
 cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
                   str other_name) except -1:
     if out.data == NULL or other.data == NULL or out.dev != other.dev:
