@@ -101,12 +101,20 @@ def main():
                                head_dim=d, compress_ratio=4)
     found["c4_reached_pydsa"] = (type(plan4) is not ours.CompressorDecodePlan and torch.equal(r1, r2)
                                  and torch.equal(o1[0], o2[0]) and not torch.equal(r1, ring))
-    # a configuration that is not pydsa's goes to sglang's own code (here: its JIT kernel loader)
+    # a configuration that is not pydsa's (head_dim 256) goes to sglang's own code: its kernel loader, trapped here
+    asked = []
+
+    def trap(*args, **kwargs):
+        asked.append(args)
+        raise RuntimeError("sglang's kernel loader")
+    compress._jit_compress_module = trap
     try:
-        compress.compress_forward(state.clone(), kv, ape, plan, head_dim=d, compress_ratio=128, is_online=False)
+        compress.compress_forward(torch.randn(256, 512), torch.randn(1, 512), torch.randn(128, 256),
+                                  compress.CompressorDecodePlan(128, plan.plan_d[:1]), head_dim=256, compress_ratio=128,
+                                  is_online=False)
         found["not_ours_reached_sglang"] = False
-    except Exception as exc:  # sglang's own path, with its kernels stood in for
-        found["not_ours_reached_sglang"] = "pydsa" not in repr(exc)
+    except RuntimeError as exc:
+        found["not_ours_reached_sglang"] = str(exc) == "sglang's kernel loader" and len(asked) == 1
     found["stand_ins"] = sorted(stand_ins.names)
     print("FINDINGS " + json.dumps(found))
 

@@ -213,7 +213,8 @@ def test_what_is_not_pydsas_is_refused_by_name():
     plan = sglang.CompressorDecodePlan.generate_online(torch.tensor([5, 6]), torch.tensor([0, 1]),
                                                        torch.zeros(2, 2, dtype=torch.int32))
     kv = torch.zeros(2, 2 * D)
-    for kwargs, name in ((dict(is_online=False), "is_online=False"), (dict(is_online=True, compress_ratio=4), "ratio 4"),
+    for kwargs, name in ((dict(is_online=False, head_dim=256), "head_dim 256"),
+                         (dict(is_online=True, compress_ratio=4), "ratio 4"),
                          (dict(is_online=True, head_dim=128), "head_dim 128")):
         args = {**dict(head_dim=D, compress_ratio=128), **kwargs}
         with pytest.raises(NotImplementedError, match=name):
@@ -304,7 +305,8 @@ def test_the_plugin_registers_its_hooks_and_passes_other_calls_through(monkeypat
 def test_one_rule_says_what_is_not_pydsas_and_the_plugin_passes_it_on():
     from pydsa.sglang import compress as sglang_v2
     assert sglang_v2.outside_pydsa() is None and sglang_v2.outside_pydsa(layout="KVLayout.V4") is None
-    reasons = {"offline c128": dict(is_online=False), "online c4": dict(compress_ratio=4),
+    assert sglang_v2.outside_pydsa(is_online=False) is None  # the offline c128 compressor is pydsa's too
+    reasons = {"head_dim 256": dict(is_online=False, head_dim=256), "online c4": dict(compress_ratio=4),
                "compress_ratio 64": dict(compress_ratio=64), "head_dim 128": dict(head_dim=128), "fp4 indexer": dict(indexer=True), "bf16_store": dict(bf16_store=True),
                "two-pool": dict(two_pool=True), "V41 cache layout": dict(layout="V41")}
     for words, config in reasons.items():

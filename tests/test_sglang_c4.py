@@ -147,8 +147,8 @@ def test_the_plugin_routes_c4_to_pydsa_and_hands_back_what_is_not_ours():
     assert sglang_v2.outside_pydsa(512, 4, False) is None and sglang_v2.outside_pydsa(128, 4, False) is None
     assert "online c4" in sglang_v2.outside_pydsa(512, 4, True)
     assert "fp4 indexer" in sglang_v2.outside_pydsa(128, 4, False, indexer=True)
-    with pytest.raises(NotImplementedError, match="offline c128 planner"):
-        sglang_v2.CompressorDecodePlan.generate(128, ctx["rpi"], ctx["r2t"], ctx["f2s"], torch.tensor([4]), SWA, 8)
+    with pytest.raises(NotImplementedError, match="compress_ratio 64"):  # 128: the offline c128 planner's
+        sglang_v2.CompressorDecodePlan.generate(64, ctx["rpi"], ctx["r2t"], ctx["f2s"], torch.tensor([4]), SWA, 8)
 
 
 @pytest.mark.parametrize("device", DEVICES)

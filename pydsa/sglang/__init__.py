@@ -9,7 +9,9 @@
     from pydsa.sglang import c4_layer   # one c4 layer's two compressors and stores, fused
 
 sglang 0.5.23's c4 calls (compress_ratio 4) run pydsa's c4 ops over sglang's plan records in place
-(pydsa/sglang/c4.py says how its rings are addressed and what a verify may ask).
+(pydsa/sglang/c4.py says how its rings are addressed and what a verify may ask), and its offline c128 calls
+(compress_ratio 128, is_online=False: sglang's default c128 layer) pydsa's offline c128 ops
+(pydsa/sglang/offline.py).
 
 Each function is a thin layer over the library's ops (the same C entry points and kernels): it
 turns sglang's positional arguments and conventions into the op's sizes and launches. CUDA

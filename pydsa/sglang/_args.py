@@ -1,9 +1,11 @@
 """What pydsa.sglang's calls say of an argument their caller passed: one description, one reading of a count
 and one translation of pydsa's argument errors into the caller's words, shared by the planners and compressors
-(c4.py, compress.py) and the online and MTP calls (__init__.py)."""
+(c4.py, offline.py, compress.py) and the online and MTP calls (__init__.py); and the layer's one cache of objects
+made from a step's buffers."""
 from __future__ import annotations
 
 import operator
+from operator import is_
 
 import torch
 
@@ -41,3 +43,17 @@ def caller_words(exc, names: dict):
     renamed = exc.renamed(phrase)
     renamed.argument = name
     return renamed
+
+
+def memo(store: dict, key, make, limit: int, same=()):
+    """The sglang layer's one cache of objects made from a step's buffers (sglang passes the same buffers
+    every step): store[key]'s object if it was made from the tensors `same` (compared by identity; none:
+    the key alone decides), else make()'s, kept. Past `limit` entries the store starts over."""
+    hit = store.get(key)
+    if hit is not None and all(map(is_, hit[1], same)):
+        return hit[0]
+    if len(store) >= limit:
+        store.clear()
+    value = make()
+    store[key] = (value, tuple(same))
+    return value

@@ -55,13 +55,13 @@ def _check_ring(swa_page_size, ring_size):
         raise RuntimeError(f"swa_page_size ({swa_page_size}) must be a positive multiple of ring_size ({ring_size})")
 
 
-def _check_flags(**flags):
+def check_flags(**flags):
     for name, v in flags.items():
         if v is not True and v is not False:
             raise RuntimeError(f"{name} must be a bool (got {_described(v)} {v!r})")
 
 
-def _check_host_lengths(seq):
+def check_host_lengths(seq):
     """Host seq_lens (int64) fit sglang's 32-bit records (on the device, a length past them becomes a record
     the ops skip and count)."""
     if seq.numel() and int(seq.max()) > MAX_SEQ_LEN:
@@ -70,7 +70,7 @@ def _check_host_lengths(seq):
                            f"lengths)")
 
 
-def _check_tables(req_pool_indices, req_to_token, full_to_state):
+def check_tables(req_pool_indices, req_to_token, full_to_state):
     """The tables' kinds (their values are data: the plan op never reads past them)."""
     for name, t, dtype, dim in (("req_pool_indices", req_pool_indices, torch.int64, 1),
                                 ("req_to_token", req_to_token, torch.int32, 2),
@@ -86,15 +86,15 @@ def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_pag
     2^31-1 is refused in a host tensor and in a device tensor becomes a record with ring row -1, which the ops
     skip and count (pydsa.error_count). ring_size >= 8 (the module's docstring says why)."""
     _check_ring(swa_page_size, ring_size)
-    _check_flags(use_req_ring=use_req_ring)
-    _check_tables(req_pool_indices, req_to_token, full_to_state)
+    check_flags(use_req_ring=use_req_ring)
+    check_tables(req_pool_indices, req_to_token, full_to_state)
     if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int64, torch.int32):
         raise RuntimeError(f"seq_lens must be a torch.int64/torch.int32 tensor (got {_described(seq_lens)})")
     if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape[0] != seq_lens.shape[0]:
         raise RuntimeError(f"req_pool_indices must be [B] with B the length of seq_lens (got "
                            f"{list(req_pool_indices.shape)} and {list(seq_lens.shape)})")
     if seq_lens.device.type == "cpu":
-        _check_host_lengths(seq_lens.to(torch.int64))
+        check_host_lengths(seq_lens.to(torch.int64))
     seq = seq_lens.to(req_pool_indices.device, torch.int64)
     plan_d = torch.empty((seq.shape[0], 16), dtype=torch.uint8, device=seq.device)
     status = _decode_plan(_dense(req_pool_indices), _rows_apart(req_to_token), _dense(full_to_state), _dense(seq),
@@ -113,13 +113,13 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     2^31-1: refused on the host, records the ops skip and count on the device. ring_size >= 8 (the module's
     docstring says why)."""
     _check_ring(swa_page_size, ring_size)
-    _check_tables(req_pool_indices, req_to_token, full_to_state)
+    check_tables(req_pool_indices, req_to_token, full_to_state)
     for name, t in (("seq_lens", seq_lens), ("extend_lens", extend_lens)):
         if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32) or t.dim() != 1 \
                 or t.shape[0] != req_pool_indices.shape[0]:
             raise RuntimeError(f"{name} must be an int64 or int32 tensor [B] with B the length of req_pool_indices "
                                f"(got {_described(t)}; req_pool_indices {list(req_pool_indices.shape)})")
-    _check_flags(use_cuda_graph=use_cuda_graph, use_req_ring=use_req_ring)
+    check_flags(use_cuda_graph=use_cuda_graph, use_req_ring=use_req_ring)
     n = count_of(num_q_tokens)
     if n is None:
         raise RuntimeError(f"num_q_tokens must be an int (got {_described(num_q_tokens)})")
@@ -131,7 +131,7 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
         raise RuntimeError(f"a c4 prefill plan needs batch_size ({b_count}) <= num_q_tokens ({n}) <= 65536 "
                            f"(16-bit ragged rows)")
     if host:
-        _check_host_lengths(seq)
+        check_host_lengths(seq)
         if bool(((ext <= 0) | (ext > seq)).any()):
             bad = int(torch.nonzero((ext <= 0) | (ext > seq))[0, 0])
             raise RuntimeError(f"extend_lens[{bad}] is {int(ext[bad])}; expected 1..seq_lens[{bad}] = {int(seq[bad])}")
@@ -179,20 +179,20 @@ def _rows_apart(req_to_token: torch.Tensor) -> torch.Tensor:
     return req_to_token if req_to_token.shape[1] <= 1 or req_to_token.stride(1) == 1 else req_to_token.contiguous()
 
 
-def plan_of(plan):
-    """plan when it is a c4 plan (compress_ratio 4, sglang's or pydsa.sglang's: its records are read in place),
-    else the error naming plan."""
-    ratio = getattr(plan, "compress_ratio", None)
-    if not hasattr(plan, "is_decode") or count_of(ratio) is None:
-        raise ArgumentTypeError("plan", f"plan must be a c4 CompressorDecodePlan or CompressorPrefillPlan (got "
-                                        f"{_described(plan)})")
-    if ratio != RATIO:
-        raise ArgumentValueError("plan", f"plan is a compress_ratio {ratio} plan; a c4 call reads compress_ratio 4 "
-                                         f"records")
+def plan_of(plan, ratio=RATIO):
+    """plan when it is a plan of compress_ratio `ratio` (sglang's or pydsa.sglang's: its records are read in
+    place), else the error naming plan (c4 and offline c128 calls alike)."""
+    has = getattr(plan, "compress_ratio", None)
+    if not hasattr(plan, "is_decode") or count_of(has) is None:
+        raise ArgumentTypeError("plan", f"plan must be a compress_ratio {ratio} CompressorDecodePlan or "
+                                        f"CompressorPrefillPlan (got {_described(plan)})")
+    if has != ratio:
+        raise ArgumentValueError("plan", f"plan is a compress_ratio {has} plan; this call reads compress_ratio "
+                                         f"{ratio} records")
     return plan
 
 
-def _as_rows(t, width=None):
+def as_rows(t, width=None):
     """t viewed as rows of `width` values (default: its last dimension), never copied: sglang's [-1, 4, 4D]
     ring as [rows, 4D], the checkpoint's ape [4, 2D] as [8, D]. Anything that does not view so is passed as
     it is, for the op to judge and name."""
@@ -211,14 +211,14 @@ def compressor(kv_score_buffer, ape, store=None) -> C4Compressor:
     """pydsa's view of one sglang c4 compressor: its ring ([rows, 4D] however sglang shapes it), its ape ([8, D]
     or the checkpoint's [4, 2D], cast to fp32 as sglang casts it to its fp32 input) and its store. Raises pydsa's
     errors (ring, ape, store), for the caller to say in its words."""
-    ring = _as_rows(kv_score_buffer)
+    ring = as_rows(kv_score_buffer)
     d = ring.shape[-1] // 4 if isinstance(ring, torch.Tensor) and ring.dim() == 2 else None
     if isinstance(ape, torch.Tensor) and ape.is_floating_point() and ape.dtype != torch.float32:
         ape = ape.float()
-    return C4Compressor(ring, _as_rows(ape, d) if d else ape, store=store)
+    return C4Compressor(ring, as_rows(ape, d) if d else ape, store=store)
 
 
-def _entries(kv_score_input, rows_of, head_dim):
+def entries(kv_score_input, rows_of, head_dim):
     """The fp32 [rows, head_dim] a call without `out` returns, a row per row of `rows_of` (decode: the input;
     extend: the compress records), on the input's device; None when either is not a tensor (the op refuses it
     before anything runs)."""
@@ -227,7 +227,7 @@ def _entries(kv_score_input, rows_of, head_dim):
     return torch.empty((rows_of.shape[0], head_dim), dtype=torch.float32, device=kv_score_input.device)
 
 
-def _input_holds(kv_score_input, plan_c, plan_w, name):
+def input_holds(kv_score_input, plan_c, plan_w, name):
     """An extend's input holds every row its plan reads, or the call is refused, naming the input: a record past
     it would be skipped and counted, its entry never written. Host plans: each record's ragged row. Device
     plans (read by the kernels, not here): the plan's row count, which a plan's records never exceed (one per
@@ -268,13 +268,13 @@ def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None
     make = out is None and store is None
     if plan.is_decode:
         if make:
-            out = _entries(kv_score_input, kv_score_input, head_dim)
+            out = entries(kv_score_input, kv_score_input, head_dim)
         c4_decode(comp, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
     else:
         plan_c, plan_w = plan.plan_c, plan.plan_w
-        _input_holds(kv_score_input, plan_c, plan_w, "kv_score_input")
+        input_holds(kv_score_input, plan_c, plan_w, "kv_score_input")
         if make:
-            out = _entries(kv_score_input, plan_c, head_dim)
+            out = entries(kv_score_input, plan_c, head_dim)
         c4_extend(comp, kv_score_input, (plan_c, plan_w), out=out, cache_slots=out_loc)
     return out
 
@@ -313,7 +313,7 @@ def layer(main, indexer, plan, out_loc) -> None:
         if plan.is_decode:
             c4_decode(m, kv, indexer=i, indexer_kv_score=indexer_kv, records=plan.plan_d, cache_slots=out_loc)
         else:
-            _input_holds(kv, plan.plan_c, plan.plan_w, "main['kv_score_input']")
+            input_holds(kv, plan.plan_c, plan.plan_w, "main['kv_score_input']")
             c4_extend(m, kv, (plan.plan_c, plan.plan_w), indexer=i, indexer_kv_score=indexer_kv, cache_slots=out_loc)
     except ArgumentError as exc:
         raise caller_words(exc, _LAYER_NAMES) from None

@@ -1,4 +1,5 @@
-"""sglang 0.5.23's online c128 API (its `sglang/kernels/ops/attention/dsv4/compress.py`), over pydsa's ops.
+"""sglang 0.5.23's compressor API (its `sglang/kernels/ops/attention/dsv4/compress.py`), over pydsa's ops: the
+online c128 path, the offline c128 path (sglang's default) and the c4 path.
 
     from pydsa.sglang import (CompressorDecodePlan, CompressorPrefillPlan, compress_forward,
                               compress_norm_rope_store, compress_forward_and_store)
@@ -16,15 +17,18 @@ The c4 layers (compress_ratio 4, `is_online=False`: sglang's only c4 path) are p
 and indexer (D = 128) compressors alike, fp32 or bf16 ring: `CompressorDecodePlan.generate(4, ...)`,
 `CompressorPrefillPlan.generate(4, ...)`, `compress_forward` and `compress_norm_rope_store` (page size 64;
 D = 128 is the indexer's store) run pydsa's c4 ops over sglang's plan records read in place
-(pydsa/sglang/c4.py). pydsa's configurations: online c128 (fp32 vectors, D = 512) and c4, the V4 cache
-layout. The others (the offline c128 compressor, the fp4 indexer, `bf16_store`, the fp8 two-pool store,
-the V4.1 layouts) raise NotImplementedError naming them. Where sglang refuses, pydsa does too: a prefill
+(pydsa/sglang/c4.py). So is the offline c128 compressor (compress_ratio 128, `is_online=False`, D = 512, fp32
+or bf16 ring): `CompressorDecodePlan.generate(128, ...)`, `CompressorPrefillPlan.generate(128, ...)` (sglang's
+records), `compress_forward`, `compress_norm_rope_store` and `compress_forward_and_store(..., is_online=False)`
+run pydsa.c128_offline_decode / c128_offline_extend over sglang's records read in place
+(pydsa/sglang/offline.py). pydsa's configurations: c128 online and offline (fp32 input, D = 512) and c4, the
+V4 cache layout. The others (HANDED_BACK: the fp4 indexer, `bf16_store`, the fp8 two-pool store, the V4.1
+layouts, other head_dims) raise NotImplementedError naming them. Where sglang refuses, pydsa does too: a prefill
 plan's num_q_tokens must equal the sum of the extends, unless use_cuda_graph (a padded bucket: the rows past
 the real tokens belong to no segment).
 """
 from __future__ import annotations
 
-from operator import is_
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -37,8 +41,8 @@ from .._abi import DEFAULT_PDL_FLAG, check as _check_status
 from ..c128 import DevicePlan, c128_decode, c128_prefill
 from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..store import KVCache, kv_store
-from . import c4 as sglang_c4
-from ._args import caller_words as _caller_words, count_of, described as _described
+from . import c4 as sglang_c4, offline as sglang_offline
+from ._args import caller_words as _caller_words, count_of, described as _described, memo
 
 _decode_records = _fill_records.decode_records
 _prefill_records = _fill_records.prefill_records
@@ -47,12 +51,18 @@ __all__ = ["CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward", 
            "compress_forward_and_store"]
 
 HEAD_DIM, RATIO = 512, 128
+# What of sglang's compressor configurations stays sglang's (outside_pydsa names the one a call has; the plugin
+# names them all in its start-up line)
+HANDED_BACK = ("the fp4 indexer store", "bf16_store", "the fp8 two-pool store", "the V4.1 cache layouts",
+               "c128 head_dims other than 512", "c4 head_dims other than 128, 256 and 512",
+               "a kv_score_input other than fp32",
+               "the trtllm backend's uniform-fp8 store (its compress_forward runs on pydsa)")
 
 
 def _not_ours(what: str):
-    return NotImplementedError(f"pydsa implements sglang's online c128 path (fp32, head_dim 512) and its c4 path "
-                               f"(head_dim 512 or 128), the V4 layout; {what} is not pydsa's: call sglang's own "
-                               f"kernel for it")
+    return NotImplementedError(f"pydsa implements sglang's c128 paths (online and offline, fp32 input, head_dim 512) "
+                               f"and its c4 path (head_dim 512, 256 or 128), the V4 layout; {what} is not pydsa's: "
+                               f"call sglang's own kernel for it")
 
 
 class CompressorDecodePlan(NamedTuple):
@@ -67,11 +77,16 @@ class CompressorDecodePlan(NamedTuple):
     @staticmethod
     def generate(compress_ratio, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size: int,
                  ring_size: int, use_req_ring: bool = False) -> "CompressorDecodePlan":
-        """sglang's c4 decode plan (compress_ratio 4; the offline c128 planner is not pydsa's). ring_size >= 8:
-        sglang's own planner takes 4, and its kernels then compute entries from overwritten rows, silently."""
+        """sglang's c4 (compress_ratio 4) or offline c128 (128) decode plan, one step's records on the device of
+        req_pool_indices, no host synchronization. c4: ring_size >= 8 (sglang's own planner takes 4, and its
+        kernels then compute entries from overwritten rows, silently); c128: ring_size a multiple of 128."""
         _config_int("compress_ratio", compress_ratio)
+        if compress_ratio == RATIO:
+            return CompressorDecodePlan(RATIO, sglang_offline.plan_decode(
+                req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size=swa_page_size,
+                ring_size=ring_size, use_req_ring=use_req_ring))
         if compress_ratio != sglang_c4.RATIO:
-            raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
+            raise _not_ours(f"compress_ratio {compress_ratio}")
         return CompressorDecodePlan(sglang_c4.RATIO, sglang_c4.plan_decode(
             req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size=swa_page_size, ring_size=ring_size,
             use_req_ring=use_req_ring))
@@ -127,12 +142,18 @@ class CompressorPrefillPlan(NamedTuple):
     def generate(compress_ratio, req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
                  swa_page_size: int, ring_size: int, num_q_tokens: int, use_cuda_graph: bool = False,
                  use_req_ring: bool = False) -> "CompressorPrefillPlan":
-        """sglang's c4 extend plan (compress_ratio 4): host lengths give its host planner's records, device
-        ones (CUDA graphs, target verify) records in request order padded to num_q_tokens. ring_size >= 8, as
-        for the decode plan (sglang's own planner takes 4 and then corrupts silently)."""
+        """sglang's c4 (compress_ratio 4) or offline c128 (128) extend plan: host lengths give its host planner's
+        records, device ones (CUDA graphs, target verify) records in request order padded to num_q_tokens.
+        ring_size as for the decode plan (c4: >= 8; sglang's own planner takes 4 and then corrupts silently)."""
         _config_int("compress_ratio", compress_ratio)
+        if compress_ratio == RATIO:
+            plan_c, plan_w, pin = sglang_offline.plan_prefill(
+                req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state, swa_page_size=swa_page_size,
+                ring_size=ring_size, num_q_tokens=num_q_tokens, use_cuda_graph=use_cuda_graph,
+                use_req_ring=use_req_ring)
+            return CompressorPrefillPlan(RATIO, plan_c, plan_w, pin)
         if compress_ratio != sglang_c4.RATIO:
-            raise _not_ours(f"compress_ratio {compress_ratio} (the offline c128 planner)")
+            raise _not_ours(f"compress_ratio {compress_ratio}")
         plan_c, plan_w = sglang_c4.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
                                                 swa_page_size=swa_page_size, ring_size=ring_size,
                                                 num_q_tokens=num_q_tokens, use_cuda_graph=use_cuda_graph,
@@ -222,7 +243,8 @@ def _length(name: str, x) -> int:
 
 
 def _plan_of(plan, compress_ratio=RATIO):
-    """plan when it is a plan of compress_ratio's, else the error naming plan."""
+    """plan when it is a plan of compress_ratio's that the online c128 path (or the c4 path) reads, else the error
+    naming plan."""
     if compress_ratio == sglang_c4.RATIO:
         return sglang_c4.plan_of(plan)  # c4 records are read in place, whoever made them (sglang's planner or pydsa's)
     if isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)) and plan.compress_ratio != RATIO:
@@ -240,7 +262,7 @@ def _plan_of(plan, compress_ratio=RATIO):
 
 
 def outside_pydsa(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, indexer=False, bf16_store=False,
-                  two_pool=False, layout="V4"):
+                  two_pool=False, layout="V4", input_dtype=None):
     """What in a call's configuration is not pydsa's, or None when all of it is: the one rule this layer's
     calls (which raise NotImplementedError naming it) and the plugin (which passes such calls to sglang's
     own kernels) apply."""
@@ -251,10 +273,10 @@ def outside_pydsa(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, in
             return f"head_dim {head_dim}"
     elif compress_ratio != RATIO:
         return f"compress_ratio {compress_ratio}"
-    elif not is_online:
-        return "is_online=False with compress_ratio 128 (the offline c128 compressor)"
-    elif head_dim != HEAD_DIM:
+    elif head_dim != HEAD_DIM:  # online or offline alike
         return f"head_dim {head_dim}"
+    if input_dtype is not None and input_dtype != torch.float32:
+        return f"a {str(input_dtype).replace('torch.', '')} kv_score_input"
     if indexer:
         return "the fp4 indexer store"
     if bf16_store:
@@ -340,35 +362,22 @@ def _ops(state, kv_score_input, ape, plan, out, *, store, cache_slots):
 
 def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: int, compress_ratio: int,
                      out=None, is_online: bool = False):
-    """sglang's compress_forward for the online c128 path: decode (out [B, 512], a chunk's vector at
-    the rows whose token closes it) or prefill (compact out [plan_c rows, 512], plan order)."""
+    """sglang's compress_forward: decode (out [B, D], a chunk's vector at the rows whose token closes it) or
+    prefill (compact out [plan_c rows, D], plan order), online or offline c128, or c4."""
     _check_config(head_dim, compress_ratio, is_online)
-    plan = _plan_of(plan, compress_ratio)
-    if compress_ratio == sglang_c4.RATIO:
+    if compress_ratio == sglang_c4.RATIO or not is_online:
+        step = sglang_c4.compress if compress_ratio == sglang_c4.RATIO else sglang_offline.compress
         try:
-            return sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
+            return step(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
         except ArgumentError as exc:
             raise _caller_words(exc, _COMPRESS_NAMES) from None
+    plan = _plan_of(plan, compress_ratio)
     if out is None:
         if not isinstance(kv_score_input, torch.Tensor):
             _compress_args(kv_score_buffer, kv_score_input, ape)
         out = kv_score_input.new_empty((plan[1].shape[0], head_dim))
     _run(kv_score_buffer, kv_score_input, ape, plan, out)
     return out
-
-
-def memo(store: dict, key, make, limit: int, same=()):
-    """The sglang layer's one cache of objects made from a step's buffers (sglang passes the same buffers
-    every step): store[key]'s object if it was made from the tensors `same` (compared by identity; none:
-    the key alone decides), else make()'s, kept. Past `limit` entries the store starts over."""
-    hit = store.get(key)
-    if hit is not None and all(map(is_, hit[1], same)):
-        return hit[0]
-    if len(store) >= limit:
-        store.clear()
-    value = make()
-    store[key] = (value, tuple(same))
-    return value
 
 
 _caches: dict = {}
@@ -410,14 +419,15 @@ def _check_eps(norm_eps) -> None:
 def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
                              use_fp4=False, bf16_store=False, kvcache_scale=None, rope_cache=None,
                              fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None) -> None:
-    """sglang's store of a c128 layer's vectors: decode (row b stored when its seq_len closes a chunk,
-    at out_loc[b]) or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch."""
+    """sglang's store of a layer's vectors: decode (row b stored when its seq_len closes an entry, at out_loc[b])
+    or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch. It reads plan[1]'s seq_len and
+    ragged row, which every plan of a ratio holds alike (online or offline, whoever made it)."""
     _check_store_config(kv, use_fp4=use_fp4, bf16_store=bf16_store, kvcache_scale=kvcache_scale, rope_cache=rope_cache,
                         fp4_k_write_metadata=fp4_k_write_metadata, layout=layout, fp8_2buff=fp8_2buff,
                         kvcache_rope=kvcache_rope)
     _check_eps(norm_eps)
     c4 = getattr(plan, "compress_ratio", None) == sglang_c4.RATIO
-    plan = _plan_of(plan, sglang_c4.RATIO if c4 else RATIO)
+    plan = sglang_c4.plan_of(plan, sglang_c4.RATIO if c4 else RATIO)
     width = kv.shape[-1] if isinstance(kv, torch.Tensor) and kv.dim() else None
     if not c4 and width not in (None, HEAD_DIM):
         raise _not_ours(f"a c128 store of head_dim {width}")
@@ -433,23 +443,27 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
 
 def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,
                                out_loc, kvcache, page_size, head_dim: int = HEAD_DIM, compress_ratio: int = RATIO,
-                               out=None):
-    """compress_forward then compress_norm_rope_store of its vectors, as one call (decode: one launch;
-    prefill: its launches and a store launch behind them): every vector the
-    compression closes is normalized, quantized and stored into kvcache at out_loc (decode: per
-    request; prefill: per query token, by the closing token's row). Returns `out` when given."""
+                               out=None, is_online=None):
+    """compress_forward then compress_norm_rope_store of its vectors, as one call (decode: one launch; prefill:
+    the online path's launches and a store launch behind them, the offline path's two, the c4 path's two): every
+    vector the compression closes is normalized, quantized and stored into kvcache at out_loc (decode: per
+    request; prefill: per query token, by the closing token's row). is_online: as compress_forward's (None: True
+    for compress_ratio 128, False for 4). Returns `out` when given."""
     c4 = compress_ratio == sglang_c4.RATIO
-    _check_config(head_dim, compress_ratio, not c4)
+    online = (not c4) if is_online is None else is_online
+    _check_config(head_dim, compress_ratio, online)
     _check_eps(norm_eps)
-    plan = _plan_of(plan, compress_ratio)
+    # c4 and offline plans are read in place, whoever made them; the online path reads pydsa's own plan
+    plan = _plan_of(plan, compress_ratio) if online and not c4 else sglang_c4.plan_of(plan, compress_ratio)
     try:
         cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size,
                           "indexer" if c4 and head_dim == 128 else "v4")
     except (TypeError, ValueError) as exc:
         raise _caller_words(exc, _STORE_NAMES) from None
-    if c4:
+    if c4 or not online:
+        step = sglang_c4.compress if c4 else sglang_offline.compress
         try:
-            sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc)
+            step(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc)
         except ArgumentError as exc:
             raise _caller_words(exc, _COMPRESS_NAMES) from None
         return out

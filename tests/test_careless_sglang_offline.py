@@ -1,0 +1,191 @@
+"""A careless-input trial over pydsa.sglang's offline c128 calls (compress_ratio 128, is_online=False): every
+argument of a valid compress_forward (decode and extend) and of the fused call's store, replaced in turn by what a
+careless caller passes, meets a pydsa.ArgumentError naming that argument in sglang's words (kv_score_buffer,
+kv_score_input, ape, plan, out, out_loc, ...), never an internal exception, and nothing is written. Then the
+planners' edge cases, one by one, each refused by name (sglang's RuntimeError); and the plugin's routing of an
+offline c128 layer and its start-up line. Host backend."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pydsa
+from pydsa import sglang
+from pydsa.sglang import compress as sglang_v2, plugin as sglang_plugin
+from sglang_offline_reference import CHUNK, D, Layer, tables
+from test_careless import CARELESS
+
+REFUSED = (TypeError, ValueError, RuntimeError)
+
+
+def _refusal(call) -> Exception:
+    with pytest.raises(REFUSED) as caught:
+        call()
+    err = caught.value
+    assert isinstance(err, pydsa.ArgumentError) or type(err) is RuntimeError, f"{type(err).__name__}: {err}"
+    return err
+
+
+def _plan(layer, mode):
+    rid = torch.tensor([1, 0], dtype=torch.int64)
+    if mode == "decode":
+        return sglang.CompressorDecodePlan.generate(128, rid, layer.r2t, layer.f2s, torch.tensor([128, 9]), 256, 128), 2
+    return sglang.CompressorPrefillPlan.generate(128, rid, torch.tensor([300, 9]), torch.tensor([200, 9]), layer.r2t,
+                                                 layer.f2s, 256, 128, 209), 209
+
+
+def _compress_call(mode: str):
+    """A valid offline compress_forward over sglang's plan, its arguments by name."""
+    layer = Layer("cpu", reqs=2, seed=1)
+    plan, rows = _plan(layer, mode)
+    return dict(kv_score_buffer=layer.ring.view(-1, CHUNK, 2 * D), kv_score_input=torch.randn(rows, 2 * D),
+                ape=layer.ape, plan=plan, head_dim=D, compress_ratio=CHUNK, out=torch.full((plan[1].shape[0], D), 7.0))
+
+
+# valid calls: a ring of one page fewer (records are data: skipped and counted); ape of another float dtype (cast,
+# as sglang casts it); another int head_dim or compress_ratio is another configuration, handed back to sglang
+# (NotImplementedError, by design); no out (one is made)
+_VALID = {("kv_score_buffer", "one row short"), ("ape", "float64"), ("head_dim", "negative"),
+          ("compress_ratio", "negative"), ("out", "None")}
+
+
+def _compress_cases():
+    for mode in ("decode", "extend"):
+        for arg, value in _compress_call(mode).items():
+            for how, bad in CARELESS.items():
+                if (arg, how) in _VALID or (how != "None" and bad(value) is None):
+                    continue
+                yield mode, arg, how
+
+
+@pytest.mark.parametrize("mode,arg,how", list(_compress_cases()))
+def test_a_careless_offline_compress_forward_argument_is_refused_in_sglangs_words(mode, arg, how):
+    """The error names the argument as sglang spells it (a shortened decode input, whose rows set the batch, names
+    it or the first argument that disagrees with it); the ring and out stay as they were."""
+    args = _compress_call(mode)
+    ring, out = args["kv_score_buffer"].clone(), args["out"].clone()
+    kept = args["kv_score_buffer"], args["out"]
+    args[arg] = CARELESS[how](args[arg])
+    err = _refusal(lambda: sglang.compress_forward(**args, is_online=False))
+    if (arg, how) == ("kv_score_input", "one row short") and mode == "decode":
+        assert err.argument in ("out", "plan.plan_d"), str(err)
+    else:
+        assert err.argument == arg and str(err).startswith(arg), (err.argument, str(err))
+    assert torch.equal(kept[0], ring) and torch.equal(kept[1], out), "a refused call wrote"
+
+
+def test_the_trial_reaches_every_argument_of_compress_forward():
+    reached = {arg for _, arg, _ in _compress_cases()}
+    assert reached == set(_compress_call("decode"))
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+@pytest.mark.parametrize("how", ["None", "a list", "float64", "one row short", "a float"])
+def test_a_careless_out_loc_of_the_fused_call_is_refused_by_name(mode, how):
+    layer = Layer("cpu", reqs=2, seed=1)
+    plan, rows = _plan(layer, mode)
+    ring, cache = layer.ring.clone(), layer.cache.clone()
+    loc = CARELESS[how](torch.arange(rows, dtype=torch.int64))
+    err = _refusal(lambda: sglang.compress_forward_and_store(layer.ring, torch.randn(rows, 2 * D), layer.ape, plan,
+                                                             **layer.store_args(loc), is_online=False))
+    assert err.argument == "out_loc", str(err)
+    assert torch.equal(layer.ring, ring) and torch.equal(layer.cache, cache)
+
+
+def test_a_ring_view_of_other_pages_and_a_head_dim_the_ring_does_not_hold_are_refused():
+    call = _compress_call("decode")
+    err = _refusal(lambda: sglang.compress_forward(**dict(call, kv_score_buffer=call["kv_score_buffer"].view(
+        -1, 64, 2 * D)), is_online=False))
+    assert err.argument == "kv_score_buffer" and "[-1, 128, 2D]" in str(err), str(err)
+    err = _refusal(lambda: sglang.compress_forward(**dict(call, kv_score_buffer=call["kv_score_buffer"][..., :512]),
+                                                   is_online=False))
+    assert err.argument == "kv_score_buffer", str(err)
+    with pytest.raises(NotImplementedError, match="head_dim 256"):
+        sglang.compress_forward(**dict(call, head_dim=256), is_online=False)
+
+
+def test_an_extend_input_shorter_than_its_plan_is_refused():
+    call = _compress_call("extend")
+    ring = call["kv_score_buffer"].clone()
+    err = _refusal(lambda: sglang.compress_forward(**dict(call, kv_score_input=call["kv_score_input"][:150]),
+                                                   is_online=False))
+    assert err.argument == "kv_score_input" and "150 rows" in str(err), str(err)
+    assert torch.equal(call["kv_score_buffer"], ring)
+
+
+def _generate(which, **change):
+    """A valid decode or prefill planner call with `change` applied, by sglang's argument names."""
+    r2t, f2s = tables("cpu", 4)
+    if which == "decode":
+        args = dict(compress_ratio=128, req_pool_indices=torch.tensor([1, 0]), req_to_token=r2t, full_to_state=f2s,
+                    seq_lens=torch.tensor([128, 9]), swa_page_size=256, ring_size=128)
+        return sglang_v2.CompressorDecodePlan.generate(**{**args, **change})
+    args = dict(compress_ratio=128, req_pool_indices=torch.tensor([1, 0]), seq_lens=torch.tensor([300, 9]),
+                extend_lens=torch.tensor([200, 9]), req_to_token=r2t, full_to_state=f2s, swa_page_size=256,
+                ring_size=128, num_q_tokens=209)
+    return sglang_v2.CompressorPrefillPlan.generate(**{**args, **change})
+
+
+_PLANNER_EDGES = [
+    (dict(ring_size=64), "ring_size"), (dict(ring_size=200), "ring_size"), (dict(ring_size=0), "ring_size"),
+    (dict(ring_size=128.0), "ring_size"), (dict(swa_page_size=200), "swa_page_size"),
+    (dict(use_req_ring=True), "use_req_ring"), (dict(use_req_ring=1), "use_req_ring"),
+    (dict(seq_lens=torch.tensor([128, 2 ** 40])), "seq_lens"), (dict(seq_lens=torch.tensor([1.0, 2.0])), "seq_lens"),
+    (dict(seq_lens=torch.tensor([128])), "seq_lens"), (dict(req_to_token=torch.zeros(4, 8)), "req_to_token"),
+    (dict(full_to_state=torch.zeros(4, dtype=torch.int32)), "full_to_state"),
+    (dict(req_pool_indices=[1, 0]), "req_pool_indices"), (dict(compress_ratio="128"), "compress_ratio"),
+]
+_PREFILL_EDGES = [
+    (dict(extend_lens=torch.tensor([0, 9])), "extend_lens[0]"), (dict(extend_lens=torch.tensor([400, 9])),
+                                                                 "extend_lens[0]"),
+    (dict(num_q_tokens=210), "num_q_tokens"), (dict(num_q_tokens=209.0), "num_q_tokens"),
+    (dict(num_q_tokens=1, seq_lens=torch.tensor([1, 1]), extend_lens=torch.tensor([1, 1])), "num_q_tokens"),
+    (dict(num_q_tokens=70000, seq_lens=torch.tensor([70000, 9]), extend_lens=torch.tensor([69991, 9])),
+     "num_q_tokens"), (dict(use_cuda_graph="yes"), "use_cuda_graph"),
+    (dict(extend_lens=torch.tensor([200, 9], dtype=torch.int16)), "extend_lens"),
+]
+
+
+@pytest.mark.parametrize("which,change,name", [("decode", c, n) for c, n in _PLANNER_EDGES]
+                         + [("prefill", c, n) for c, n in _PLANNER_EDGES + _PREFILL_EDGES])
+def test_a_careless_planner_argument_is_refused_by_name(which, change, name):
+    """Ring sizes that are not a multiple of 128 (sglang's decode planner takes them, and its pages then straddle
+    two requests' rings), use_req_ring (a c4 switch), lengths past 32 bits, extends outside 1..seq_len or not
+    summing to num_q_tokens, tables of the wrong kind: sglang's RuntimeError naming the argument."""
+    err = _refusal(lambda: _generate(which, **change))
+    assert name in str(err), str(err)
+
+
+def test_the_plugin_routes_an_offline_c128_layer_to_pydsa_and_hands_back_what_is_not_pydsas(monkeypatch):
+    """sglang's compressor call site (its _forward_compress_all_in_one) for an offline c128 layer: one fused call
+    of pydsa's over sglang's plan, the ring and cache those of pydsa.sglang's own call; online (sglang's rule says
+    so) it takes pydsa's online path; bf16_store, the fp8 two-pool store, a V4.1 layout or another head_dim go to
+    sglang's own code, as does a kv_score_input other than fp32."""
+    layer, ref = Layer("cpu", reqs=2, seed=3), Layer("cpu", reqs=2, seed=3)
+    plan, _ = _plan(layer, "decode")
+    kv, loc = torch.randn(2, 2 * D), torch.tensor([0, 1])
+    norm = type("Norm", (), {"weight": layer.weight, "variance_epsilon": 1e-6})()
+
+    class Site:
+        def _get_paged_compress_metadata(self, ratio):
+            return plan
+
+    kw = dict(kv_score_buffer=layer.ring, kv_score_input=kv, ape=layer.ape.view(-1), head_dim=D, norm=norm,
+              freqs_cis_cache=layer.freq, kv_cache=layer.cache, is_indexer=False, rotate=False, compress_ratio=128,
+              page_size=2, out_loc=loc)
+    theirs = []
+    monkeypatch.setattr(sglang_plugin, "_online", lambda ratio: False)
+    assert sglang_plugin._compress_all_in_one(lambda self, **k: theirs.append(k), Site(), **kw) is None
+    sglang.compress_forward_and_store(ref.ring, kv, ref.ape, plan, **ref.store_args(loc), is_online=False)
+    assert not theirs and torch.equal(layer.ring, ref.ring) and torch.equal(layer.cache, ref.cache)
+    assert not (ref.cache == 0xA5).all()
+    for extra in (dict(bf16_store=True), dict(fp8_2buff=True), dict(kv_layout="V41"), dict(head_dim=256),
+                  dict(kv_score_input=kv.to(torch.bfloat16))):
+        sglang_plugin._compress_all_in_one(lambda self, **k: theirs.append(k), Site(), **{**kw, **extra})
+    assert len(theirs) == 5
+    monkeypatch.setattr(sglang_plugin, "_online", lambda ratio: True)  # online: an extend plan not made online
+    plan, _ = _plan(layer, "extend")
+    sglang_plugin._compress_all_in_one(lambda self, **k: theirs.append(k), Site(), **kw)
+    assert len(theirs) == 6  # not pydsa's online plan: sglang's own path, as before
+    line = sglang_plugin.startup_line()
+    assert all(words in line for words in sglang_v2.HANDED_BACK) and "c128 offline" in line
