@@ -46,19 +46,19 @@ _QUARTERS = np.array([[0] * 4 + [1] * 4, [2] * 4 + [3] * 4], np.int64)
 
 
 class C4Soak:
-    """One c4 layer beside the c128 loop. plan() is the host side of a step (it stages the step's indices in
-    the loop's staging, before its one copy); launch() the device side (the ops, then the check when due).
+    """One c4 layer beside the c128 loop, an observer of it. stage() is the host side of a step (it stages the
+    step's indices in the loop's staging, before its one copy); launched() the device side (the ops, then the check when due).
     Counters on the device: failures, mismatches, max_err; the rest in `counts`."""
 
     def __init__(self, device, staging, errors, rotary, weight, *, drafts: int, pool_rows: int, seed: int,
-                 fault: str | None = None):
+                 steps: int, fault: str | None = None):
         if drafts > c4_max_drafts(RING, reject_all=True):
             raise ArgumentValueError("drafts", f"drafts is {drafts}; a c4 ring of {RING} rows takes at most "
                                                f"{c4_max_drafts(RING, reject_all=True)} (any acceptance)")
         gen = torch.Generator(device=device).manual_seed(seed + 4)
         f32 = dict(dtype=torch.float32, device=device)
         self.rng, self.st, self.errors = np.random.default_rng(seed + 4), staging, errors
-        self.V, self.fault = drafts, fault
+        self.V, self.fault, self.steps = drafts, fault, steps
         self.rows = pool_rows // 4 + TOKEN_BUDGET  # input rows to draw from; row `rows` is the window's "no term"
         self.step_max = (TOKEN_BUDGET // 4 + C4_SLOTS * (1 + drafts), TOKEN_BUDGET + C4_SLOTS * drafts)  # rows, slots
         self.pools, self.apes, self.comp, self.mirrors, self.vectors = [], [], [], [], []
@@ -100,14 +100,15 @@ class C4Soak:
                            c4_drafts_accepted=0, c4_drafts_rejected=0)
 
     # --- the host side ------------------------------------------------------------------------------------------
-    def plan(self, step: int, checkpoint: bool) -> None:
-        """The host side of loop step `step`: a serving step every C4_EVERY, and the check when one is due
-        (checkpoint: the loop reads the counters after this step, so everything held is checked in it)."""
+    def stage(self, step) -> None:
+        """The host side of the c128 loop's step (pydsa/_serving.py, before its one copy): a serving step every
+        C4_EVERY, and the check when one is due (step.sync: the loop reads the counters after this step, so
+        everything held is checked in it)."""
         self.extend = self.decode = self.check = None
-        if step % C4_EVERY == C4_EVERY - 1:
+        if step.index % C4_EVERY == C4_EVERY - 1:
             self._serve()
         rows, slots = self.step_max
-        if self.used and (checkpoint or self.used + rows > HELD or self.slots_used + slots > SPAN_SLOTS):
+        if self.used and (step.sync or self.used + rows > HELD or self.slots_used + slots > SPAN_SLOTS):
             self._plan_check()
 
     def _serve(self) -> None:
@@ -226,8 +227,8 @@ class C4Soak:
         self.span, self.pending, self.windows = 1 - self.span, [], []
 
     # --- the device side ----------------------------------------------------------------------------------------
-    def launch(self, step: int, steps: int) -> None:
-        """The step's c4 calls (after the staging's copy), then the check when one is due."""
+    def launched(self, step) -> None:
+        """The step's c4 calls (after the c128 ops), then the check when one is due."""
         (main, indexer), (pool, pool_i), (out, out_i) = self.comp, self.pools, self.vectors
         if self.extend:
             o, n, u, s, at, c, w, plan = self.extend
@@ -247,7 +248,7 @@ class C4Soak:
             else:
                 c4_decode(main, pool[o:o + rows], indexer_kv_score=pool_i[o:o + rows], seq_lens=seq_lens, slots=slots,
                           **args)
-        if self.fault in ("c4ring", "c4cache") and not self.broken and step >= steps // 2:
+        if self.fault in ("c4ring", "c4cache") and not self.broken and step.index >= self.steps // 2:
             self._break()
         if self.check:
             self._check()

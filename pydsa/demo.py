@@ -16,43 +16,22 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from ._abi import CHUNK
+from ._serving import ServingLoop, Workload
 from ._tensors import resolve_device
 
-import pyplan
-
 from . import baselines
-from .c128 import C128Decode, C128Prefill, DevicePlan
 from .metadata import MetadataCopy
-from .speculative import C128Commit, C128Verify
 
-CHUNK = 128
 TOLERANCE = 1e-5
 DRAFTS = 4  # V: draft tokens per request in a speculative step
 MAX_RUNNING = 16  # requests served at once
-
-
-@dataclass
-class Request:
-    rid: int
-    prompt: int
-    output: int
-    slot: int  # main slot; its bank follows the main slots
-    load: int = -1  # the slot holding the state after `done` tokens (the main slot or a bank entry)
-    done: int = 0  # tokens absorbed so far
-    rows: list = field(default_factory=list)  # this request's rows of the chunk in progress
-
-    @property
-    def prefilling(self) -> bool:
-        return self.done < self.prompt
-
-    @property
-    def finished(self) -> bool:
-        return self.done >= self.prompt + self.output
+# prefills of up to 2048 tokens a request and 8192 a step; one prompt in five of 10 000..16 000 tokens
+WORKLOAD = Workload(MAX_RUNNING, 8192, 2048, long_prompts=0.2, drafts=DRAFTS)
 
 
 class Checker:
@@ -65,16 +44,20 @@ class Checker:
         self.chunks = 0
         self.max_err = 0.0
         self.failures = 0
+        self.rows: dict = {}  # main slot -> its request's rows of the chunk in progress
 
-    def absorb(self, req: Request, rows: np.ndarray, outputs: dict) -> None:
-        """rows: this request's new token rows in order; outputs: position -> emitted vector."""
-        start = req.done
+    def absorb(self, slot: int, start: int, rows: np.ndarray, outputs: dict) -> None:
+        """rows: the new token rows of the request in `slot`, in order from position `start` (0: a new
+        request); outputs: position -> emitted vector."""
+        if start == 0:
+            self.rows[slot] = []
+        kept = self.rows[slot]
         for i in range(len(rows)):
-            req.rows.append(rows[i])
+            kept.append(rows[i])
             pos = start + i
             if pos % CHUNK == CHUNK - 1:
-                chunk = np.asarray(req.rows, np.float64)
-                req.rows.clear()
+                chunk = np.asarray(kept, np.float64)
+                kept.clear()
                 t = chunk[:, self.d:] + self.ape
                 w = np.exp(t - t.max(axis=0))
                 ref = (w / w.sum(axis=0) * chunk[:, :self.d]).sum(axis=0)
@@ -105,14 +88,9 @@ class StoreChecker:
                              page_size=2)
         self.scratch = KVCache(torch.zeros(1, kv_page_bytes(d, 2), dtype=torch.uint8, device=device), w, rot,
                                page_size=2)
-        self.slots, self.next, self.d, self.device = slots, 0, d, device
+        self.d, self.device = d, device
         self.entries = self.failures = 0
         self.max_err = 0.0
-
-    def slot(self) -> int:
-        """A fresh cache slot for the next chunk that closes (slots are reused round robin)."""
-        self.next = (self.next + 1) % self.slots
-        return self.next
 
     def check(self, loc: int, position: int, vector: np.ndarray) -> None:
         from .store import kv_store
@@ -244,11 +222,50 @@ def show_progress(what: str, step: int, steps: int, counts: str) -> None:
               file=sys.stderr, flush=True)
 
 
-def _bucket(n: int) -> int:
-    b = 1
-    while b < n:
-        b *= 2
-    return b
+class DemoChecks:
+    """The demo's checks, an observer of the serving loop (pydsa/_serving.py), all on the host after each
+    step: every committed row to the float64 Checker with the vector of each chunk it closes, each of those
+    cache entries to the StoreChecker; the compact prefill output past its records must stay NaN. Times
+    the torch way every 10th step and refreshes the metadata of the decoding requests."""
+
+    def __init__(self, loop: ServingLoop, checker: Checker, entries: StoreChecker, meta: MetadataBackends,
+                 timer: Timer, seed: int):
+        self.loop, self.checker, self.entries, self.meta, self.timer = loop, checker, entries, meta, timer
+        self.rng = np.random.default_rng(seed + 2)  # the metadata's page indices
+
+    def stage(self, step) -> None:
+        if step.launches and step.launches[0].kind == "prefill":
+            self.timer.add_host("plan", step.plan_us)
+
+    def launched(self, step) -> None:
+        for x in step.launches:
+            rows, out = x.kv.cpu().numpy().copy(), x.out.cpu().numpy()  # the reference keeps rows across steps
+            if step.index % 10 == 0:
+                self._time_torch(x)
+            committed = np.flatnonzero(x.committed)
+            for i in committed[x.out_row[committed] >= 0]:
+                self.entries.check(int(x.cache_slot[i]), int(x.position[i]) - CHUNK + 1, out[x.out_row[i]])
+            if x.kind == "prefill" and not np.isnan(out[len(x.closes):]).all():
+                self.checker.failures += 1  # a compact row past the plan's records was written
+            for slot in x.requests:
+                mine = committed[x.owner[committed] == slot]
+                if len(mine):
+                    self.checker.absorb(int(slot), int(x.position[mine[0]]), rows[mine],
+                                        {int(x.position[i]): out[x.out_row[i]] for i in mine if x.out_row[i] >= 0})
+        if len(step.decoding):
+            self.meta.refresh(self.loop.done[step.decoding], self.rng)
+
+    def _time_torch(self, x) -> None:
+        """The torch way of the same call, timed on copies (its results are not used)."""
+        loop = self.loop
+        if x.kind == "prefill" and len(x.owner) >= CHUNK:
+            whole = len(x.owner) // CHUNK * CHUNK
+            self.timer.run("prefill_torch", lambda: baselines.c128_chunks_torch(x.kv[:whole], loop.ape))
+        elif x.kind == "decode":
+            slots = torch.from_numpy(np.maximum(x.owner, 0).astype(np.int32)).to(loop.device)
+            seq = torch.from_numpy(np.where(x.owner >= 0, x.position + 1, 0).astype(np.int32)).to(loop.device)
+            s2, o2 = loop.state.clone(), x.out.clone()
+            self.timer.run("decode_torch", lambda: baselines.c128_decode_torch(s2, x.kv, o2, loop.ape, slots, seq))
 
 
 def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=False, leak=False,
@@ -260,213 +277,25 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (got {steps})")
     device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    verify_torch = False
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    max_running, max_tokens, max_chunk = MAX_RUNNING, 8192, 2048
-    num_main = max_running + 4
-    num_slots = num_main * (DRAFTS + 2)  # main slots, then V + 1 bank entries per main slot
-    ape = torch.randn(CHUNK, d, device=device, generator=gen)
-    state = torch.randn(num_slots, 1, 3 * d, device=device, generator=gen)  # stale contents: must never leak in
-    kv_buf = torch.empty(max_tokens, 2 * d, device=device)
-    idx_buf = torch.zeros(max_running, dtype=torch.int32, device=device)
-    load_buf = torch.zeros(max_running, dtype=torch.int32, device=device)
-    plan = DevicePlan(max_tokens, max_running, device=device)
-    out_buf = torch.empty(plan.compress_capacity, d, device=device)  # compact: row i = compress record i
-    entries = StoreChecker(device, d, gen)
-    cache_slot_buf = torch.full((max_tokens,), -1, dtype=torch.int64, device=device)  # per ragged row
-    prefill = C128Prefill(state, kv_buf, out_buf, ape, idx_buf, plan, load_indices=load_buf, compact=True,
-                          store=entries.cache, cache_slots=cache_slot_buf)
-    decode_ops: dict = {}
-    timer = Timer(device)
-    checker = Checker(ape.cpu().numpy(), d, corrupt)
-    meta = MetadataBackends(device, backends, max_running, 1024, timer)
-    verify_ops: dict = {}
-    free = list(range(num_main))
-    running: list = []
-    arrived = finished = tokens = verify_steps = accepted_drafts = rejected_drafts = busy = 0
-
-    def new_request() -> Request:
-        nonlocal arrived
-        long = rng.random() < 0.2
-        prompt = int(rng.integers(10_000, 16_000) if long else rng.integers(1, 3000))
-        req = Request(arrived, prompt, int(rng.integers(20, 300)), free.pop(0))
-        req.load = req.slot
-        arrived += 1
-        return req
-
-    def bank_of(slot: int) -> int:
-        return num_main + slot * (DRAFTS + 1)
-
-    def run_prefill(batch: list, extends: list) -> None:
-        """Extends `batch` by `extends` tokens, continuing from each request's load slot and storing
-        into its main slot."""
-        nonlocal tokens
-        seq = np.array([r.done + e for r, e in zip(batch, extends)], np.int64)
-        ext = np.array(extends, np.int64)
-        n = int(ext.sum())
-        t0 = time.perf_counter()
-        plan.plan(seq, ext, num_tokens=max_tokens)
-        timer.add_host("plan", (time.perf_counter() - t0) * 1e6)
-        loads = [r.load for r in batch]
-        stores = [r.slot for r in batch]
-        idx_buf[:len(batch)].copy_(torch.tensor(stores, dtype=torch.int32))
-        load_buf[:len(batch)].copy_(torch.tensor(loads, dtype=torch.int32))
-        kv_buf[:n].normal_(generator=gen)
-        kv_buf[:n, d:].mul_(3.0)
-        out_buf.fill_(float("nan"))
-        compress, _ = pyplan.plan_prefill(seq, ext)
-        row_slots = np.full(n, -1, np.int64)
-        for rec in compress.tolist():
-            row_slots[rec[0]] = entries.slot()
-        cache_slot_buf[:n].copy_(torch.from_numpy(row_slots))
-        timer.run("prefill", prefill.launch)
-        if verify_torch and n >= CHUNK:
-            whole = n // CHUNK * CHUNK
-            timer.run("prefill_torch", lambda: baselines.c128_chunks_torch(kv_buf[:whole], ape))
-        rows = kv_buf[:n].cpu().numpy().copy()  # the reference keeps rows across steps
-        out = out_buf.cpu().numpy()
-        emitted = {(int(b), int(pos)): out[i] for i, (_, b, pos, _) in enumerate(compress.tolist())}
-        for i, (ragged, _, pos, _) in enumerate(compress.tolist()):
-            entries.check(int(row_slots[ragged]), int(pos) - CHUNK + 1, out[i])
-        if not np.isnan(out[len(compress):]).all():
-            checker.failures += 1  # a compact row past the plan's records was written
-        off = 0
-        for j, (r, e) in enumerate(zip(batch, extends)):
-            checker.absorb(r, rows[off:off + e], {pos: v for (b, pos), v in emitted.items() if b == j})
-            r.done += e
-            r.load = r.slot
-            off += e
-        tokens += n
-
-    def run_decode(batch: list) -> None:
-        nonlocal tokens
-        bucket = _bucket(len(batch))
-        if bucket not in decode_ops:
-            i32 = dict(dtype=torch.int32, device=device)
-            bufs = (torch.empty(bucket, 2 * d, device=device), torch.empty(bucket, d, device=device),
-                    torch.zeros(bucket, **i32), torch.zeros(bucket, **i32), torch.zeros(bucket, **i32),
-                    torch.full((bucket,), -1, dtype=torch.int64, device=device))
-            decode_ops[bucket] = (bufs, C128Decode(state, bufs[0], bufs[1], ape, bufs[2], bufs[3], load_indices=bufs[4],
-                                                   store=entries.cache, cache_slots=bufs[5]))
-        (kv, out, idx, seq, load, locs), op = decode_ops[bucket]
-        row_slots = [entries.slot() if (r.done + 1) % CHUNK == 0 else -1 for r in batch] + [-1] * (bucket - len(batch))
-        locs.copy_(torch.tensor(row_slots, dtype=torch.int64))
-        pad = bucket - len(batch)
-        idx.copy_(torch.tensor([r.slot for r in batch] + [0] * pad, dtype=torch.int32))
-        load.copy_(torch.tensor([r.load for r in batch] + [0] * pad, dtype=torch.int32))
-        seq.copy_(torch.tensor([r.done + 1 for r in batch] + [0] * pad, dtype=torch.int32))  # 0: padding
-        kv.normal_(generator=gen)
-        kv[:, d:].mul_(3.0)
-        out.fill_(float("nan"))
-        timer.run("decode", op.launch)
-        if verify_torch:
-            s2, o2 = state.clone(), out.clone()
-            valid = [r.slot for r in batch] + [free[0]] * pad  # the torch way needs real slots for padding
-            timer.run("decode_torch", lambda: baselines.c128_decode_torch(
-                s2, kv, o2, ape, torch.tensor(valid, dtype=torch.int32, device=device), seq))
-        rows, got = kv.cpu().numpy().copy(), out.cpu().numpy()
-        for j, r in enumerate(batch):
-            checker.absorb(r, rows[j:j + 1], {r.done: got[j]})
-            if row_slots[j] >= 0:
-                entries.check(row_slots[j], r.done - CHUNK + 1, got[j])
-            r.done += 1
-            r.load = r.slot
-        tokens += len(batch)
-
-    def run_verify(batch: list) -> None:
-        """A speculative step: DRAFTS drafts per request verified, a random number accepted (some
-        requests verify fewer drafts), committed on the device; the checker sees accepted tokens only."""
-        nonlocal tokens, accepted_drafts, rejected_drafts
-        bucket = _bucket(len(batch))
-        if bucket not in verify_ops:
-            i32 = dict(dtype=torch.int32, device=device)
-            bufs = dict(drafts=torch.empty(bucket * DRAFTS, 2 * d, device=device),
-                        out=torch.empty(bucket * DRAFTS, d, device=device), seq=torch.zeros(bucket, **i32),
-                        load=torch.zeros(bucket, **i32), bank=torch.zeros(bucket, **i32),
-                        lens=torch.zeros(bucket, **i32), accepted=torch.zeros(bucket, **i32),
-                        locs=torch.full((bucket * DRAFTS,), -1, dtype=torch.int64, device=device))
-            verify = C128Verify(state, bufs["drafts"], bufs["out"], ape, bufs["load"], bufs["seq"],
-                                bank_indices=bufs["bank"], verify_lens=bufs["lens"], store=entries.cache, cache_slots=bufs["locs"])
-            commit = C128Commit(bufs["seq"], bufs["accepted"], bufs["load"], bufs["bank"], num_drafts=DRAFTS,
-                                verify_lens=bufs["lens"], load_indices=bufs["load"], num_slots=num_slots)
-            verify_ops[bucket] = (bufs, verify, commit)
-        bufs, verify, commit = verify_ops[bucket]
-        pad = bucket - len(batch)
-        lens = [min(DRAFTS, r.prompt + r.output - r.done, int(rng.integers(0, DRAFTS + 1)) if rng.random() < 0.2
-                    else DRAFTS) for r in batch]
-        accepted = []
-        for r, v in zip(batch, lens):  # none, all, up to the chunk end, or any number
-            to_end = CHUNK - r.done % CHUNK
-            accepted.append(int(rng.choice([0, v, min(v, to_end), int(rng.integers(0, v + 1))])))
-        as_i32 = lambda xs: torch.tensor(xs + [0] * pad, dtype=torch.int32)  # noqa: E731
-        bufs["seq"].copy_(as_i32([r.done for r in batch]))  # 0: padding
-        bufs["load"].copy_(as_i32([r.load for r in batch]))
-        bufs["bank"].copy_(as_i32([bank_of(r.slot) for r in batch]))
-        bufs["lens"].copy_(as_i32(lens))
-        bufs["accepted"].copy_(as_i32(lens if leak else accepted))  # sampling's result; stays on the device
-        bufs["drafts"].normal_(generator=gen)
-        bufs["drafts"][:, d:].mul_(3.0)
-        bufs["out"].fill_(float("nan"))
-        draft_slots = np.full(bucket * DRAFTS, -1, np.int64)  # a slot for every draft that closes a chunk
-        for j, (r, v) in enumerate(zip(batch, lens)):
-            for i in range(v):
-                if (r.done + i) % CHUNK == CHUNK - 1:
-                    draft_slots[j * DRAFTS + i] = entries.slot()
-        bufs["locs"].copy_(torch.from_numpy(draft_slots))
-        timer.run("verify", verify.launch)
-        timer.run("commit", commit.launch)
-        rows, got = bufs["drafts"].cpu().numpy().copy(), bufs["out"].cpu().numpy()
-        loads = bufs["load"].cpu().tolist()
-        for j, (r, a) in enumerate(zip(batch, accepted)):
-            first = j * DRAFTS
-            checker.absorb(r, rows[first:first + a], {r.done + i: got[first + i] for i in range(a)})
-            for i in range(a):  # the entries of accepted drafts; those of rejected ones are ignored
-                if draft_slots[first + i] >= 0:
-                    entries.check(int(draft_slots[first + i]), r.done + i - CHUNK + 1, got[first + i])
-            r.done += a
-            r.load = loads[j]
-            accepted_drafts += a
-            rejected_drafts += lens[j] - a
-            tokens += a
-
+    entries, timer = StoreChecker(device, d, torch.Generator(device=device).manual_seed(seed + 1)), Timer(device)
+    workload = Workload(**{**WORKLOAD.__dict__, "head_dim": d})
+    loop = ServingLoop(workload, device, seed=seed, store=entries.cache, arrivals=None if soak else requests,
+                       leak=leak, launch=timer.run)
+    checker = Checker(loop.ape.cpu().numpy(), d, corrupt)
+    meta = MetadataBackends(device, backends, MAX_RUNNING, 1024, timer)
+    loop.observers.append(DemoChecks(loop, checker, entries, meta, timer, seed))
     started = time.perf_counter()
     for step in range(steps):
-        verify_torch = step % 10 == 0
-        while len(running) < max_running and (soak or arrived < requests) and (not running or rng.random() < 0.3):
-            running.append(new_request())
-        pre = [r for r in running if r.prefilling]
-        budget = max_tokens
-        batch, extends = [], []
-        for r in pre:
-            e = min(r.prompt - r.done, int(rng.integers(1, max_chunk + 1)), budget)
-            if e > 0:
-                batch.append(r)
-                extends.append(e)
-                budget -= e
-        if batch:
-            run_prefill(batch, extends)
-        dec = [r for r in running if not r.prefilling and not r.finished]
-        busy += bool(batch or dec)
-        if dec and step % 3 != 0:
-            verify_steps += 1
-            run_verify(dec)
-        elif dec:
-            run_decode(dec)
-        if dec:
-            meta.refresh(np.array([r.done for r in dec], np.int64), rng)
-        for r in [r for r in running if r.finished]:
-            running.remove(r)
-            free.append(r.slot)
-            finished += 1
+        loop.step(step)
         if progress:
             show_progress("c128 layers, step", step, steps, f"chunks {checker.chunks}  max err {checker.max_err:.1e}")
+    c = loop.counts
     ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0 and entries.failures == 0 and entries.entries > 0
-    return dict(device=str(device), steps=steps, busy_steps=busy, requests_arrived=arrived, requests_finished=finished,
-                tokens=tokens, chunks_emitted=checker.chunks, verify_steps=verify_steps,
-                cache_entries_checked=entries.entries, cache_entry_failures=entries.failures,
-                cache_max_dequant_error=entries.max_err,
-                drafts_accepted=accepted_drafts, drafts_rejected=rejected_drafts,
+    return dict(device=str(device), steps=steps, busy_steps=c["busy"], requests_arrived=c["arrived"],
+                requests_finished=c["finished"], tokens=c["tokens"], chunks_emitted=checker.chunks,
+                verify_steps=c["verify_steps"], cache_entries_checked=entries.entries,
+                cache_entry_failures=entries.failures, cache_max_dequant_error=entries.max_err,
+                drafts_accepted=c["drafts_accepted"], drafts_rejected=c["drafts_rejected"],
                 max_relative_error=checker.max_err, chunk_failures=checker.failures,
                 metadata_failures=meta.failures, backends=backends, head_dim=d,
                 plan_us=timer.mean("plan"), prefill_us=timer.mean("prefill"), prefill_torch_us=timer.mean("prefill_torch"),

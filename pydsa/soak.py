@@ -36,21 +36,21 @@ import numpy as np
 import torch
 
 from ._abi import CHUNK
+from ._serving import ServingLoop, Workload
 from ._tensors import resolve_device
 from ._soak_c4 import C4_EVERY, C4_SLOTS, RING as C4_RING, C4Soak
 from ._soak_memory import MemoryTrace
 from ._soak_report import progress_line, summary_text
-from .c128 import C128Decode, C128Prefill, DevicePlan
-from .demo import TOLERANCE, _bucket  # the demo's check limit and its CUDA-graph batch buckets
+from .demo import TOLERANCE  # the demo's check limit
 from .errors import ArgumentTypeError, ArgumentValueError
-from .speculative import C128Commit, C128Verify
 from .store import KVCache, kv_page_bytes, kv_store
 
 D, DRAFTS = 512, 4
 MAX_RUNNING = 32  # requests served at once, one main state slot each
 MAX_EXTEND, TOKEN_BUDGET = 512, 2048  # a prefill chunk's tokens per request, and per step
+WORKLOAD = Workload(MAX_RUNNING, TOKEN_BUDGET, MAX_EXTEND, drafts=DRAFTS, cache_slots=4096, head_dim=D)
 RING = 1024  # raw rows kept per slot (>= MAX_EXTEND + CHUNK: a closing's window is always there)
-CACHE_SLOTS = 4096
+CACHE_SLOTS = WORKLOAD.cache_slots
 # The cache is compared with its mirror every COMPARE_EVERY steps: a step stores at most
 # TOKEN_BUDGET / CHUNK + MAX_RUNNING entries, so an entry lives at least CACHE_SLOTS / 80 = 51 steps
 # before its slot is reused, and every entry ever written is compared at least once.
@@ -68,50 +68,6 @@ TRASH = MAX_RUNNING * RING  # the ring row that takes what must not be kept
 FAULTS = ("out", "leak", "cache", "c4ring", "c4cache", "retain")
 RETAIN_EVERY = 50
 
-# int32 staging: the ops' host-known index buffers at fixed offsets (MAX_RUNNING each), then the
-# mirror store's positions and the c4 layer's indices.
-P_IDX, P_LOAD, D_IDX, D_SEQ, V_SEQ, V_BANK, V_LENS, V_ACC = (i * MAX_RUNNING for i in range(8))
-I32_FIXED = 8 * MAX_RUNNING
-# int64 staging: the ops' cache slots (per prefill row, per decode row, per draft), then the
-# step's gather and scatter indices and the c4 layer's (its check's windows: 16 per entry, up to 4096).
-P_SLOTS, D_SLOTS, V_SLOTS = 0, TOKEN_BUDGET, TOKEN_BUDGET + MAX_RUNNING
-I64_FIXED = TOKEN_BUDGET + MAX_RUNNING * (1 + DRAFTS)
-
-
-class _Staging:
-    """The step's index data, built in numpy and sent in one int32 and one int64 copy."""
-
-    def __init__(self, device):
-        self.h32 = np.zeros(I32_FIXED + 16384, np.int32)
-        self.h64 = np.zeros(I64_FIXED + 131072, np.int64)
-        self.t32, self.t64 = torch.from_numpy(self.h32), torch.from_numpy(self.h64)
-        self.d32 = torch.zeros(len(self.h32), dtype=torch.int32, device=device)
-        self.d64 = torch.zeros(len(self.h64), dtype=torch.int64, device=device)
-        self.n32, self.n64 = I32_FIXED, I64_FIXED
-
-    def reset(self):
-        self.n32, self.n64 = I32_FIXED, I64_FIXED
-
-    def put64(self, values, align: int = 1) -> torch.Tensor:
-        """Appends values to the int64 staging at a multiple of `align` values; returns their device view
-        (valid after send())."""
-        self.n64 += -self.n64 % align
-        view, self.n64 = self._put(self.h64, self.d64, self.n64, values)
-        return view
-
-    def put32(self, values) -> torch.Tensor:
-        view, self.n32 = self._put(self.h32, self.d32, self.n32, values)
-        return view
-
-    @staticmethod
-    def _put(host, dev, at, values):
-        host[at:at + len(values)] = values
-        return dev[at:at + len(values)], at + len(values)
-
-    def send(self):
-        self.d32[:self.n32].copy_(self.t32[:self.n32], non_blocking=True)  # pageable: staged before it returns
-        self.d64[:self.n64].copy_(self.t64[:self.n64], non_blocking=True)
-
 
 @torch.inference_mode()
 def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, progress=True, pool_rows=1 << 14) -> dict:
@@ -119,286 +75,127 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     fault: break one thing on purpose (one of FAULTS) — the run must then fail."""
     _check_arguments(steps, checkpoint, fault)
     device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    rng = np.random.default_rng(seed)
-    gen = torch.Generator(device=device).manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
     f32 = dict(dtype=torch.float32, device=device)
-    num_main = MAX_RUNNING
-    num_slots = num_main * (DRAFTS + 2)  # main slots, then V + 1 bank entries per main slot
-
-    # --- the layer: state, ape, the caches, the raw-row pool the inputs are drawn from ----------------
-    ape = torch.randn(CHUNK, D, generator=gen, **f32)
-    ape64 = ape.double()
-    state = torch.randn(num_slots, 1, 3 * D, generator=gen, **f32)  # stale contents: must never leak in
-    pool = torch.randn(pool_rows + TOKEN_BUDGET, 2 * D, generator=gen, **f32)
-    pool[:, D:] *= 3.0
     w = torch.rand(D, generator=gen, **f32) + 0.5
     angles = torch.rand(1 << 12, 32, generator=gen, **f32) * 6.3
     rot = torch.stack([angles.cos(), angles.sin()], -1).reshape(1 << 12, 64)
-    page = kv_page_bytes(D, 2)
-    cache = KVCache(torch.zeros(CACHE_SLOTS // 2, page, dtype=torch.uint8, device=device), w, rot, page_size=2)
-    mirror = KVCache(torch.zeros(CACHE_SLOTS // 2, page, dtype=torch.uint8, device=device), w, rot, page_size=2)
-    errors = torch.zeros(1, dtype=torch.int32, device=device)  # the ops' skipped-and-counted indices
-    ring = torch.zeros(num_main * RING + 1, 2 * D, **f32)  # the last row takes the rejected drafts' rows
-    vectors = torch.zeros(VECTORS_HELD, D, **f32)  # the vectors closed since the last check, in order
-    held = torch.zeros(WINDOWS_HELD * CHUNK, 2 * D, **f32)  # the raw windows of those to check
-    # device-side results, read at checkpoints only
-    failures = torch.zeros((), dtype=torch.int64, device=device)
-    mismatches = torch.zeros((), dtype=torch.int64, device=device)
-    max_err = torch.zeros((), dtype=torch.float64, device=device)
-    # where each slot's state is after a verify: [0, num_main) written by the commit, then constants
-    load_table = torch.cat([torch.arange(num_main, dtype=torch.int32), torch.arange(num_main, dtype=torch.int32)]).to(device)
-
-    st = _Staging(device)
-    c4 = C4Soak(device, st, errors, rot, w, drafts=DRAFTS, pool_rows=pool_rows, seed=seed, fault=fault)
-    memory, retained = MemoryTrace(steps, device), []
-    d32, d64 = st.d32, st.d64
-    kv_pre = torch.empty(TOKEN_BUDGET, 2 * D, **f32)
-    plan = DevicePlan(TOKEN_BUDGET, MAX_RUNNING, device=device)
-    out_pre = torch.empty(plan.compress_capacity, D, **f32)  # compact: row i = compress record i
-    prefill = C128Prefill(state, kv_pre, out_pre, ape, d32[P_IDX:P_IDX + MAX_RUNNING], plan,
-                          load_indices=d32[P_LOAD:P_LOAD + MAX_RUNNING], compact=True, store=cache,
-                          cache_slots=d64[P_SLOTS:P_SLOTS + TOKEN_BUDGET], error_count=errors)
-    decode_ops, verify_ops = {}, {}
-
-    def decode_op(b):
-        if b not in decode_ops:
-            kv, out, load = torch.empty(b, 2 * D, **f32), torch.empty(b, D, **f32), torch.zeros(b, dtype=torch.int32, device=device)
-            decode_ops[b] = (kv, out, load, C128Decode(state, kv, out, ape, d32[D_IDX:D_IDX + b], d32[D_SEQ:D_SEQ + b],
-                                                       load_indices=load, store=cache, cache_slots=d64[D_SLOTS:D_SLOTS + b],
-                                                       error_count=errors))
-        return decode_ops[b]
-
-    def verify_op(b):
-        if b not in verify_ops:
-            drafts, out = torch.empty(b * DRAFTS, 2 * D, **f32), torch.empty(b * DRAFTS, D, **f32)
-            load = torch.zeros(b, dtype=torch.int32, device=device)
-            seq, bank, lens = d32[V_SEQ:V_SEQ + b], d32[V_BANK:V_BANK + b], d32[V_LENS:V_LENS + b]
-            verify = C128Verify(state, drafts, out, ape, load, seq, bank_indices=bank, verify_lens=lens, store=cache,
-                                cache_slots=d64[V_SLOTS:V_SLOTS + b * DRAFTS], error_count=errors)
-            commit = C128Commit(seq, d32[V_ACC:V_ACC + b], load, bank, num_drafts=DRAFTS, verify_lens=lens,
-                                load_indices=load, num_slots=num_slots, error_count=errors)
-            verify_ops[b] = (drafts, out, load, verify, commit)
-        return verify_ops[b]
-
-    # --- the requests, one per main slot ----------------------------------------------------------
-    active = np.zeros(num_main, bool)
-    prompt = np.zeros(num_main, np.int64)
-    total = np.zeros(num_main, np.int64)
-    done = np.zeros(num_main, np.int64)
-    on_device = np.zeros(num_main, bool)  # the state's slot is known only to the device (after a commit)
-    counts = dict(arrived=0, finished=0, tokens=0, chunks=0, entries=0, verify_steps=0, decode_steps=0,
-                  prefill_launches=0, drafts_accepted=0, drafts_rejected=0, busy=0)
-    next_cache = 0
-    marks = []  # the checkpoints (_mark)
-
-    def cache_slots(k):
-        nonlocal next_cache
-        s = (next_cache + np.arange(k)) % CACHE_SLOTS
-        next_cache = (next_cache + k) % CACHE_SLOTS
-        return s
-
-    def windows(slots, closing):
-        """ring rows of each closing position's 128-row window, flattened [k * 128]"""
-        return ((closing[:, None] - (CHUNK - 1) + np.arange(CHUNK)) % RING + slots[:, None] * RING).reshape(-1)
-
-    def pool_rows_at(n):
-        o = int(rng.integers(0, pool_rows))
-        return pool[o:o + n]
-
-    for b in (1 << i for i in range(MAX_RUNNING.bit_length())):  # every bucket's op now: memory stays flat
-        decode_op(b)
-        verify_op(b)
-    draft_of = {nb: np.divmod(np.arange(nb * DRAFTS), DRAFTS) for nb in range(1, MAX_RUNNING + 1)}  # (request, draft)
-    pending, pending_rows, pending_windows, vec_used = 0, [], [], 0
-    broken = False
+    cache, mirror = (KVCache(torch.zeros(CACHE_SLOTS // 2, kv_page_bytes(D, 2), dtype=torch.uint8, device=device), w,
+                             rot, page_size=2) for _ in range(2))
+    loop = ServingLoop(WORKLOAD, device, seed=seed, store=cache, pool_rows=pool_rows, leak=fault == "leak")
+    check = C128Check(loop, mirror, steps, fault)
+    c4 = C4Soak(device, loop.staging, loop.errors, rot, w, drafts=DRAFTS, pool_rows=pool_rows, seed=seed, fault=fault,
+                steps=steps)
+    loop.observers += [check, c4]
+    memory, marks = MemoryTrace(steps, device), []  # marks: the checkpoints (_mark)
     started = time.perf_counter()
     tty = progress and sys.stderr.isatty()
     for step in range(steps):
-        st.reset()
-        while not active.all() and (not active.any() or rng.random() < 0.3):
-            s = int(np.flatnonzero(~active)[0])
-            active[s] = True
-            prompt[s] = int(rng.integers(1, 3001))
-            total[s] = prompt[s] + int(rng.integers(20, 301))
-            done[s] = 0
-            on_device[s] = False
-            counts["arrived"] += 1
-        pre = np.flatnonzero(active & (done < prompt))
-        dec = np.flatnonzero(active & (done >= prompt))
-        stores = []  # (op output, its rows that closed a chunk, whether each is checked, window slots, closings)
-
-        # --- host side of the prefill: its plan, slots and the rows it absorbs ----------------------
-        if len(pre):
-            e = np.minimum(prompt[pre] - done[pre], rng.integers(1, MAX_EXTEND + 1, len(pre)))
-            e = np.minimum(e, TOKEN_BUDGET - (np.cumsum(e) - e))
-            keep = e > 0
-            pre, e = pre[keep], e[keep]
-            n = int(e.sum())
-            plan.plan(done[pre] + e, e)
-            comp = plan.host_records[0]
-            k = len(comp)
-            st.h32[P_IDX:P_IDX + len(pre)] = pre
-            st.h32[P_LOAD:P_LOAD + len(pre)] = pre  # a prefilling request's state is in its main slot
-            st.h64[P_SLOTS:P_SLOTS + TOKEN_BUDGET] = -1
-            slots = cache_slots(k)
-            st.h64[P_SLOTS + comp["ragged_id"]] = slots
-            position = np.repeat(done[pre] - (np.cumsum(e) - e), e) + np.arange(n)
-            pre_ring = st.put64(np.repeat(pre * RING, e) + position % RING)
-            if k:
-                closing = comp["position"].astype(np.int64)
-                stores.append((out_pre, np.arange(k), None, pre[comp["batch_id"]], closing, slots))
-            kv_src = pool_rows_at(n)
-
-        # --- host side of the decode or speculative step ------------------------------------------
-        verify = bool(len(dec)) and step % 3 != 0
-        if len(dec):
-            nb = len(dec)
-            b = _bucket(nb)
-            at = done[dec]
-            load_gather = st.put64(np.concatenate([dec + np.where(on_device[dec], 0, num_main),
-                                                   np.full(b - nb, num_main, np.int64)]))
-        if len(dec) and not verify:
-            kv, out, load, op = decode_op(b)
-            st.h32[D_IDX:D_IDX + nb] = dec
-            st.h32[D_IDX + nb:D_IDX + b] = 0
-            st.h32[D_SEQ:D_SEQ + nb] = at + 1
-            st.h32[D_SEQ + nb:D_SEQ + b] = 0  # 0: padding
-            closes = np.flatnonzero(at % CHUNK == CHUNK - 1)
-            slots = cache_slots(len(closes))
-            st.h64[D_SLOTS:D_SLOTS + b] = -1
-            st.h64[D_SLOTS + closes] = slots
-            dec_ring = st.put64(np.concatenate([dec * RING + at % RING, np.full(b - nb, TRASH, np.int64)]))
-            if len(closes):
-                stores.append((out, closes, None, dec[closes], at[closes], slots))
-            dec_src = pool_rows_at(b)
-            accepted = np.ones(nb, np.int64)
-        elif len(dec):
-            drafts, out, load, vop, cop = verify_op(b)
-            j, i = draft_of[nb]
-            lens = np.where(rng.random(nb) < 0.2, rng.integers(0, DRAFTS + 1, nb), DRAFTS)
-            lens = np.minimum(lens, total[dec] - at)
-            pick = rng.integers(0, 4, nb)  # none, all, up to the chunk end, or any number
-            accepted = np.choose(pick, [np.zeros(nb, np.int64), lens, np.minimum(lens, CHUNK - at % CHUNK),
-                                        (rng.random(nb) * (lens + 1)).astype(np.int64)])
-            st.h32[V_SEQ:V_SEQ + nb] = at
-            st.h32[V_BANK:V_BANK + nb] = num_main + dec * (DRAFTS + 1)
-            st.h32[V_LENS:V_LENS + nb] = lens
-            st.h32[V_ACC:V_ACC + nb] = lens if fault == "leak" else accepted
-            for o in (V_SEQ, V_BANK, V_LENS, V_ACC):
-                st.h32[o + nb:o + b] = 0  # 0: padding
-            pos = at[j] + i
-            closes = np.flatnonzero((i < lens[j]) & (pos % CHUNK == CHUNK - 1))  # every draft that closes
-            slots = cache_slots(len(closes))
-            st.h64[V_SLOTS:V_SLOTS + b * DRAFTS] = -1
-            st.h64[V_SLOTS + closes] = slots
-            # the accepted drafts' rows go into the ring, the others to a row never read
-            rows = np.full(b * DRAFTS, TRASH, np.int64)
-            rows[:nb * DRAFTS] = np.where(i < accepted[j], dec[j] * RING + pos % RING, TRASH)
-            dec_ring = st.put64(rows)
-            scatter = st.put64(dec)
-            if len(closes):
-                stores.append((out, closes, i[closes] < accepted[j[closes]], dec[j[closes]], pos[closes], slots))
-            dec_src = pool_rows_at(b * DRAFTS)
-
-        # every vector closed this step: stored again into the mirror, and kept for the float64 check
-        stored = sum(len(x[1]) for x in stores)
-        if stored:
-            parts = []
-            for o, rows, kept, owners, closing, slots in stores:
-                parts.append((o, st.put64(rows), vectors[vec_used:vec_used + len(rows)]))
-                sel = np.arange(vec_used, vec_used + len(rows))
-                if kept is not None:
-                    sel, owners, closing = sel[kept], owners[kept], closing[kept]
-                pending_rows.append(sel)
-                pending_windows.append(windows(owners, closing))
-                pending += len(sel)
-                vec_used += len(rows)
-            positions = st.put32(np.concatenate([x[4] for x in stores]) - (CHUNK - 1))
-            mirror_slots = st.put64(np.concatenate([x[5] for x in stores]))
-            window = np.concatenate(pending_windows[-len(stores):])
-            window = st.put64(window) if len(window) else None
-            step_vectors = vectors[vec_used - stored:vec_used]
         at_mark = (step + 1) % checkpoint == 0 or step + 1 == steps
-        check_now = pending and (pending + MAX_CLOSED > WINDOWS_HELD or vec_used + MAX_CLOSED > VECTORS_HELD
-                                 or step % CHECK_EVERY == CHECK_EVERY - 1 or at_mark)
-        if check_now:
-            check_rows = st.put64(np.concatenate(pending_rows))
-        c4.plan(step, at_mark)
-
-        # --- the device side: one copy of the indices, the ops, the checks ---------------------------
-        st.send()
-        c4.launch(step, steps)
-        if len(pre):
-            kv_pre[:n].copy_(kv_src)
-            out_pre[:k].fill_(float("nan"))
-            prefill.launch()
-            ring.index_copy_(0, pre_ring, kv_pre[:n])
-            counts["prefill_launches"] += 1
-            counts["tokens"] += n
-            done[pre] += e
-        if len(dec):
-            torch.index_select(load_table, 0, load_gather, out=load)
-            out.fill_(float("nan"))
-            if not verify:
-                kv.copy_(dec_src)
-                op.launch()
-                ring.index_copy_(0, dec_ring, kv)
-                on_device[dec] = False
-                counts["decode_steps"] += 1
-            else:
-                drafts.copy_(dec_src)
-                vop.launch()
-                cop.launch()
-                load_table.index_copy_(0, scatter, load[:nb])
-                ring.index_copy_(0, dec_ring, drafts)
-                on_device[dec] = True
-                counts["verify_steps"] += 1
-                counts["drafts_accepted"] += int(accepted.sum())
-                counts["drafts_rejected"] += int((lens - accepted).sum())
-            counts["tokens"] += int(accepted.sum())
-            done[dec] += accepted
-        if stored:
-            for o, rows, into in parts:
-                torch.index_select(o, 0, rows, out=into)
-            kv_store(step_vectors, positions, mirror_slots, mirror, error_count=errors)
-            if window is not None:
-                torch.index_select(ring, 0, window, out=held[pending * CHUNK - len(window):pending * CHUNK])
-            if fault == "cache" and not broken and step >= steps // 2:
-                cache.cache.view(-1)[int(stores[0][5][0]) // 2 * page] ^= 1
-                broken = True
-            counts["entries"] += stored
-        if check_now:  # the float64 reference of every vector held since the last check
-            got = vectors.index_select(0, check_rows).double()
-            if fault == "out":
-                got[:, 0] += 1e-3
-            raw = held[:pending * CHUNK].view(pending, CHUNK, 2 * D).double()
-            weights = torch.softmax(raw[..., D:] + ape64, dim=1)
-            ref = (weights * raw[..., :D]).sum(1)
-            err = torch.linalg.vector_norm(got - ref, dim=1) / torch.linalg.vector_norm(ref, dim=1)
-            failures += (~(err < TOLERANCE)).sum()
-            torch.maximum(max_err, err.max(), out=max_err)
-            counts["chunks"] += pending
-            del got, raw, weights, ref, err  # nothing of a check outlives it: the memory at checkpoints is exact
-            pending, pending_rows, pending_windows = 0, [], []
-        if not pending:
-            vec_used = 0  # no held vector is waiting for its check: the rows are free again (stream order)
-        if step % COMPARE_EVERY == 0 or step + 1 == steps:
-            mismatches += (cache.cache != mirror.cache).any()
-        counts["busy"] += bool(len(pre) or len(dec))
-        finished = active & (done >= total)
-        counts["finished"] += int(finished.sum())
-        active &= ~finished
-        if fault == "retain" and step % RETAIN_EVERY == RETAIN_EVERY - 1:
-            retained.append(ring[:RING].clone())
+        loop.step(step, sync=at_mark)
         memory.sample(step)
         if at_mark:
-            marks.append(_mark(step + 1, failures, mismatches, errors, max_err, c4=c4, memory=memory))
+            marks.append(_mark(step + 1, check, loop.errors, c4=c4, memory=memory))
             if progress:
+                counts = dict(loop.counts, chunks=check.chunks)
                 progress_line(marks[-1], counts, c4.counts, steps, time.perf_counter() - started, tty)
     if tty:
         print(file=sys.stderr)
+    counts = dict(loop.counts, chunks=check.chunks, entries=check.entries)
     return _summary(device, steps, counts, c4.counts, marks, memory=memory.judge(), fault=fault, seed=seed,
                     wall=time.perf_counter() - started)
+
+
+class C128Check:
+    """The soak's checks of the c128 layer, run where the ops run (an observer of the ServingLoop): every
+    input row a request keeps goes into its slot's ring of RING raw rows (the others to TRASH); every vector
+    an op closes is stored again into the mirror cache by the standalone store, and the committed ones are
+    held, with their 128-row raw windows gathered from the ring at the step that closed them, for the
+    float64 check. Counters on the device: failures, mismatches, max_err."""
+
+    def __init__(self, loop: ServingLoop, mirror: KVCache, steps: int, fault: str | None):
+        f32, device = dict(dtype=torch.float32, device=loop.device), loop.device
+        self.loop, self.mirror, self.steps, self.fault = loop, mirror, steps, fault
+        self.ape64 = loop.ape.double()
+        self.ring = torch.zeros(MAX_RUNNING * RING + 1, 2 * D, **f32)  # the last row takes the rejected drafts' rows
+        self.vectors = torch.zeros(VECTORS_HELD, D, **f32)  # the vectors closed since the last check, in order
+        self.held = torch.zeros(WINDOWS_HELD * CHUNK, 2 * D, **f32)  # the raw windows of those to check
+        self.failures = torch.zeros((), dtype=torch.int64, device=device)
+        self.mismatches = torch.zeros((), dtype=torch.int64, device=device)
+        self.max_err = torch.zeros((), dtype=torch.float64, device=device)
+        self.pending, self.pending_rows, self.vec_used, self.chunks, self.entries = 0, [], 0, 0, 0
+        self.broken, self.retained = False, []
+
+    def stage(self, step) -> None:
+        """Stages the ring rows of every input row, the mirror's positions and slots of every closed vector,
+        the windows of the committed ones, and the check's rows when it is due."""
+        st, parts, windows = self.loop.staging, [], []
+        self.rows = [st.put64(np.where(x.committed, x.owner * RING + x.position % RING, TRASH)) for x in step.launches]
+        for x in step.launches:
+            closes = x.closes
+            if not len(closes):
+                continue
+            kept = x.committed[closes]
+            parts.append((x.out, st.put64(x.out_row[closes]), self.vectors[self.vec_used:self.vec_used + len(closes)],
+                          x.position[closes], x.cache_slot[closes]))
+            self.pending_rows.append(np.arange(self.vec_used, self.vec_used + len(closes))[kept])
+            closing = x.position[closes][kept]
+            windows.append(((closing[:, None] - (CHUNK - 1) + np.arange(CHUNK)) % RING
+                            + x.owner[closes][kept][:, None] * RING).reshape(-1))
+            self.pending += int(kept.sum())
+            self.vec_used += len(closes)
+        self.stored = sum(len(p[3]) for p in parts)
+        if self.stored:
+            self.positions = st.put32(np.concatenate([p[3] for p in parts]) - (CHUNK - 1))
+            self.mirror_slots = st.put64(np.concatenate([p[4] for p in parts]))
+            window = np.concatenate(windows)
+            self.window = st.put64(window) if len(window) else None
+            self.step_vectors = self.vectors[self.vec_used - self.stored:self.vec_used]
+        self.parts, self.first_slot = [p[:3] for p in parts], int(parts[0][4][0]) if parts else -1
+        self.check_now = self.pending and (self.pending + MAX_CLOSED > WINDOWS_HELD
+                                           or self.vec_used + MAX_CLOSED > VECTORS_HELD
+                                           or step.index % CHECK_EVERY == CHECK_EVERY - 1 or step.sync)
+        if self.check_now:
+            self.check_rows = st.put64(np.concatenate(self.pending_rows))
+
+    def launched(self, step) -> None:
+        """The ring, the mirror, the held windows; the float64 check and the cache comparison when due."""
+        for x, rows in zip(step.launches, self.rows):
+            self.ring.index_copy_(0, rows, x.kv)
+        if self.stored:
+            for out, rows, into in self.parts:
+                torch.index_select(out, 0, rows, out=into)
+            kv_store(self.step_vectors, self.positions, self.mirror_slots, self.mirror, error_count=self.loop.errors)
+            if self.window is not None:
+                n = self.pending * CHUNK
+                torch.index_select(self.ring, 0, self.window, out=self.held[n - len(self.window):n])
+            if self.fault == "cache" and not self.broken and step.index >= self.steps // 2:
+                self.loop.store.cache.view(-1)[self.first_slot // 2 * self.loop.store.page_bytes] ^= 1
+                self.broken = True
+            self.entries += self.stored
+        if self.check_now:
+            self._check()
+        if not self.pending:
+            self.vec_used = 0  # no held vector is waiting for its check: the rows are free again (stream order)
+        if step.index % COMPARE_EVERY == 0 or step.index + 1 == self.steps:
+            self.mismatches += (self.loop.store.cache != self.mirror.cache).any()
+        if self.fault == "retain" and step.index % RETAIN_EVERY == RETAIN_EVERY - 1:
+            self.retained.append(self.ring[:RING].clone())
+
+    def _check(self) -> None:
+        """The float64 reference of every vector held since the last check."""
+        got = self.vectors.index_select(0, self.check_rows).double()
+        if self.fault == "out":
+            got[:, 0] += 1e-3
+        raw = self.held[:self.pending * CHUNK].view(self.pending, CHUNK, 2 * D).double()
+        weights = torch.softmax(raw[..., D:] + self.ape64, dim=1)
+        ref = (weights * raw[..., :D]).sum(1)
+        err = torch.linalg.vector_norm(got - ref, dim=1) / torch.linalg.vector_norm(ref, dim=1)
+        self.failures += (~(err < TOLERANCE)).sum()
+        torch.maximum(self.max_err, err.max(), out=self.max_err)
+        self.chunks += self.pending
+        del got, raw, weights, ref, err  # nothing of a check outlives it: the memory at checkpoints is exact
+        self.pending, self.pending_rows = 0, []
 
 
 def _check_arguments(steps, checkpoint, fault) -> None:
@@ -411,11 +208,11 @@ def _check_arguments(steps, checkpoint, fault) -> None:
         raise ArgumentValueError("fault", f"fault must be None or one of {', '.join(FAULTS)} (got {fault!r})")
 
 
-def _mark(step, failures, mismatches, errors, max_err, *, c4, memory) -> dict:
+def _mark(step, check, errors, *, c4, memory) -> dict:
     """A checkpoint: the device's counters (reading them waits for the device) and the memory now."""
     device_mb, heap_mb, resident_mb, rss_mb = memory.now()
-    return dict(step=step, chunk_failures=int(failures), cache_mismatches=int(mismatches),
-                index_errors=int(errors.item()) & 0xFFFFFFFF, max_relative_error=float(max_err),
+    return dict(step=step, chunk_failures=int(check.failures), cache_mismatches=int(check.mismatches),
+                index_errors=int(errors.item()) & 0xFFFFFFFF, max_relative_error=float(check.max_err),
                 c4_failures=int(c4.failures), c4_cache_mismatches=int(c4.mismatches),
                 c4_max_relative_error=float(c4.max_err), device_mb=device_mb, heap_mb=heap_mb,
                 resident_less_free_mb=resident_mb, rss_mb=rss_mb)
