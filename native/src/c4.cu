@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "c4_device.cuh"
+#include "checks.h"
 #include "c4_host.h"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_C4_PARAMS, dsa_c4_params);

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "c128_checks.h"
+#include "common.h"
 #include "dsa_kernels.h"
 
 namespace dsa {
@@ -57,6 +57,23 @@ inline Shape request_grid(int head_dim, int vec, int64_t batch_size, int layers,
 // whole warps: 4 with 16-byte aligned buffers and D a multiple of 128, else 2 (8-byte alignment), 0: none.
 inline int store_vector_width(int head_dim, int aligned_vec) {
   return aligned_vec >= 4 && head_dim % 128 == 0 ? 4 : aligned_vec >= 2 ? 2 : 0;
+}
+
+// ---- c128 ops --------------------------------------------------------------------------------------
+// Bytes of a state element.
+inline int state_bytes(int32_t state_dtype) { return state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4; }
+
+// Channels per access the buffers allow: 4 (16-byte float accesses), 2 (8-byte) or 0.
+template <typename P>
+int vector_width(const P& p) {
+  const int sb = state_bytes(p.state_dtype);
+  const void* floats[] = {p.kv_score, p.out, p.ape};
+  for (int vec : {4, 2}) {
+    bool ok = aligned(p.state, vec * sb);
+    for (const void* b : floats) ok = ok && aligned(b, vec * 4);
+    if (ok) return vec;
+  }
+  return 0;
 }
 
 // ---- c128 decode ----------------------------------------------------------------------------------

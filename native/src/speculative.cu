@@ -1,7 +1,7 @@
 // Speculative decoding (docs/spec.md, "Speculative decoding"): verify and commit kernels, their
 // launches and entry points.
 #include "c128_checks.h"
-#include "c128_device.cuh"
+#include "device.cuh"
 #include "c128_host.h"
 #include "store.cuh"
 
