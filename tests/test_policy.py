@@ -39,15 +39,39 @@ DECODE = [
     # more requests than one launch takes
     ("decode 512 3000000000 0 0 16 132", "4 3000000000 1 128 1 0 1 0"),
 ]
-# verify: D B bf16 store alignment -> vec grid_x grid_y block_x block_y store_ok fits
+# verify: D B bf16 store alignment -> vec grid_x grid_y block_x block_y store_ok fits draft_batch
+# (drafts a thread loads at a time: 8 with one channel, or two in a storing verify; else 4)
 VERIFY = [
-    ("verify 512 32 0 0 16", "1 32 4 128 1 1 1"),     # B < 128: one channel per thread, 4 tiles
-    ("verify 512 256 0 0 16", "2 256 2 128 1 1 1"),   # fp32: 2 channels
-    ("verify 512 256 1 0 16", "4 256 1 128 1 1 1"),   # bf16: 4 channels
-    ("verify 512 32 0 1 16", "2 32 1 256 1 1 1"),     # storing, small B: 2 channels, the request in one block
-    ("verify 512 256 0 1 16", "4 256 1 128 1 1 1"),   # storing, large B: 4 channels
-    ("verify 1024 32 0 1 8", "2 32 1 512 1 1 1"),     # storing D = 1024 at 8 bytes: 512 threads still fit
-    ("verify 2048 32 0 1 8", "2 0 0 0 0 0 0"),        # ... 1024 do not
+    ("verify 512 32 0 0 16", "1 32 4 128 1 1 1 8"),     # B < 128: one channel per thread, 4 tiles
+    ("verify 512 256 0 0 16", "2 256 2 128 1 1 1 4"),   # fp32: 2 channels
+    ("verify 512 256 1 0 16", "4 256 1 128 1 1 1 4"),   # bf16: 4 channels
+    ("verify 512 32 0 1 16", "2 32 1 256 1 1 1 8"),     # storing, small B: 2 channels, the request in one block
+    ("verify 512 256 0 1 16", "4 256 1 128 1 1 1 4"),   # storing, large B: 4 channels
+    ("verify 1024 32 0 1 8", "2 32 1 512 1 1 1 8"),     # storing D = 1024 at 8 bytes: 512 threads still fit
+    ("verify 2048 32 0 1 8", "2 0 0 0 0 0 0 8"),        # ... 1024 do not
+]
+# copying commit: layers, alignment of the last layer's state (the others 16), bf16 -> channels per thread
+COMMIT = [
+    ("commit 2 16 0", "4"),   # every layer 16-byte aligned: 4 channels
+    ("commit 2 8 0", "2"),    # one fp32 layer 8-byte aligned: 2 for all
+    ("commit 2 8 1", "4"),    # bf16: 4 channels are 8 bytes
+    ("commit 2 4 1", "2"),
+]
+# metadata copy: small tiles sms -> large tiles (from 2 x 8 small tiles per SM);
+# tiles destinations (0: any count) large sms -> form grid block
+COPY = [
+    ("copylarge 2111 132", "0"), ("copylarge 2112 132", "1"),
+    ("copy 40 2 0 132", "per_destination 80 128"),    # 2 x 40 blocks <= 132 SMs: a block per tile and destination
+    ("copy 66 2 0 132", "per_destination 132 128"),
+    ("copy 67 2 0 132", "small 67 128"),              # 134 > 132: a block per tile, 67 <= 1.5 per SM
+    ("copy 44 3 0 132", "per_destination 132 128"),
+    ("copy 40 1 0 132", "small 40 128"),              # one destination: never per destination
+    ("copy 40 0 0 132", "small 40 128"),              # a run-time count (more than 3): never per destination
+    ("copy 198 1 0 132", "small 198 128"),            # 198 = 1.5 per SM: blocks of 128
+    ("copy 199 1 0 132", "narrow 199 64"),            # past 1.5 per SM: narrow blocks
+    ("copy 5000 0 0 132", "narrow 2112 64"),          # at most 16 blocks per SM
+    ("copy 40 2 1 132", "large 40 128"),              # large tiles: never per destination
+    ("copy 3000 1 1 132", "large 2112 128"),
 ]
 # store: D count alignment -> vec grid_x block_x block_y fits
 STORE = [
@@ -114,8 +138,9 @@ def driver(tmp_path_factory):
     return ask
 
 
-@pytest.mark.parametrize("table", [DECODE, VERIFY, STORE, LANES, ROUTE, C4, OFFLINE],
-                         ids=["decode", "verify", "store", "prefill lanes", "prefill route", "c4", "offline c128"])
+@pytest.mark.parametrize("table", [DECODE, VERIFY, COMMIT, STORE, LANES, ROUTE, C4, OFFLINE, COPY],
+                         ids=["decode", "verify", "commit", "store", "prefill lanes", "prefill route", "c4",
+                              "offline c128", "metadata copy"])
 def test_launch_shapes_follow_the_policy_table(driver, table):
     got = driver([q for q, _ in table])
     assert len(got) == len(table)

@@ -6,23 +6,9 @@
 
 #include "c128_math.h"
 #include "common.h"
+#include "launch_policy.h"
 
 namespace dsa {
-
-inline int state_bytes(int32_t state_dtype) { return state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4; }
-
-// Channels per access the buffers allow: 4 (16-byte float accesses), 2 (8-byte) or 0.
-template <typename P>
-int vector_width(const P& p) {
-  const int sb = state_bytes(p.state_dtype);
-  const void* floats[] = {p.kv_score, p.out, p.ape};
-  for (int vec : {4, 2}) {
-    bool ok = aligned(p.state, vec * sb);
-    for (const void* b : floats) ok = ok && aligned(b, vec * 4);
-    if (ok) return vec;
-  }
-  return 0;
-}
 
 // The state's layout fields every c128 op shares (the copying commit too).
 inline dsa_status check_state_layout(int head_dim, int32_t state_dtype, const char* op) {

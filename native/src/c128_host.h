@@ -1,5 +1,5 @@
-// The host backend of the c128 ops and the store (device == DSA_DEVICE_HOST): the same results as
-// the kernels, on the calling thread, for arguments the entry points have checked.
+// The host backend of the c128 ops (device == DSA_DEVICE_HOST): the same results as the kernels, on the
+// calling thread, for arguments the entry points have checked.
 #pragma once
 
 #include <cstdint>
@@ -12,12 +12,5 @@ void host_decode(const dsa_c128_decode_params& p);
 void host_prefill(const dsa_c128_prefill_params& p);
 void host_verify(const dsa_c128_verify_params& p);
 void host_commit(const dsa_c128_commit_params& p);
-void host_store(const dsa_kv_store_params& p);
-// One vector x [D] into a DSA_CACHE_V4 cache (the epilogue of every storing host op).
-void host_store_vector(const float* x, int D, const dsa_kv_cache& c, int64_t loc, int64_t pos, uint32_t* error_count);
-// One vector x [128] into a DSA_CACHE_INDEXER cache.
-void host_indexer_store(const float* x, const dsa_kv_cache& c, int64_t loc, int64_t pos, uint32_t* error_count);
-// Either, by the cache's layout.
-void host_store_entry(const float* x, int D, const dsa_kv_cache& c, int64_t loc, int64_t pos, uint32_t* error_count);
 
 }  // namespace dsa

@@ -6,6 +6,7 @@
 #include "c128_offline_host.h"
 #include "c128_offline_math.h"
 #include "c4_device.cuh"
+#include "checks.h"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_C128_OFFLINE_PARAMS, dsa_c128_offline_params);
 

@@ -4,6 +4,7 @@
 #include <type_traits>
 
 #include "c4_device.cuh"
+#include "checks.h"
 #include "c4_host.h"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_C4_PARAMS, dsa_c4_params);
@@ -330,19 +331,6 @@ cudaError_t with_kind(bool bf16, int vec, F&& f) {
   return vec == 2 ? f(float{}, Two{}) : f(float{}, Four{});
 }
 
-// Every c4 entry point: dispatch (check, then host or device) with the op's kind; `launch(a)` runs on the
-// device with the launch parameters.
-template <typename Launch>
-dsa_status c4_entry(const dsa_c4_params* params, void* stream, C4Op kind, const char* op,
-                    void (*host)(const dsa_c4_params&), Launch&& launch) {
-  return dispatch<C4Checked>(
-      params, stream, op, [kind](const dsa_c4_params& p, const char* name, C4Checked* c) { return check_c4(p, kind, name, c); },
-      host,
-      [&launch](const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t, const char*) {
-        return launch(c4_launch(p, c.stores, c.kinds));
-      });
-}
-
 // The compress pass, then the write pass (both compressors in each), in stream order.
 template <int kMode>
 dsa_status launch_passes(const dsa_c4_params& p, C4Launch a, int64_t num_compress, int64_t num_write,
@@ -367,6 +355,45 @@ dsa_status launch_passes(const dsa_c4_params& p, C4Launch a, int64_t num_compres
   return ok();
 }
 
+// Each op's check: the family's check with the op's kind.
+template <C4Op kKind>
+dsa_status check_c4_op(const dsa_c4_params& p, const char* op, C4Checked* checked) {
+  return check_c4(p, kKind, op, checked);
+}
+
+// The decode on the device: one launch over the batch's requests (by records or by request), both
+// compressors in it.
+dsa_status c4_decode_device(const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t s, const char* op) {
+  C4Launch a = c4_launch(p, c.stores, c.kinds);
+  a.records = p.decode_records;
+  const int vec = c4_channels(p.batch_size);
+  const dim3 grid = c4_grid(p, a, p.batch_size, vec);
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
+  const cudaError_t err = with_kind(bf16, vec, [&](auto e, auto v) {
+    using S = decltype(e);
+    constexpr int VEC = decltype(v)::value;
+    return records ? run(c4_decode_kernel<S, kC4Records, VEC>, VEC, grid, s, mode, a)
+                   : run(c4_decode_kernel<S, kC4Requests, VEC>, VEC, grid, s, mode, a);
+  });
+  DSA_TRY(launch_status(err, op));
+  return ok();
+}
+
+// The extend on the device: its compress records, then its write records.
+dsa_status c4_extend_device(const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t s, const char* op) {
+  return launch_passes<kC4Records>(p, c4_launch(p, c.stores, c.kinds), p.num_compress, p.num_write, p.compress,
+                                   p.write, s, op);
+}
+
+// The verify on the device: each request's drafts as input rows, compress pass then write pass by request.
+dsa_status c4_verify_device(const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t s, const char* op) {
+  C4Launch a = c4_launch(p, c.stores, c.kinds);
+  a.num_tokens = p.batch_size * p.num_drafts;
+  const int64_t rows = p.batch_size * p.num_drafts;
+  return launch_passes<kC4Requests>(p, a, rows, rows, nullptr, nullptr, s, op);
+}
+
 }  // namespace
 }  // namespace dsa
 
@@ -378,42 +405,21 @@ extern "C" int32_t dsa_c4_max_drafts(int32_t ring_size, int32_t zero_acceptance)
 
 extern "C" dsa_status dsa_c4_decode(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
-  const char* op = "dsa_c4_decode";
-  return c4_entry(params, stream, kOpDecode, op, host_c4_decode, [&](C4Launch a) {
-    const dsa_c4_params& p = *params;
-    a.records = p.decode_records;
-    const int vec = c4_channels(p.batch_size);
-    const dim3 grid = c4_grid(p, a, p.batch_size, vec);
-    const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-    const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
-    cudaStream_t s = (cudaStream_t)stream;
-    const cudaError_t err = with_kind(bf16, vec, [&](auto e, auto v) {
-      using S = decltype(e);
-      constexpr int VEC = decltype(v)::value;
-      return records ? run(c4_decode_kernel<S, kC4Records, VEC>, VEC, grid, s, mode, a)
-                     : run(c4_decode_kernel<S, kC4Requests, VEC>, VEC, grid, s, mode, a);
-    });
-    DSA_TRY(launch_status(err, op));
-    return ok();
-  });
+  return dispatch<C4Checked>(params, stream, "dsa_c4_decode", check_c4_op<kOpDecode>,
+                             host_c4_decode,
+                             c4_decode_device);
 }
 
 extern "C" dsa_status dsa_c4_extend(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
-  const char* op = "dsa_c4_extend";
-  return c4_entry(params, stream, kOpExtend, op, host_c4_extend, [&](C4Launch a) {
-    const dsa_c4_params& p = *params;
-    return launch_passes<kC4Records>(p, a, p.num_compress, p.num_write, p.compress, p.write, (cudaStream_t)stream, op);
-  });
+  return dispatch<C4Checked>(params, stream, "dsa_c4_extend", check_c4_op<kOpExtend>,
+                             host_c4_extend,
+                             c4_extend_device);
 }
 
 extern "C" dsa_status dsa_c4_verify(const dsa_c4_params* params, void* stream) {
   using namespace dsa;
-  const char* op = "dsa_c4_verify";
-  return c4_entry(params, stream, kOpVerify, op, host_c4_verify, [&](C4Launch a) {
-    const dsa_c4_params& p = *params;
-    a.num_tokens = p.batch_size * p.num_drafts;
-    const int64_t rows = p.batch_size * p.num_drafts;
-    return launch_passes<kC4Requests>(p, a, rows, rows, nullptr, nullptr, (cudaStream_t)stream, op);
-  });
+  return dispatch<C4Checked>(params, stream, "dsa_c4_verify", check_c4_op<kOpVerify>,
+                             host_c4_verify,
+                             c4_verify_device);
 }

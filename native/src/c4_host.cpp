@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "c128_host.h"
 #include "c4_math.h"
+#include "store_host.h"
 
 namespace dsa {
 namespace {

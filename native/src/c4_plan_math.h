@@ -4,7 +4,10 @@
 // computed from one is 64-bit two's complement (it may wrap), and a record keeps its low 32 bits.
 #pragma once
 
-#include "c128_math.h"
+#include <cstdint>
+
+#include "dsa_kernels.h"
+#include "host_device.h"
 
 namespace dsa {
 

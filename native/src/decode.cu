@@ -1,13 +1,17 @@
 // c128 decode (docs/spec.md, "Decode"): the kernel, its launch and the entry point.
 #include "c128_checks.h"
-#include "c128_device.cuh"
 #include "c128_host.h"
+#include "device.cuh"
 #include "store.cuh"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_DECODE_PARAMS, dsa_c128_decode_params);
 
 namespace dsa {
 namespace {
+
+// The head size the storing decode is also compiled for with D a constant (DeepSeek-V4's compressed
+// KV): its address arithmetic and the store's group sums fold; other sizes read D from the launch.
+constexpr int kCompiledHeadDim = 512;
 
 // ---------------------------------------------------------------------------------------------
 // Decode: one request per block row (threadIdx.y), D / VEC threads across its channels, in

@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "c128_checks.h"
+#include "common.h"
 #include "dsa_kernels.h"
 
 namespace dsa {
@@ -57,6 +57,23 @@ inline Shape request_grid(int head_dim, int vec, int64_t batch_size, int layers,
 // whole warps: 4 with 16-byte aligned buffers and D a multiple of 128, else 2 (8-byte alignment), 0: none.
 inline int store_vector_width(int head_dim, int aligned_vec) {
   return aligned_vec >= 4 && head_dim % 128 == 0 ? 4 : aligned_vec >= 2 ? 2 : 0;
+}
+
+// ---- c128 ops --------------------------------------------------------------------------------------
+// Bytes of a state element.
+inline int state_bytes(int32_t state_dtype) { return state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4; }
+
+// Channels per access the buffers allow: 4 (16-byte float accesses), 2 (8-byte) or 0.
+template <typename P>
+int vector_width(const P& p) {
+  const int sb = state_bytes(p.state_dtype);
+  const void* floats[] = {p.kv_score, p.out, p.ape};
+  for (int vec : {4, 2}) {
+    bool ok = aligned(p.state, vec * sb);
+    for (const void* b : floats) ok = ok && aligned(b, vec * 4);
+    if (ok) return vec;
+  }
+  return 0;
 }
 
 // ---- c128 decode ----------------------------------------------------------------------------------
@@ -126,6 +143,11 @@ inline VerifyShape verify_shape(const dsa_c128_verify_params& p) {
   v.fits = v.shape.fits;
   return v;
 }
+
+// Drafts a verify thread loads at a time (its first batch with the request's length and slots, each later one
+// while the previous is folded in): 8 where a thread holds few channels (one; two in a storing verify, whose
+// request fills one block), else 4.
+constexpr int verify_draft_batch(int vec, bool store) { return vec == 1 || (store && vec == 2) ? 8 : 4; }
 
 // ---- c128 commit ----------------------------------------------------------------------------------
 // The copying commit copies 4 channels per thread when every layer's state is 16-byte aligned, else 2.
@@ -200,6 +222,45 @@ inline PrefillRoute prefill_route(const dsa_c128_prefill_params& p, int64_t num_
   if (num_fresh <= num_continuing || num_continuing > DSA_INLINE_RECORDS || num_fresh + num_write > DSA_INLINE_RECORDS)
     return kPrefillPasses;
   return kPrefillSplit;
+}
+
+// ---- metadata copy ---------------------------------------------------------------------------------
+// 128 threads per block, tiles of an unroll of int4 per thread. Small tiles spread a small copy over more SMs;
+// large ones cut the per-tile work of a large copy. Small tiles go to blocks of 64 threads x 8 int4 (narrow
+// blocks) once there are more than 1.5 tiles per SM, up to 16 blocks per SM (figures: docs/performance.md,
+// "Fused metadata copy"). Large tiles begin at 2 x 8 small tiles per SM.
+constexpr int kCopyThreads = 128, kCopyNarrowThreads = 64;
+constexpr int kCopySmallUnroll = 4, kCopyNarrowUnroll = 8, kCopyLargeUnroll = 8;
+constexpr int kCopyBlocksPerSm = 8, kCopyLargeBlocksPerSm = 16;
+
+// Large tiles once the small ones would number over 2 per resident block.
+inline bool copy_large_tiles(int64_t small_tiles, int sms) { return small_tiles >= 2 * (int64_t)sms * kCopyBlocksPerSm; }
+
+// How a copy of `tiles` tiles to num_dst destinations (0: a count known at run time) launches:
+//   per destination - K = 2 or 3 destinations of small tiles at most one block per SM when each block takes one
+//                     tile and one destination: K blocks a tile (each reads its source, from L2 after the first),
+//                     the copy on K times as many SMs;
+//   large           - large tiles in blocks of kCopyThreads;
+//   narrow          - small tiles in narrow blocks, past 1.5 tiles per SM;
+//   small           - small tiles in blocks of kCopyThreads.
+// With more tiles than the per-destination form takes, one block per tile storing to every destination is faster:
+// the extra source reads cost more than the extra blocks gain (docs/performance.md). Grid: at most
+// kCopyLargeBlocksPerSm blocks per SM, blocks striding over the tiles.
+enum CopyForm { kCopyPerDestination, kCopyLarge, kCopyNarrow, kCopySmall };
+
+struct CopyShape {
+  CopyForm form = kCopySmall;
+  int64_t grid = 0;
+  int block = 0;
+};
+
+inline CopyShape copy_shape(int64_t tiles, int num_dst, bool large, int sms) {
+  if ((num_dst == 2 || num_dst == 3) && !large && tiles * num_dst <= sms)  // (large tiles start far above one per SM)
+    return CopyShape{kCopyPerDestination, tiles * num_dst, kCopyThreads};
+  const int64_t grid = std::min<int64_t>(tiles, (int64_t)sms * kCopyLargeBlocksPerSm);
+  if (large) return CopyShape{kCopyLarge, grid, kCopyThreads};
+  if (2 * tiles > 3 * (int64_t)sms) return CopyShape{kCopyNarrow, grid, kCopyNarrowThreads};
+  return CopyShape{kCopySmall, grid, kCopyThreads};
 }
 
 // ---- c4 -------------------------------------------------------------------------------------------

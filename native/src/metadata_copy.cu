@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "cuda_launch.cuh"
+#include "launch_policy.h"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_METADATA_SOURCES, dsa_metadata_sources);
 DSA_DECLARE_STRUCT(DSA_STRUCT_METADATA_DESTINATION, dsa_metadata_destination);
@@ -17,21 +18,11 @@ DSA_DECLARE_STRUCT(DSA_STRUCT_METADATA_PARAMS, dsa_metadata_copy_params);
 namespace dsa {
 namespace {
 
-// 128 threads per block, tiles of kUnroll int4 per thread. Small tiles spread a small copy over
-// more SMs; large ones cut the per-tile work of a large copy. Small tiles go to blocks of 64
-// threads x 8 int4 (kNarrow) once there are more than 1.5 tiles per SM, up to 16 blocks per SM
-// (figures: docs/performance.md, "Fused metadata copy").
-constexpr int kThreads = 128, kNarrow = 64;
-constexpr int kSmallUnroll = 4, kNarrowUnroll = 8, kLargeUnroll = 8;
-// int32 per tile: `unroll` int4 per thread of a block of `block` threads.
+// int32 per tile: `unroll` int4 per thread of a block of `block` threads (the shapes: launch_policy.h).
 __host__ __device__ constexpr int64_t tile_elements(int block, int unroll) { return (int64_t)block * 4 * unroll; }
-static_assert(tile_elements(kNarrow, kNarrowUnroll) == tile_elements(kThreads, kSmallUnroll),
+static_assert(tile_elements(kCopyNarrowThreads, kCopyNarrowUnroll) == tile_elements(kCopyThreads, kCopySmallUnroll),
               "narrow blocks take the small tiles");
 constexpr int kMaxJobs = 9;
-// Grid cap: up to 16 blocks per SM (small tiles in narrow blocks, large tiles; small tiles in
-// blocks of 128 threads only while they number at most 1.5 per SM); large tiles begin at 2 x 8
-// small tiles per SM (kBlocksPerSm, dsa_metadata_copy).
-constexpr int kBlocksPerSm = 8, kLargeBlocksPerSm = 16;
 
 // A job's kernel fields, for plans whose jobs carry kDst destinations: 1, 2 or 3 (the count known
 // at compile time, the parameters only as large as they need to be) or 0 (up to
@@ -284,7 +275,7 @@ bool add_job(Jobs& jobs, const int32_t* src, int64_t src_stride, int64_t rows, i
   job.src_stride = src_stride;
   job.width = width;
   jobs.rows[j] = rows;
-  return tile_job(jobs, j, tile_elements(kThreads, kSmallUnroll));
+  return tile_job(jobs, j, tile_elements(kCopyThreads, kCopySmallUnroll));
 }
 
 dsa_status build_plan(const dsa_metadata_copy_params& p, Jobs& jobs) {
@@ -366,24 +357,24 @@ dsa_status build_plan(const dsa_metadata_copy_params& p, Jobs& jobs) {
   return DSA_STATUS_OK;
 }
 
-// One launch of `plan`, in large or small tiles. With K = 2 or 3 destinations and at most one
-// block per SM when each block takes one tile and one destination, each block does so (the K
-// blocks of a tile each read its source, from L2 after the first): the copy then runs on K times
-// as many SMs. With more tiles than that, one block per tile storing to every destination is
-// faster: the extra source reads cost more than the extra blocks gain (docs/performance.md).
+// One launch of `plan` in the form its tiles take (copy_shape).
 template <int kDst>
 cudaError_t launch_copy(const CopyPlan<kDst>& plan, bool large, int sms, cudaStream_t stream, unsigned mode) {
-  const int64_t tiles = plan.first_tile[plan.num_jobs];
+  const CopyShape shape = copy_shape(plan.first_tile[plan.num_jobs], kDst, large, sms);
+  const unsigned grid = (unsigned)shape.grid;
   if constexpr (kDst == 2 || kDst == 3) {
-    if (!large && tiles * kDst <= sms)  // (large tiles start far above one per SM)
-      return launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, true>, (unsigned)(tiles * kDst), kThreads, stream,
-                    mode, plan);
+    if (shape.form == kCopyPerDestination)
+      return launch(metadata_copy_kernel<kCopyThreads, kCopySmallUnroll, kDst, true>, grid, shape.block, stream, mode,
+                    plan);
   }
-  const unsigned grid = (unsigned)std::min<int64_t>(tiles, (int64_t)sms * kLargeBlocksPerSm);
-  if (large) return launch(metadata_copy_kernel<kThreads, kLargeUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
-  if (2 * tiles > 3 * (int64_t)sms)  // small tiles in narrow blocks past 1.5 per SM (above)
-    return launch(metadata_copy_kernel<kNarrow, kNarrowUnroll, kDst, false>, grid, kNarrow, stream, mode, plan);
-  return launch(metadata_copy_kernel<kThreads, kSmallUnroll, kDst, false>, grid, kThreads, stream, mode, plan);
+  if (shape.form == kCopyLarge)
+    return launch(metadata_copy_kernel<kCopyThreads, kCopyLargeUnroll, kDst, false>, grid, shape.block, stream, mode,
+                  plan);
+  if (shape.form == kCopyNarrow)
+    return launch(metadata_copy_kernel<kCopyNarrowThreads, kCopyNarrowUnroll, kDst, false>, grid, shape.block, stream,
+                  mode, plan);
+  return launch(metadata_copy_kernel<kCopyThreads, kCopySmallUnroll, kDst, false>, grid, shape.block, stream, mode,
+                plan);
 }
 
 // What the check hands on: the copy jobs built from the params.
@@ -403,10 +394,9 @@ dsa_status metadata_device(const dsa_metadata_copy_params& p, MetadataChecked& c
                            const char* op) {
   Jobs& jobs = c.jobs;
   const CopyPlan<0>& plan = jobs.plan;
-  // Large tiles once the small ones would number over 2 per resident block.
-  const bool large = plan.first_tile[plan.num_jobs] >= 2 * (int64_t)sms * kBlocksPerSm;
+  const bool large = copy_large_tiles(plan.first_tile[plan.num_jobs], sms);
   if (large)  // fewer tiles than the small ones: cannot fail
-    for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kThreads, kLargeUnroll));
+    for (int j = 0; j < plan.num_jobs; ++j) tile_job(jobs, j, tile_elements(kCopyThreads, kCopyLargeUnroll));
   set_device_fields(jobs);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   // In the layout for its destination count (plan_for: K = 1, 2, 3; any count: the plan as built).

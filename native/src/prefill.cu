@@ -5,8 +5,9 @@
 #include <vector>
 
 #include "c128_checks.h"
-#include "c128_device.cuh"
 #include "c128_host.h"
+#include "device.cuh"
+#include "inline_records.cuh"
 #include "store.cuh"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_PREFILL_PARAMS, dsa_c128_prefill_params);

@@ -4,7 +4,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "c128_device.cuh"
+#include "cuda_launch.cuh"
+#include "inline_records.cuh"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_RECORDS_PARAMS, dsa_request_records_params);
 

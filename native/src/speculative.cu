@@ -1,7 +1,7 @@
 // Speculative decoding (docs/spec.md, "Speculative decoding"): verify and commit kernels, their
 // launches and entry points.
 #include "c128_checks.h"
-#include "c128_device.cuh"
+#include "device.cuh"
 #include "c128_host.h"
 #include "store.cuh"
 
@@ -239,6 +239,12 @@ dsa_status check_verify(const dsa_c128_verify_params& p, const char* op, VerifyC
   return DSA_STATUS_OK;
 }
 
+// The verify kernel of VEC channels per thread, state element S, storing or not, with its draft batch.
+template <int VEC, typename S, bool kStore>
+cudaError_t launch_verify(dim3 grid, dim3 block, cudaStream_t s, unsigned mode, const VerifyLaunch& a) {
+  return launch(c128_verify_kernel<VEC, S, verify_draft_batch(VEC, kStore), kStore>, grid, block, s, mode, a);
+}
+
 dsa_status verify_device(const dsa_c128_verify_params& p, const VerifyChecked& c, int, cudaStream_t s,
                          const char* op) {
   const VerifyShape shape = verify_shape(p);
@@ -258,15 +264,15 @@ dsa_status verify_device(const dsa_c128_verify_params& p, const VerifyChecked& c
   const dim3 grid = grid_of(shape.shape), block = block_of(shape.shape);
   const cudaError_t err =
       p.store != nullptr
-          ? (vec == 4 ? (bf16 ? launch(c128_verify_kernel<4, Bf16, 4, true>, grid, block, s, mode, a)
-                              : launch(c128_verify_kernel<4, float, 4, true>, grid, block, s, mode, a))
-                      : (bf16 ? launch(c128_verify_kernel<2, Bf16, 8, true>, grid, block, s, mode, a)
-                              : launch(c128_verify_kernel<2, float, 8, true>, grid, block, s, mode, a)))
-      : vec == 1 ? (bf16 ? launch(c128_verify_kernel<1, Bf16, 8, false>, grid, block, s, mode, a)
-                         : launch(c128_verify_kernel<1, float, 8, false>, grid, block, s, mode, a))
-      : vec == 4 ? launch(c128_verify_kernel<4, Bf16, 4, false>, grid, block, s, mode, a)
-                 : (bf16 ? launch(c128_verify_kernel<2, Bf16, 4, false>, grid, block, s, mode, a)
-                         : launch(c128_verify_kernel<2, float, 4, false>, grid, block, s, mode, a));
+          ? (vec == 4 ? (bf16 ? launch_verify<4, Bf16, true>(grid, block, s, mode, a)
+                              : launch_verify<4, float, true>(grid, block, s, mode, a))
+                      : (bf16 ? launch_verify<2, Bf16, true>(grid, block, s, mode, a)
+                              : launch_verify<2, float, true>(grid, block, s, mode, a)))
+      : vec == 1 ? (bf16 ? launch_verify<1, Bf16, false>(grid, block, s, mode, a)
+                         : launch_verify<1, float, false>(grid, block, s, mode, a))
+      : vec == 4 ? launch_verify<4, Bf16, false>(grid, block, s, mode, a)
+                 : (bf16 ? launch_verify<2, Bf16, false>(grid, block, s, mode, a)
+                         : launch_verify<2, float, false>(grid, block, s, mode, a));
   return launch_status(err, op);
 }
 

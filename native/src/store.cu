@@ -2,9 +2,10 @@
 // and the check of a dsa_kv_cache that every storing op shares.
 #include <algorithm>
 
-#include "c128_checks.h"
-#include "c128_host.h"
+#include "c128_math.h"  // the c128 prefill's segment records, whose vectors store_prefill_vectors stores
+#include "inline_records.cuh"
 #include "store.cuh"
+#include "store_host.h"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_KV_CACHE, dsa_kv_cache);
 DSA_DECLARE_STRUCT(DSA_STRUCT_KV_STORE_PARAMS, dsa_kv_store_params);

@@ -4,7 +4,7 @@
 // are one code and give the same bytes.
 #pragma once
 
-#include "c128_device.cuh"
+#include "device.cuh"
 #include "store_math.h"
 
 namespace dsa {

@@ -8,7 +8,10 @@
 // 64-channel group (pair offsets 1, 2, 4, 8, 16), then the group sums added left to right.
 #pragma once
 
-#include "c128_math.h"
+#include <cmath>
+
+#include "bf16.h"
+#include "dsa_kernels.h"
 
 namespace dsa {
 

@@ -2,9 +2,10 @@
 // carried in kernel launches.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
-#include "c128_checks.h"
-#include "c128_device.cuh"
+#include "cuda_launch.cuh"
+#include "inline_records.cuh"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_PLAN_UPLOAD_PARAMS, dsa_plan_upload_params);
 

@@ -4,7 +4,7 @@
 // merged in order; one division ends it.
 #pragma once
 
-#include "c128_math.h"
+#include "online_softmax.h"
 
 namespace dsa {
 

@@ -45,8 +45,8 @@ int main() {
       p.state = at(align), p.kv_score = (const float*)at(align), p.out = (float*)at(align), p.ape = (const float*)at(align);
       p.store = store ? &cache : nullptr;
       const VerifyShape s = verify_shape(p);
-      std::printf("%d %lld %d %d %d %d %d\n", s.vec, (long long)s.shape.grid_x, s.shape.grid_y, s.shape.block_x,
-                  s.shape.block_y, (int)s.store_ok, (int)s.fits);
+      std::printf("%d %lld %d %d %d %d %d %d\n", s.vec, (long long)s.shape.grid_x, s.shape.grid_y, s.shape.block_x,
+                  s.shape.block_y, (int)s.store_ok, (int)s.fits, verify_draft_batch(s.vec, store != 0));
     } else if (what == "store") {  // D count alignment
       long long n;
       int d, align, vec = 0;
@@ -85,6 +85,26 @@ int main() {
       in >> d >> n;
       const Shape s = offline_shape(d, n);
       std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_slices(d), s.fits ? 1 : 0);
+    } else if (what == "commit") {  // layers alignment bf16
+      int layers, align, bf16;
+      in >> layers >> align >> bf16;
+      void* states[DSA_COMMIT_LAYERS] = {};
+      for (int i = 0; i < layers; ++i) states[i] = at(i == layers - 1 ? align : 16);
+      dsa_c128_commit_params p = {};
+      p.num_layers = layers, p.states = states, p.state_dtype = bf16 ? DSA_STATE_BFLOAT16 : DSA_STATE_FLOAT32;
+      std::printf("%d\n", commit_copy_vector_width(p));
+    } else if (what == "copylarge") {  // small tiles, sms
+      long long tiles;
+      int sms;
+      in >> tiles >> sms;
+      std::printf("%d\n", (int)copy_large_tiles(tiles, sms));
+    } else if (what == "copy") {  // tiles num_dst large sms
+      long long tiles;
+      int dst, large, sms;
+      in >> tiles >> dst >> large >> sms;
+      const CopyShape s = copy_shape(tiles, dst, large != 0, sms);
+      const char* forms[] = {"per_destination", "large", "narrow", "small"};
+      std::printf("%s %lld %d\n", forms[s.form], (long long)s.grid, s.block);
     } else if (!what.empty()) {
       std::printf("? %s\n", what.c_str());
     }
