@@ -98,15 +98,6 @@ class PlanParams(C.Structure):
     ]
 
 
-class KvCache(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("layout", C.c_int32),
-        ("cache", C.c_void_p), ("num_pages", C.c_int64), ("page_size", C.c_int32), ("eps", C.c_float),
-        ("norm_weight", C.c_void_p), ("rotary", C.c_void_p), ("num_positions", C.c_int64),
-        ("dcp_world", C.c_int32), ("dcp_rank", C.c_int32),
-    ]
-
-
 SOURCE_FIELDS = ("cache_seqlens", "cu_seqlens_k", "page_indices", "seqlens_expanded",
                  "dsa_cache_seqlens", "dsa_cu_seqlens_k", "real_page_table", "num_splits",
                  "flashmla_metadata")
@@ -136,7 +127,7 @@ class MetadataDestination(C.Structure):
 # fillers (pydsa/_fill_*.pyx), compiled against the header, and checked by the op table as they declare them.
 STRUCTS = {_read.STRUCT_IDS[name]: mirror for name, mirror in (
     ("segment", Segment), ("plan_params", PlanParams), ("metadata_sources", MetadataSources),
-    ("metadata_destination", MetadataDestination), ("kv_cache", KvCache))}
+    ("metadata_destination", MetadataDestination))}
 
 def _library_path() -> str:
     override = os.environ.get("PYDSA_LIBRARY")

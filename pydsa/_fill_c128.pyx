@@ -5,6 +5,7 @@ a one-shot call, into a prepared buffer for C128Decode / C128Prefill; and a Devi
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
+from pydsa._fill_store cimport store_arg
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 

@@ -4,6 +4,20 @@ import ctypes as C
 
 from pydsa._abi import MetadataSources
 
+class KvCache(C.Structure):
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("layout", C.c_int32),
+        ("cache", C.c_void_p), ("num_pages", C.c_int64), ("page_size", C.c_int32), ("eps", C.c_float),
+        ("norm_weight", C.c_void_p), ("rotary", C.c_void_p), ("num_positions", C.c_int64),
+        ("dcp_world", C.c_int32), ("dcp_rank", C.c_int32),
+    ]
+
+
+def kv_cache(kv) -> KvCache:
+    """A KVCache's dsa_kv_cache, as a C caller holding its address sees (and may set) it."""
+    return KvCache.from_address(kv.address)
+
+
 class PlanUploadParams(C.Structure):
     _fields_ = [
         ("struct_size", C.c_uint32), ("device", C.c_int32),
