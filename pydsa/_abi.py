@@ -182,8 +182,7 @@ def _load() -> C.CDLL:
     lib.dsa_kv_page_bytes.argtypes = [C.c_int32, C.c_int32]
     lib.dsa_indexer_page_bytes.argtypes = [C.c_int32, C.c_int32]
     lib.dsa_c4_max_drafts.argtypes = [C.c_int32, C.c_int32]
-    lib.dsa_c128_plan_prefill.restype = C.c_int
-    lib.dsa_c128_plan_prefill.argtypes = [C.POINTER(PlanParams)]
+    lib.dsa_c128_plan_prefill.restype = C.c_int  # takes a pointer to dsa_plan_params (C.byref)
     lib.path = path
     return lib
 

@@ -60,10 +60,10 @@ def test_header_documents_the_abi_version_rule():
     assert "ABI version rule" in text and "#define DSA_ABI_VERSION" in text
 
 
-@pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", c_structs.DecodeParams), ("dsa_c128_prefill", c_structs.PrefillParams),
-                                       ("dsa_metadata_copy", c_structs.MetadataCopyParams), ("dsa_c128_plan_prefill", _abi.PlanParams),
+@pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", c_structs.C128DecodeParams), ("dsa_c128_prefill", c_structs.C128PrefillParams),
+                                       ("dsa_metadata_copy", c_structs.MetadataCopyParams), ("dsa_c128_plan_prefill", c_structs.PlanParams),
                                        ("dsa_c128_upload_plan", c_structs.PlanUploadParams)])
-@pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(c_structs.DecodeParams)])
+@pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(c_structs.C128DecodeParams)])
 def test_wrong_struct_size_is_refused_with_a_clear_message(fn, struct, delta):
     p = _abi.new(struct)
     p.struct_size = max(0, p.struct_size + delta)
@@ -85,6 +85,27 @@ def test_the_test_mirrors_and_the_compiled_filler_lay_out_every_struct_as_the_li
     for op, mirror in c_structs.STRUCTS.items():
         sid = _read.PARAMS[op]
         assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(mirror) == _read.SIZES[op], mirror.__name__
+
+
+def test_the_structs_read_from_the_header_have_the_library_sizes():
+    """Every dsa_struct_id of the header has a Structure read from the header, of the size the library reports;
+    the fillers' own (op params and the structs they make) were compiled to those sizes too."""
+    from pydsa import _read
+    assert sorted(c_structs.BY_ID) == sorted(c_structs.STRUCT_IDS.values())
+    for sid, struct in c_structs.BY_ID.items():
+        assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(struct), struct.__name__
+    for name, (sid, size) in _read.STRUCTS.items():
+        assert c_structs.BY_ID[sid].__name__ == c_structs._class_name(f"dsa_{name}") and ctypes.sizeof(c_structs.BY_ID[sid]) == size
+
+
+def test_a_struct_of_another_layout_is_told_apart():
+    """The header reader follows the header: a member appended to a struct (a layout the library does not have)
+    gives a Structure whose size the library's disagrees with."""
+    text = c_structs.HEADER.read_text().replace("  int32_t dcp_rank;\n} dsa_kv_cache;",
+                                                "  int32_t dcp_rank;\n  int64_t appended;\n} dsa_kv_cache;")
+    structs, _, ids = c_structs.read_header(text)
+    assert ctypes.sizeof(structs["dsa_kv_cache"]) != _abi.lib.dsa_struct_size(ids["DSA_STRUCT_KV_CACHE"])
+    assert ctypes.sizeof(structs["dsa_kv_store_params"]) == _abi.lib.dsa_struct_size(ids["DSA_STRUCT_KV_STORE_PARAMS"])
 
 
 def test_null_params_are_refused():

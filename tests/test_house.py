@@ -45,10 +45,10 @@ def _names(fn) -> list:
 # (public one-shot, prepared class or None, the prepared class's compiled fill or None, header struct, the fill's
 # prepared-call plumbing)
 OPS = [
-    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.DecodeParams, {"into"}),
-    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.PrefillParams, {"into"}),
-    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.VerifyParams, {"into"}),
-    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.CommitParams,
+    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.C128DecodeParams, {"into"}),
+    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.C128PrefillParams, {"into"}),
+    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.C128VerifyParams, {"into"}),
+    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.C128CommitParams,
      {"into", "layers", "capacity"}),
     (pydsa.kv_store, None, None, c_structs.KvStoreParams, set()),
     (pydsa.c4_decode, pydsa.C4Decode, _fill_c4.decode, c_structs.C4Params, {"into"}),
