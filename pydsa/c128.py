@@ -19,7 +19,7 @@ import torch
 import pyplan
 
 from . import _abi, _fill_c128, _read
-from ._abi import check as _check_status, lib, new
+from ._abi import check as _check_status, lib
 from ._op import SIZES, Prepared
 from ._tensors import resolve_device
 from .errors import ArgumentValueError
@@ -131,6 +131,22 @@ class C128Prefill(Prepared):
                    cache_slots=cache_slots, pdl=pdl, error_count=error_count, cooperative=cooperative)
 
 
+class PlanParams(C.Structure):
+    """dsa_plan_params, filled through ctypes by plan_prefill_c (a C caller's path, measured as such)."""
+    _fields_ = [
+        ("struct_size", C.c_uint32), ("graph_mode", C.c_uint32),
+        ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
+        ("seq_lens", C.c_void_p), ("extend_lens", C.c_void_p),
+        ("compress", C.c_void_p), ("write", C.c_void_p),
+        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
+        ("num_compress", C.c_void_p), ("num_write", C.c_void_p),
+    ]
+
+
+_read.declare_struct("plan_params", _read.STRUCT_IDS["plan_params"], C.sizeof(PlanParams))
+_read.declare_struct("segment", _read.STRUCT_IDS["segment"], pyplan.SEGMENT_DTYPE.itemsize)
+
+
 def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capacity=None):
     """The C planner (dsa_c128_plan_prefill) through ctypes, with pyplan.plan_prefill's plain
     contract: returns (compress, write, num_compress, num_write). For C-ABI parity tests and
@@ -146,7 +162,7 @@ def plan_prefill_c(seq_lens, extend_lens, *, num_tokens=None, graph=False, capac
     compress = np.empty(capacity[0], pyplan.SEGMENT_DTYPE)
     write = np.empty(capacity[1], pyplan.SEGMENT_DTYPE)
     counts = np.zeros(2, np.int64)
-    p = new(_abi.PlanParams)
+    p = PlanParams(struct_size=C.sizeof(PlanParams))
     p.graph_mode = 1 if graph else 0
     p.batch_size, p.num_tokens = b, total
     p.seq_lens, p.extend_lens = seq.ctypes.data, ext.ctypes.data

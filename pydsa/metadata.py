@@ -15,12 +15,31 @@ import ctypes as C
 import torch
 
 from . import _fill_metadata
-from ._abi import (MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY, MetadataDestination,
-                   check as _check_status)
-from ._read import pdl_flag
+from ._abi import MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY, check as _check_status
+from ._read import STRUCT_IDS, declare_struct, pdl_flag
 from ._op import OPS, SIZES, _launch
 from ._tensors import _int32, as_tensor, device_index
 from .errors import ArgumentTypeError, ArgumentValueError
+
+
+class MetadataDestination(C.Structure):
+    """dsa_metadata_destination: one backend's buffers, made once by MetadataCopy."""
+    _fields_ = [
+        ("cache_seqlens", C.c_void_p), ("cache_seqlens_len", C.c_int64),
+        ("cu_seqlens_k", C.c_void_p), ("cu_seqlens_k_len", C.c_int64),
+        ("page_table", C.c_void_p), ("page_table_rows", C.c_int64), ("page_table_cols", C.c_int64),
+        ("page_table_stride", C.c_int64),
+        ("seqlens_expanded", C.c_void_p), ("seqlens_expanded_len", C.c_int64),
+        ("dsa_cache_seqlens", C.c_void_p), ("dsa_cache_seqlens_len", C.c_int64),
+        ("dsa_cu_seqlens_k", C.c_void_p), ("dsa_cu_seqlens_k_len", C.c_int64),
+        ("real_page_table", C.c_void_p), ("real_page_table_rows", C.c_int64),
+        ("real_page_table_cols", C.c_int64), ("real_page_table_stride", C.c_int64),
+        ("num_splits", C.c_void_p), ("num_splits_len", C.c_int64),
+        ("flashmla_metadata", C.c_void_p), ("flashmla_metadata_len", C.c_int64),
+    ]
+
+
+declare_struct("metadata_destination", STRUCT_IDS["metadata_destination"], C.sizeof(MetadataDestination))
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 

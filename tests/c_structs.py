@@ -42,6 +42,12 @@ def _field(declaration: str, structs: dict):
     return name, kind * int(count) if count else kind
 
 
+def read_constants(text: str) -> dict:
+    """The header's numeric #defines and enum values, by name (DSA_FLAG_PDL: 1)."""
+    defines = {m[1]: int(m[2], 0) for m in re.finditer(r"^#define (DSA_\w+) \(?(-?(?:0x)?[0-9A-Fa-f]+)u?\)?", text, re.M)}
+    return {**defines, **{m[1]: int(m[2]) for m in re.finditer(r"\b(DSA_\w+)\s*=\s*(\d+)", text)}}
+
+
 def read_header(text: str):
     """(structs: C name -> Structure in the header's order, entry params: entry symbol -> C name of its params,
     struct ids: DSA_STRUCT_<X> -> value)."""
@@ -60,6 +66,12 @@ def read_header(text: str):
 
 _structs, ENTRY_PARAMS, STRUCT_IDS = read_header(HEADER.read_text())
 globals().update({cls.__name__: cls for cls in _structs.values()})
+CONSTANTS = read_constants(HEADER.read_text())
+
+
+def new(struct_type):
+    """A zeroed params struct with struct_size set, as a C caller makes one."""
+    return struct_type(struct_size=C.sizeof(struct_type))
 
 
 def _op_table():
