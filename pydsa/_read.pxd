@@ -73,7 +73,6 @@ cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* ot
 # slots, else 0 (device tensors are data the call does not read on the host).
 cdef int distinct_slots(const Arg* seq, const Arg* slots, int64_t n, int32_t live_from) except -1
 cdef bint is_tensor(object x)
-cdef bint is_device_plan(object x)
 cdef bint is_ndarray(object x)
 cdef object record_lists(object compress, object write)
 cdef object new_rows(object like, int64_t rows, int64_t cols)

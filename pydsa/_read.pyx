@@ -94,7 +94,6 @@ cdef const ExchangeAPI* _apis[MAX_TYPES]
 cdef int _num_types = 0
 cdef list _type_refs = []                      # keeps the cached type objects alive
 cdef uintptr_t _error_counters[MAX_DEVICES + 1]  # default counter per device, [0] = host
-cdef object _device_plan_type = None
 cdef object _ndarray_type = None
 cdef object _record_lists = None
 cdef object _tensor_type = None                # the framework's tensor type (the slower reader's)
@@ -191,16 +190,6 @@ cpdef int declare_op(str name, str symbol, int struct_id, size_t size) except -1
     return row
 
 
-def register_type(str kind, cls):
-    """Registers the class the fillers recognize (by exact type) as `kind`: "device_plan" (pydsa.DevicePlan); the
-    module that defines the class registers it."""
-    global _device_plan_type
-    if kind == "device_plan":
-        _device_plan_type = cls
-    else:
-        raise ValueError(f"kind must be 'device_plan' (got {kind!r})")
-
-
 def read_attributes_only(bint on):
     """Tests: read every tensor through its attributes (the reader for a torch without the
     exchange API), as an older torch would be read."""
@@ -210,10 +199,6 @@ def read_attributes_only(bint on):
 
 cdef bint is_tensor(object x):
     return isinstance(x, _tensor_type)
-
-
-cdef bint is_device_plan(object x):
-    return type(x) is _device_plan_type
 
 
 cdef bint is_ndarray(object x):
