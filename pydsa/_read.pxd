@@ -17,15 +17,11 @@ cdef extern from "dsa_kernels.h":
     int DSA_OUT_COMPACT
     int DSA_RECORDS_DECODE
     int DSA_RECORDS_PREFILL
-    # the structs made in Python (pydsa/c128.py, pydsa/metadata.py, pyplan's records); each op's params id is declared by its filler
+    # the structs made in Python (pydsa/c128.py, pyplan's records); each op's params id is declared by its filler
     int DSA_STRUCT_SEGMENT
     int DSA_STRUCT_PLAN_PARAMS
-    int DSA_STRUCT_METADATA_DESTINATION
 
     ctypedef struct dsa_segment:
-        pass
-
-    ctypedef struct dsa_metadata_destination:
         pass
 
 cdef enum:

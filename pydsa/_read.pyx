@@ -63,10 +63,9 @@ ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
 ABI_VERSION = DSA_ABI_VERSION
 """The header's DSA_ABI_VERSION, as these modules were compiled against it."""
 
-STRUCT_IDS = dict(segment=DSA_STRUCT_SEGMENT, plan_params=DSA_STRUCT_PLAN_PARAMS,
-                  metadata_destination=DSA_STRUCT_METADATA_DESTINATION)
-"""The header's dsa_struct_id of each struct made in Python (pyplan's segment records, pydsa/c128.py's plan params,
-pydsa/metadata.py's destinations), by name (DSA_STRUCT_<NAME> in lower case), for their declare_struct; an op's params
+STRUCT_IDS = dict(segment=DSA_STRUCT_SEGMENT, plan_params=DSA_STRUCT_PLAN_PARAMS)
+"""The header's dsa_struct_id of each struct made in Python (pyplan's segment records, pydsa/c128.py's plan params),
+by name (DSA_STRUCT_<NAME> in lower case), for their declare_struct; an op's params
 id is in the op table (PARAMS), declared by its filler."""
 
 cdef enum:

@@ -16,30 +16,11 @@ import torch
 
 from . import _fill_metadata
 from ._abi import MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY, check as _check_status
-from ._read import STRUCT_IDS, declare_struct, pdl_flag
+from ._read import pdl_flag
 from ._op import OPS, SIZES, _launch
 from ._tensors import _int32, as_tensor, device_index
 from .errors import ArgumentTypeError, ArgumentValueError
 
-
-class MetadataDestination(C.Structure):
-    """dsa_metadata_destination: one backend's buffers, made once by MetadataCopy."""
-    _fields_ = [
-        ("cache_seqlens", C.c_void_p), ("cache_seqlens_len", C.c_int64),
-        ("cu_seqlens_k", C.c_void_p), ("cu_seqlens_k_len", C.c_int64),
-        ("page_table", C.c_void_p), ("page_table_rows", C.c_int64), ("page_table_cols", C.c_int64),
-        ("page_table_stride", C.c_int64),
-        ("seqlens_expanded", C.c_void_p), ("seqlens_expanded_len", C.c_int64),
-        ("dsa_cache_seqlens", C.c_void_p), ("dsa_cache_seqlens_len", C.c_int64),
-        ("dsa_cu_seqlens_k", C.c_void_p), ("dsa_cu_seqlens_k_len", C.c_int64),
-        ("real_page_table", C.c_void_p), ("real_page_table_rows", C.c_int64),
-        ("real_page_table_cols", C.c_int64), ("real_page_table_stride", C.c_int64),
-        ("num_splits", C.c_void_p), ("num_splits_len", C.c_int64),
-        ("flashmla_metadata", C.c_void_p), ("flashmla_metadata_len", C.c_int64),
-    ]
-
-
-declare_struct("metadata_destination", STRUCT_IDS["metadata_destination"], C.sizeof(MetadataDestination))
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
@@ -47,7 +28,7 @@ MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_exte
 _fill_sources = _fill_metadata.fill_metadata_sources  # the compiled judge and filler of a step's sources
 _OP = OPS["metadata"]
 
-# (key in a destination dict, C field, kind): kind 1 = 1-D, 2 = 2-D with a row stride, 0 = any
+# (key in a destination dict, C field, kind), in the field order of _fill_metadata.Destinations: kind 1 = 1-D, 2 = 2-D with a row stride, 0 = any
 # shape, contiguous, taken flat.
 _DEST_FIELDS = (
     ("cache_seqlens", "cache_seqlens", 1),
@@ -106,14 +87,14 @@ class MetadataCopy:
         present = {key for key, _, _ in _DEST_FIELDS if destinations[0].get(key) is not None}
         self.has_real_page_table = "real_page_table" in present
         self.has_flashmla = "flashmla_num_splits" in present or "flashmla_metadata" in present
-        self._dests = (MetadataDestination * len(destinations))()
+        rows = [[None] * len(_DEST_FIELDS) for _ in destinations]
         for k, dest in enumerate(destinations):
             for key in _REQUIRED + (() if self.decode else ("seqlens_expanded",)):
                 if dest.get(key) is None:
                     raise _bad(f"destinations[{k}]['{key}']", f"required in mode {mode!r} but missing")
             if self.has_flashmla and (dest.get("flashmla_num_splits") is None or dest.get("flashmla_metadata") is None):
                 raise _bad(f"destinations[{k}]", "the FlashMLA group needs both flashmla_num_splits and flashmla_metadata")
-            for key, field, kind in _DEST_FIELDS:
+            for i, (key, _, kind) in enumerate(_DEST_FIELDS):
                 t = dest.get(key)
                 wanted = key in present
                 if (t is not None) != wanted:
@@ -122,17 +103,11 @@ class MetadataCopy:
                 if t is None:
                     continue
                 self._check_dest(t, f"destinations[{k}]['{key}']", kind)
-                d = self._dests[k]
-                setattr(d, field, t.data_ptr())
-                if kind < 2:
-                    setattr(d, field + "_len", t.numel())
-                else:
-                    setattr(d, field + "_rows", t.shape[0])
-                    setattr(d, field + "_cols", t.shape[1])
-                    setattr(d, field + "_stride", t.stride(0))
+                rows[k][i] = t
+        self._dests = _fill_metadata.Destinations(rows)  # compiled: the dsa_metadata_destination array
         self._keep = destinations
         self._flags = pdl_flag(pdl)
-        self._dests_address = C.addressof(self._dests)
+        self._dests_address = self._dests.address
         self._params = C.create_string_buffer(SIZES["metadata"])
         self._address = C.addressof(self._params)
         _fill_metadata.init_metadata(self._address, flags=self._flags, dev=self._dev, mode=self.mode,
