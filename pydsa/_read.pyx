@@ -19,38 +19,7 @@ cdef extern from "Python.h":
     PyTypeObject* Py_TYPE(object o)
     void PyErr_Clear()
 
-# ---- DLPack 1.3: the tensor view and the C exchange API table (the standard's C layout) --------
-
-cdef struct DLDevice:
-    int32_t device_type
-    int32_t device_id
-
-cdef struct DLDataType:
-    uint8_t code
-    uint8_t bits
-    uint16_t lanes
-
-cdef struct DLTensor:
-    void* data
-    DLDevice device
-    int32_t ndim
-    DLDataType dtype
-    int64_t* shape
-    int64_t* strides
-    uint64_t byte_offset
-
-ctypedef int (*DLTensorFromPyObject)(void* py_object, DLTensor* out) noexcept
-ctypedef int (*CurrentWorkStream)(int32_t device_type, int32_t device_id, void** out) noexcept
-
-cdef struct ExchangeAPI:
-    uint32_t major
-    uint32_t minor
-    void* prev_api
-    void* managed_tensor_allocator
-    void* managed_tensor_from_py_object_no_sync
-    void* managed_tensor_to_py_object_no_sync
-    DLTensorFromPyObject dltensor_from_py_object_no_sync
-    CurrentWorkStream current_work_stream
+from pydsa._dlpack cimport DLTensor, ExchangeAPI  # the standard's C layout
 
 cdef enum:
     DL_CPU = 1
