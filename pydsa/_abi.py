@@ -1,7 +1,7 @@
-"""ctypes mirror of native/include/dsa_kernels.h and the loader of libdsa_kernels.
-
-The library is loaded once, from the installed package (or from $PYDSA_LIBRARY), and checked
-against these mirrors: ABI version and the size of every params struct.
+"""The loader of libdsa_kernels: the library is loaded once, from the installed package (or from $PYDSA_LIBRARY),
+and checked against the header these modules were compiled with (its ABI version here; the size of each struct
+where it is filled: the fillers' by the op table, pydsa/_read.pyx); a non-OK status becomes DsaError. The few
+constants of the header Python itself needs are here; the structs live in the fillers, compiled against the header.
 """
 from __future__ import annotations
 
@@ -54,21 +54,6 @@ DEVICE_HOST = -1
 CHUNK = 128
 MAX_DESTINATIONS = 8
 FLAG_PDL = 1
-FLAG_HOST_PLAN = 2
-FLAG_NO_COOPERATIVE = 4
-FLAG_DECODE_RECORDS = 8
-FLAG_STORE_DECODE_RECORDS = 16
-FLAG_STORE_EXTEND_RECORDS = 32
-FLAG_VERIFY_FP32_BETWEEN_DRAFTS = 64
-FLAG_C4_REJECT_ALL = 128
-INLINE_RECORDS = 256
-UPLOAD_RECORDS = 1024
-MAX_DRAFTS = 16
-COMMIT_LAYERS = 64
-STATE_FLOAT32, STATE_BFLOAT16 = 0, 1
-CACHE_V4 = 0
-CACHE_INDEXER = 1
-OUT_RAGGED, OUT_COMPACT = 0, 1
 
 STATUS_OK = 0
 STATUS_NAMES = {
@@ -81,62 +66,6 @@ STATUS_NAMES = {
 
 MODE_DECODE, MODE_TARGET_VERIFY, MODE_DRAFT_EXTEND = 0, 1, 2
 
-
-class Segment(C.Structure):
-    _fields_ = [("ragged_id", C.c_uint32), ("batch_id", C.c_uint32),
-                ("position", C.c_uint32), ("window_len", C.c_uint32)]
-
-
-class PlanParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("graph_mode", C.c_uint32),
-        ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
-        ("seq_lens", C.c_void_p), ("extend_lens", C.c_void_p),
-        ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
-        ("num_compress", C.c_void_p), ("num_write", C.c_void_p),
-    ]
-
-
-class KvCache(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("layout", C.c_int32),
-        ("cache", C.c_void_p), ("num_pages", C.c_int64), ("page_size", C.c_int32), ("eps", C.c_float),
-        ("norm_weight", C.c_void_p), ("rotary", C.c_void_p), ("num_positions", C.c_int64),
-        ("dcp_world", C.c_int32), ("dcp_rank", C.c_int32),
-    ]
-
-
-SOURCE_FIELDS = ("cache_seqlens", "cu_seqlens_k", "page_indices", "seqlens_expanded",
-                 "dsa_cache_seqlens", "dsa_cu_seqlens_k", "real_page_table", "num_splits",
-                 "flashmla_metadata")
-
-
-class MetadataSources(C.Structure):
-    _fields_ = [(name, C.c_void_p) for name in SOURCE_FIELDS]
-
-
-class MetadataDestination(C.Structure):
-    _fields_ = [
-        ("cache_seqlens", C.c_void_p), ("cache_seqlens_len", C.c_int64),
-        ("cu_seqlens_k", C.c_void_p), ("cu_seqlens_k_len", C.c_int64),
-        ("page_table", C.c_void_p), ("page_table_rows", C.c_int64), ("page_table_cols", C.c_int64),
-        ("page_table_stride", C.c_int64),
-        ("seqlens_expanded", C.c_void_p), ("seqlens_expanded_len", C.c_int64),
-        ("dsa_cache_seqlens", C.c_void_p), ("dsa_cache_seqlens_len", C.c_int64),
-        ("dsa_cu_seqlens_k", C.c_void_p), ("dsa_cu_seqlens_k_len", C.c_int64),
-        ("real_page_table", C.c_void_p), ("real_page_table_rows", C.c_int64),
-        ("real_page_table_cols", C.c_int64), ("real_page_table_stride", C.c_int64),
-        ("num_splits", C.c_void_p), ("num_splits_len", C.c_int64),
-        ("flashmla_metadata", C.c_void_p), ("flashmla_metadata_len", C.c_int64),
-    ]
-
-
-# The structs filled here through ctypes, by their header name; the op params are filled by the compiled
-# fillers (pydsa/_fill_*.pyx), compiled against the header, and checked by the op table as they declare them.
-STRUCTS = {_read.STRUCT_IDS[name]: mirror for name, mirror in (
-    ("segment", Segment), ("plan_params", PlanParams), ("metadata_sources", MetadataSources),
-    ("metadata_destination", MetadataDestination), ("kv_cache", KvCache))}
 
 def _library_path() -> str:
     override = os.environ.get("PYDSA_LIBRARY")
@@ -171,12 +100,6 @@ def _load() -> C.CDLL:
     if found != ABI_VERSION:
         raise ImportError(f"pydsa: {path} has ABI version {found} but this pydsa expects {ABI_VERSION} "
                           f"(a stale build); {_BUILD_HINT}")
-    sizes = {sid: (mirror.__name__, C.sizeof(mirror)) for sid, mirror in STRUCTS.items()}
-    for sid, (name, want) in sizes.items():
-        size = lib.dsa_struct_size(sid)
-        if size != want:
-            raise ImportError(f"pydsa: {path} lays out {name} in {size} bytes but this pydsa has {want} "
-                              f"(a stale build); {_BUILD_HINT}")
     for name, restype in (("dsa_version_string", C.c_char_p), ("dsa_status_string", C.c_char_p),
                           ("dsa_last_error", C.c_char_p), ("dsa_cuda_architectures", C.c_char_p),
                           ("dsa_device_count", C.c_int32), ("dsa_c128_compress_capacity", C.c_int64),
@@ -191,8 +114,7 @@ def _load() -> C.CDLL:
     lib.dsa_kv_page_bytes.argtypes = [C.c_int32, C.c_int32]
     lib.dsa_indexer_page_bytes.argtypes = [C.c_int32, C.c_int32]
     lib.dsa_c4_max_drafts.argtypes = [C.c_int32, C.c_int32]
-    lib.dsa_c128_plan_prefill.restype = C.c_int
-    lib.dsa_c128_plan_prefill.argtypes = [C.POINTER(PlanParams)]
+    lib.dsa_c128_plan_prefill.restype = C.c_int  # takes a pointer to dsa_plan_params (C.byref)
     lib.path = path
     return lib
 
@@ -226,9 +148,3 @@ def check(status: int) -> None:
     if status != STATUS_OK:
         raise DsaError(status, lib.dsa_last_error().decode())
 
-
-def new(struct_type):
-    """A zeroed params struct with struct_size set."""
-    s = struct_type()
-    s.struct_size = C.sizeof(struct_type)
-    return s

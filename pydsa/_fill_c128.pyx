@@ -5,7 +5,12 @@ a one-shot call, into a prepared buffer for C128Decode / C128Prefill; and a Devi
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
+from pydsa._fill_store cimport store_arg
 
+import numpy as np
+
+import pyplan
+from pydsa import _tensors
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
@@ -203,9 +208,11 @@ cdef int _plan(object plan, int32_t dev, uint32_t* flags, uintptr_t* cp, int64_t
         if where == -1:
             flags[0] |= DSA_FLAG_HOST_PLAN
         return 0
-    if is_device_plan(plan):
-        plan_dev, cp[0], nc[0], wp[0], nw[0], counts[0] = plan._records
-        if plan_dev != dev:
+    cdef DevicePlan dp
+    if type(plan) is DevicePlan:
+        dp = <DevicePlan>plan
+        cp[0], nc[0], wp[0], nw[0], counts[0] = dp.compress_ptr, dp.compress_capacity, dp.write_ptr, dp.write_capacity, dp.counts_ptr
+        if dp.dev != dev:
             raise ArgumentValueError("plan", f"plan is a DevicePlan on {plan.device} but the tensors are on {_device(dev)}")
         return 0
     raise ArgumentTypeError("plan", "plan must be a (compress, write) pair from pyplan.plan_prefill (or of uint8 [M, 16] "
@@ -320,28 +327,79 @@ cdef object _prefill(state, kv_score, out, ape, indices, plan, load_indices, com
     return launch(OP_PREFILL, &p, dev, stream)
 
 
-# ---- a DevicePlan's upload --------------------------------------------------------------------
+# ---- DevicePlan: prefill plans in device memory ----------------------------------------------
 
-def init_upload(uintptr_t address, *, int32_t dev, uintptr_t compress, uintptr_t write, uintptr_t device_compress,
-                uintptr_t device_write, int64_t compress_capacity, int64_t write_capacity, uintptr_t device_counts):
-    """The plan-upload params at `address` of a DevicePlan: host arrays, device buffer, capacities."""
-    cdef dsa_plan_upload_params* p = <dsa_plan_upload_params*>address
-    p.struct_size = sizeof(dsa_plan_upload_params)
-    p.device = dev
-    p.compress = <const dsa_segment*>compress
-    p.write = <const dsa_segment*>write
-    p.num_compress = p.num_write = 0
-    p.device_compress = <dsa_segment*>device_compress
-    p.device_write = <dsa_segment*>device_write
-    p.compress_capacity = compress_capacity
-    p.write_capacity = write_capacity
-    p.device_counts = <int64_t*>device_counts
+cdef class DevicePlan:
+    """Prefill plans in device memory, for CUDA graphs: the kernels read the records from one
+    fixed device buffer.
 
+    Sized once for at most `max_tokens` new tokens and `max_batch` requests. plan() plans on the
+    host into arrays of this object, then the library writes the real counts and records into
+    the device buffer with a small kernel launch on the caller's stream (the records travel in
+    its launch parameters, DSA_UPLOAD_RECORDS per launch). Stream order is the only
+    synchronization: a launch or replay queued before plan() reads the previous plan, one
+    queued after reads the new one, and plan() never waits, allocates or stages, however far
+    ahead of the GPU it runs. The prefill grid is sized from the capacities, so a graph captured
+    once stays valid; the kernels' work follows the real counts.
+    """
 
-def upload(uintptr_t address, int64_t num_compress, int64_t num_write, int32_t dev, stream):
-    """Sets the record counts of the plan-upload params at `address` (everything else prepared) and
-    launches them: the library's status."""
-    cdef dsa_plan_upload_params* p = <dsa_plan_upload_params*>address
-    p.num_compress = num_compress
-    p.num_write = num_write
-    return launch(OP_UPLOAD, p, dev, stream)
+    cdef readonly object device, buffer
+    cdef readonly int64_t max_tokens, max_batch, compress_capacity, write_capacity, num_tokens, num_compress, num_write
+    cdef readonly uintptr_t counts_ptr, compress_ptr, write_ptr
+    cdef int32_t dev
+    cdef object host  # (compress, write): the host side of the plan, SEGMENT_DTYPE arrays
+    cdef dsa_plan_upload_params upload  # the upload over it, prepared once (plan() sets the counts)
+
+    def __init__(self, max_tokens, max_batch, device="cuda"):
+        for name, v, most in (("max_tokens", max_tokens, 0xFFFFFFFE), ("max_batch", max_batch, 0x7FFFFFFF)):
+            if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= most:
+                raise ArgumentValueError(name, f"{name} must be an int in 1..{most} (got {v!r})")
+        device = _tensors.resolve_device(device)
+        self.device = device
+        self.dev = -1 if device.type == "cpu" else device.index
+        self.max_tokens = max_tokens
+        self.max_batch = max_batch
+        self.compress_capacity = pyplan.compress_capacity(self.max_tokens, self.max_batch)
+        self.write_capacity = self.max_batch
+        self.buffer = _tensors.byte_buffer(16 * (1 + self.compress_capacity + self.write_capacity), device)
+        self.counts_ptr = self.buffer.data_ptr()
+        self.compress_ptr = self.counts_ptr + 16
+        self.write_ptr = self.counts_ptr + 16 * (1 + self.compress_capacity)
+        self.num_tokens = self.num_compress = self.num_write = 0
+        self.host = (np.empty(self.compress_capacity, pyplan.SEGMENT_DTYPE),
+                     np.empty(self.write_capacity, pyplan.SEGMENT_DTYPE))
+        cdef dsa_plan_upload_params* p = &self.upload
+        p.struct_size = sizeof(dsa_plan_upload_params)
+        p.device = self.dev
+        p.compress = <const dsa_segment*><uintptr_t>self.host[0].ctypes.data
+        p.write = <const dsa_segment*><uintptr_t>self.host[1].ctypes.data
+        p.num_compress = p.num_write = 0
+        p.device_compress = <dsa_segment*>self.compress_ptr
+        p.device_write = <dsa_segment*>self.write_ptr
+        p.compress_capacity = self.compress_capacity
+        p.write_capacity = self.write_capacity
+        p.device_counts = <int64_t*>self.counts_ptr
+
+    def plan(self, seq_lens, extend_lens, *, num_tokens=None, stream=None):
+        """Plans on the host and enqueues the upload of the plan on `stream` (raw handle) or the
+        current stream."""
+        tokens = self.max_tokens if num_tokens is None else num_tokens
+        if tokens > self.max_tokens:
+            raise ArgumentValueError("num_tokens", f"num_tokens {tokens} exceeds this DevicePlan's max_tokens {self.max_tokens}")
+        if len(seq_lens) > self.max_batch:
+            raise ArgumentValueError("seq_lens", f"seq_lens: {len(seq_lens)} requests exceed this DevicePlan's max_batch "
+                                                 f"{self.max_batch}")
+        _, _, nc, nw = pyplan.plan_prefill(seq_lens, extend_lens, num_tokens=tokens, graph=True, out=self.host,
+                                           return_counts=True)
+        self.upload.num_compress = nc
+        self.upload.num_write = nw
+        cdef int status = launch(OP_UPLOAD, &self.upload, self.dev, stream)
+        if status:
+            raise_status(status)
+        self.num_tokens, self.num_compress, self.num_write = tokens, nc, nw
+        return self
+
+    @property
+    def host_records(self):
+        """The last plan's records as planned on the host: (compress, write) views of the real ones."""
+        return self.host[0][:self.num_compress], self.host[1][:self.num_write]

@@ -5,6 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.string cimport memset
 
 from pydsa._read cimport *
+from pydsa._fill_store cimport store_of
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 
@@ -69,7 +70,10 @@ cdef class C128Ring:
     def __init__(self, ring, ape, *, store=None, ring_size=WINDOW):
         cdef RawRing r
         cdef list views = []
-        raw_ring(ring, ape, store, 2, WINDOW, WINDOW, "pages of a chunk's rows", "v4", &r, views)
+        raw_ring(ring, ape, 2, WINDOW, WINDOW, "pages of a chunk's rows", &r, views)
+        self.store_address = NULL
+        if store is not None:
+            store_of(store, r.dev, r.head_dim, "v4", "the ring is on", "the ring's D is", &self.store_address)
         int_arg(ring_size, "ring_size", WINDOW, 2 ** 24, " (rows per request slot, a multiple of 128)")
         if ring_size % WINDOW or r.rows % ring_size:
             raise ArgumentValueError("ring_size", f"ring_size is {ring_size}; expected a multiple of 128 that divides "
@@ -80,7 +84,6 @@ cdef class C128Ring:
         self.ring_data = r.data
         self.ring_rows = r.rows
         self.ape_data = r.ape
-        self.store_address = r.store
         self.views = views
         self.ring_size = ring_size
         self.num_slots = self.ring_rows // ring_size

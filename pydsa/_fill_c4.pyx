@@ -6,6 +6,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.string cimport memset
 
 from pydsa._read cimport *
+from pydsa._fill_store cimport store_of
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 
@@ -83,14 +84,16 @@ cdef class C4Compressor:
     def __init__(self, ring, ape, *, store=None, ring_size=None):
         cdef RawRing r
         cdef list views = []
-        raw_ring(ring, ape, store, 4, 8, 4, "groups of a quartet", None, &r, views)
+        raw_ring(ring, ape, 4, 8, 4, "groups of a quartet", &r, views)
+        self.store_address = NULL
+        if store is not None:
+            store_of(store, r.dev, r.head_dim, None, "the ring is on", "the ring's D is", &self.store_address)
         self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>r.head_dim
         self.dev = r.dev
         self.ring_dtype = DSA_STATE_BFLOAT16 if r.dtype == BF16 else DSA_STATE_FLOAT32
         self.ring_data = r.data
         self.ring_rows = r.rows
         self.ape_data = r.ape
-        self.store_address = r.store
         self.views = views
         self.rows_per_slot = 0
         self.ring_size = self.num_slots = None

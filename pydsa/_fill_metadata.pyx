@@ -22,6 +22,31 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         const int32_t* real_page_table
         const int32_t* num_splits
         const int32_t* flashmla_metadata
+    int DSA_STRUCT_METADATA_DESTINATION
+    enum: DSA_MAX_DESTINATIONS  # a constant: the length of Destinations' array
+    ctypedef struct dsa_metadata_destination:
+        int32_t* cache_seqlens
+        int64_t cache_seqlens_len
+        int32_t* cu_seqlens_k
+        int64_t cu_seqlens_k_len
+        int32_t* page_table
+        int64_t page_table_rows
+        int64_t page_table_cols
+        int64_t page_table_stride
+        int32_t* seqlens_expanded
+        int64_t seqlens_expanded_len
+        int32_t* dsa_cache_seqlens
+        int64_t dsa_cache_seqlens_len
+        int32_t* dsa_cu_seqlens_k
+        int64_t dsa_cu_seqlens_k_len
+        int32_t* real_page_table
+        int64_t real_page_table_rows
+        int64_t real_page_table_cols
+        int64_t real_page_table_stride
+        int32_t* num_splits
+        int64_t num_splits_len
+        int32_t* flashmla_metadata
+        int64_t flashmla_metadata_len
     ctypedef struct dsa_metadata_copy_params:
         uint32_t struct_size
         uint32_t flags
@@ -62,6 +87,61 @@ cdef void _sources(dsa_metadata_copy_params* p, int64_t bs, int64_t rows, int64_
     p.src.real_page_table = <const int32_t*>rp.data
     p.src.num_splits = <const int32_t*>ns.data
     p.src.flashmla_metadata = <const int32_t*>fm.data
+
+
+declare_struct("metadata_destination", DSA_STRUCT_METADATA_DESTINATION, sizeof(dsa_metadata_destination))
+
+
+cdef int _set(dsa_metadata_destination* d, int field, t) except -1:
+    """Field `field` (MetadataCopy's order: cache_seqlens, cu_seqlens_k, page_table, seqlens_expanded,
+    dsa_cache_seqlens, dsa_cu_seqlens_k, real_page_table, num_splits, flashmla_metadata) of `d` from its checked
+    tensor: the data, and its length or its rows, columns and row stride."""
+    cdef int32_t* data = <int32_t*><uintptr_t>t.data_ptr()
+    cdef int64_t n = t.numel()
+    if field == 0:
+        d.cache_seqlens, d.cache_seqlens_len = data, n
+    elif field == 1:
+        d.cu_seqlens_k, d.cu_seqlens_k_len = data, n
+    elif field == 2:
+        d.page_table, d.page_table_rows, d.page_table_cols, d.page_table_stride = data, t.shape[0], t.shape[1], t.stride(0)
+    elif field == 3:
+        d.seqlens_expanded, d.seqlens_expanded_len = data, n
+    elif field == 4:
+        d.dsa_cache_seqlens, d.dsa_cache_seqlens_len = data, n
+    elif field == 5:
+        d.dsa_cu_seqlens_k, d.dsa_cu_seqlens_k_len = data, n
+    elif field == 6:
+        d.real_page_table, d.real_page_table_rows, d.real_page_table_cols, d.real_page_table_stride = \
+            data, t.shape[0], t.shape[1], t.stride(0)
+    elif field == 7:
+        d.num_splits, d.num_splits_len = data, n
+    else:
+        d.flashmla_metadata, d.flashmla_metadata_len = data, n
+    return 0
+
+
+cdef class Destinations:
+    """A metadata copy's destination sets as the library reads them (dsa_metadata_destination [K], host memory),
+    made once from MetadataCopy's checked tensors: tensors[k][field] (None: absent); `address` is the array's."""
+    cdef dsa_metadata_destination items[DSA_MAX_DESTINATIONS]
+    cdef readonly int count
+    cdef list keep
+
+    def __init__(self, list tensors):
+        if not 1 <= len(tensors) <= DSA_MAX_DESTINATIONS:
+            raise ArgumentValueError("destinations", f"destinations must hold 1..{DSA_MAX_DESTINATIONS} sets "
+                                                     f"(got {len(tensors)})")
+        memset(self.items, 0, sizeof(self.items))
+        for k, row in enumerate(tensors):
+            for field, t in enumerate(row):
+                if t is not None:
+                    _set(&self.items[k], field, t)
+        self.count = len(tensors)
+        self.keep = tensors
+
+    @property
+    def address(self):
+        return <uintptr_t>self.items
 
 
 def init_metadata(uintptr_t address, *, uint32_t flags, int32_t dev, int32_t mode, int32_t num_destinations,

@@ -5,6 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 from pydsa._read cimport *
+from pydsa._fill_store cimport store_arg
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 

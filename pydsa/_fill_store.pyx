@@ -1,11 +1,14 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""The standalone store's params, filled from a call's arguments (each judged by the shared reader,
-pydsa/_read.pyx, which raises the error naming a wrong one), and launched."""
-from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
+"""The store family: a layer's cache described once (KVCache, whose dsa_kv_cache every storing op points at), the
+judge of a store argument the other fillers share, and the standalone store's params, filled from a call's arguments
+(each judged by the shared reader, pydsa/_read.pyx, which raises the error naming a wrong one), and launched."""
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
 
-from pydsa.errors import ArgumentTypeError, ArgumentValueError
+from pydsa import _tensors
+from pydsa._abi import lib
+from pydsa.errors import ArgumentTypeError, ArgumentValueError, int_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_KV_STORE_PARAMS
@@ -24,6 +27,164 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         int64_t num_cache_slots
         int32_t ratio
         int32_t reserved
+
+declare_struct("kv_cache", DSA_STRUCT_KV_CACHE, sizeof(dsa_kv_cache))
+
+LAYOUTS = {"v4": DSA_CACHE_V4, "indexer": DSA_CACHE_INDEXER}
+
+
+cdef int _page_size(page_size) except -1:
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or not 1 <= page_size <= 1024 \
+            or page_size & (page_size - 1):
+        raise ArgumentValueError("page_size", f"page_size must be a power of two in 1..1024 (got {page_size!r})")
+    return 0
+
+
+def kv_page_bytes(head_dim=512, page_size=2):
+    """Bytes of one cache page: page_size entries of D + 64 data bytes and a scale row of 8 bytes
+    per 512 channels, padded to a multiple of D + 64 (D = 512, page 2: 1728)."""
+    _page_size(page_size)
+    n = lib.dsa_kv_page_bytes(int_argument(head_dim, "head_dim", 128, 2 ** 16, " (a multiple of 64)"), page_size)
+    if n <= 0:
+        raise ArgumentValueError("head_dim", f"head_dim must be a multiple of 64 >= 128 and page_size >= 1 (got {head_dim}, {page_size})")
+    return n
+
+
+def indexer_page_bytes(head_dim=128, page_size=64):
+    """Bytes of one page of the c4 indexer's cache: page_size entries of 128 fp8 codes and a 4-byte fp32
+    scale (page 64: 8448)."""
+    _page_size(page_size)
+    n = lib.dsa_indexer_page_bytes(int_argument(head_dim, "head_dim", 128, 128, " (the indexer's D)"), page_size)
+    if n <= 0:
+        raise ArgumentValueError("head_dim", f"head_dim must be 128 and page_size >= 1 for an indexer cache (got {head_dim}, "
+                                 f"{page_size})")
+    return n
+
+
+cdef class KVCache:
+    """One layer's paged cache and what storing into it needs, checked once.
+
+    cache: uint8 [num_pages, kv_page_bytes(D, page_size)] (or any contiguous uint8 tensor of whole
+    pages); norm_weight: float32 [D]; rotary: float32 [num_positions, 64], (cos, sin) of pair l at
+    columns 2l, 2l+1 (complex64 [num_positions, 32] is taken through view_as_real); page_size: a
+    power of two in 1..1024; eps: the RMSNorm epsilon. Cache slot `loc` is entry loc % page_size of page
+    loc // page_size.
+
+    dcp=(world, rank): this cache is rank `rank`'s share of a cache sharded over `world` GPUs
+    (decode-context parallelism): the entry of slot `loc` is written here only when loc % world == rank,
+    at local slot loc // world; slots other ranks own are skipped silently, as negative ones are. Every
+    storing op honors it on the GPU and the host backend.
+
+    layout="indexer": the c4 indexer's cache (D = 128; docs/spec.md, "The stores of a c4 layer"): an entry is the
+    normed vector with its last 64 channels rotated (fp32), Hadamard-transformed, as 128 fp8 e4m3 codes
+    with one fp32 scale; a page holds page_size entries' codes, then their scales (indexer_page_bytes).
+    Only the c4 ops store into it.
+
+    Everything is judged and read when the cache is made (a wrong argument raises, naming it); its attributes
+    are read-only: a KVCache stands for these buffers, whatever they hold. `address` is its dsa_kv_cache's."""
+
+    def __init__(self, cache, norm_weight, rotary, *, page_size, eps=1e-6, dcp=(1, 0), layout="v4"):
+        cdef Arg c, w, r
+        if layout not in LAYOUTS:
+            raise ArgumentValueError("layout", f"layout must be 'v4' or 'indexer' (got {layout!r})")
+        _page_size(page_size)
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0.0 <= float(eps) < float("inf"):
+            raise ArgumentValueError("eps", f"eps must be a finite number >= 0 (got {eps!r})")
+        try:
+            world, rank = (int(dcp[0]), int(dcp[1])) if len(dcp) == 2 else (None, None)
+        except (TypeError, ValueError):
+            world = rank = None
+        if world is None or world < 1 or not 0 <= rank < world or world >= 2 ** 31:
+            raise ArgumentValueError("dcp", f"dcp must be (world, rank) with world >= 1 and 0 <= rank < world (got {dcp!r})")
+        cache, norm_weight = _tensors.as_tensor(cache, "cache"), _tensors.as_tensor(norm_weight, "norm_weight")
+        rotary = _tensors.as_tensor(rotary, "rotary")
+        if norm_weight.dim() != 1:
+            raise ArgumentValueError("norm_weight", f"norm_weight must be a 1-D float32 tensor [D] (got shape {tuple(norm_weight.shape)})")
+        d = norm_weight.shape[0]
+        if layout == "indexer":
+            if d != 128:
+                raise ArgumentValueError("norm_weight", f"norm_weight has {d} channels; an indexer cache needs D = 128")
+            page = indexer_page_bytes(d, page_size)
+        else:
+            page = kv_page_bytes(d, page_size) if d >= 128 and d % 64 == 0 else None
+        if page is None:
+            raise ArgumentValueError("norm_weight", f"norm_weight has {d} channels; a store needs D a multiple of 64, >= 128")
+        if rotary.is_complex():
+            rotary = _tensors.real_pairs(rotary)
+        dev = _tensors.device_index(cache)
+        read(cache, &c, "cache", None)
+        if c.dtype != U8:
+            raise ArgumentValueError("cache", f"cache must be a uint8 tensor (got {cache.dtype})")
+        if not c.contiguous:
+            raise ArgumentValueError("cache", f"cache must be contiguous (got shape {tuple(cache.shape)}, strides {cache.stride()})")
+        numel = cache.numel()
+        if numel % page != 0 or numel == 0:
+            raise ArgumentValueError("cache", f"cache holds {numel} bytes; a cache for D = {d}, page_size {page_size} is whole "
+                             f"{page}-byte pages (the D comes from norm_weight's {d} channels)")
+        if rotary.dim() != 2:
+            raise ArgumentValueError("rotary", "rotary must be a 2-D float32 tensor [num_positions, 64]")
+        tensor(norm_weight, &w, "norm_weight", F32, dev, 1, d, ANY, None)
+        tensor(rotary, &r, "rotary", F32, dev, 2, ANY, 64, None)
+        self.s.struct_size = sizeof(dsa_kv_cache)
+        self.s.layout = LAYOUTS[layout]
+        self.s.cache = <uint8_t*>c.data
+        self.s.num_pages = numel // page
+        self.s.page_size = page_size
+        self.s.eps = float(eps)
+        self.s.norm_weight = <const float*>w.data
+        self.s.rotary = <const float*>r.data
+        self.s.num_positions = r.shape[0]
+        self.s.dcp_world, self.s.dcp_rank = world, rank
+        self.cache, self.norm_weight, self.rotary = cache, norm_weight, rotary
+        self.head_dim, self.page_size, self.page_bytes = d, page_size, page
+        self.num_pages, self.eps, self.device = self.s.num_pages, float(eps), dev
+        self.dcp = (world, rank)
+        self.layout = layout
+
+    @property
+    def address(self):
+        """The address of this cache's dsa_kv_cache (host memory, valid while the KVCache lives)."""
+        return <uintptr_t>&self.s
+
+    def __repr__(self):
+        dcp = f", dcp={self.dcp}" if self.dcp[0] > 1 else ""
+        return (f"KVCache(D={self.head_dim}, pages={self.num_pages} x {self.page_size}, "
+                f"{self.page_bytes} B/page, device={self.cache.device}{dcp})")
+
+
+cdef int store_of(object store, int32_t dev, int64_t d, str layout, str dev_of, str d_of,
+                  const void** address) except -1:
+    if type(store) is not KVCache:
+        raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
+    cdef KVCache kv = <KVCache>store
+    if layout is not None and kv.layout != layout:
+        raise ArgumentValueError("store", f"store has layout {kv.layout!r}; this ring stores into a {layout!r} cache")
+    if kv.head_dim != d:
+        raise ArgumentValueError("store", f"store is for D = {kv.head_dim} but {d_of} {d}")
+    if kv.device != dev:
+        raise ArgumentValueError("store", f"store's cache is on {kv.cache.device} but {dev_of} "
+                                          f"{_tensors.device_name(dev)}")
+    address[0] = <const void*>&kv.s
+    return 0
+
+
+cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
+                   const int64_t** slots, list keep) except -1:
+    cdef Arg cs
+    address[0] = NULL
+    slots[0] = NULL
+    if store is None:
+        if cache_slots is not None:
+            raise ArgumentValueError("cache_slots", "cache_slots is given without store=")
+        return 0
+    store_of(store, dev, d, None, "the other tensors are on", "the op's head dim is", address)
+    if cache_slots is None:
+        raise ArgumentValueError("cache_slots", "cache_slots is None but store= is given: give an int64 tensor with one "
+                                                "cache slot per row")
+    vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
+    slots[0] = <const int64_t*>cs.data
+    return 0
+
 
 cdef int OP_STORE = declare_op("store", "dsa_kv_store", DSA_STRUCT_KV_STORE_PARAMS, sizeof(dsa_kv_store_params))
 
@@ -65,10 +226,11 @@ cdef int _store(vectors, positions, cache_slots, cache, records, extend, int32_t
     cdef uint32_t* errors
     if extend is not True and extend is not False:
         raise ArgumentTypeError("extend", f"extend must be a bool (got {extend!r})")
-    if not is_store(cache):
+    if type(cache) is not KVCache:
         raise ArgumentTypeError("cache", f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
-    cdef int32_t dev = cache.device
-    cdef int64_t d = cache.head_dim
+    cdef KVCache kv = <KVCache>cache
+    cdef int32_t dev = kv.device
+    cdef int64_t d = kv.head_dim
     tensor(vectors, &v, "vectors", F32, dev, 2, ANY, d, None)
     cdef int64_t n = v.shape[0]
     ps.data = NULL
@@ -94,7 +256,7 @@ cdef int _store(vectors, positions, cache_slots, cache, records, extend, int32_t
     p.vectors = <const float*>v.data
     p.positions = <const int32_t*>ps.data
     p.cache_slots = <const int64_t*>cs.data
-    p.cache = <const void*><uintptr_t>cache.address
+    p.cache = <const void*>&kv.s
     p.error_count = errors
     p.records = <const int32_t*>rc.data
     p.num_cache_slots = cs.shape[0] if records is not None else n

@@ -17,17 +17,11 @@ cdef extern from "dsa_kernels.h":
     int DSA_OUT_COMPACT
     int DSA_RECORDS_DECODE
     int DSA_RECORDS_PREFILL
-    # the structs filled through ctypes (pydsa/_abi.py); each op's params id is declared by its filler
+    # the structs made in Python (pydsa/c128.py, pyplan's records); each op's params id is declared by its filler
     int DSA_STRUCT_SEGMENT
     int DSA_STRUCT_PLAN_PARAMS
-    int DSA_STRUCT_METADATA_SOURCES
-    int DSA_STRUCT_METADATA_DESTINATION
-    int DSA_STRUCT_KV_CACHE
 
     ctypedef struct dsa_segment:
-        pass
-
-    ctypedef struct dsa_metadata_destination:
         pass
 
 cdef enum:
@@ -44,6 +38,8 @@ cdef enum:
 # The op table: each filler module declares its ops when imported (name, entry symbol, params struct id,
 # the params' size as it compiled them); the returned row of the launch table is what it launches.
 cpdef int declare_op(str name, str symbol, int struct_id, size_t size) except -1
+# A struct a filler makes that is no op's params (e.g. dsa_kv_cache): its size is checked against the library's.
+cpdef int declare_struct(str name, int struct_id, size_t size) except -1
 
 cdef struct Arg:
     char* data
@@ -65,8 +61,6 @@ cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64
 cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep, str rows=*) except -1
 cdef int state_arg(object obj, Arg* a, int32_t* state_dtype, str name, list keep) except -1
 cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) except -1
-cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
-               const int64_t** slots, list keep) except -1
 cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1
 # An output must not share memory with an input of the same call: the error naming both, else 0.
 cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
@@ -74,9 +68,7 @@ cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* ot
 # On the host backend, live requests (seq_lens >= live_from, slot >= 0) must hold distinct slots: the error naming
 # slots, else 0 (device tensors are data the call does not read on the host).
 cdef int distinct_slots(const Arg* seq, const Arg* slots, int64_t n, int32_t live_from) except -1
-cdef bint is_store(object x)
 cdef bint is_tensor(object x)
-cdef bint is_device_plan(object x)
 cdef bint is_ndarray(object x)
 cdef object record_lists(object compress, object write)
 cdef object new_rows(object like, int64_t rows, int64_t cols)
@@ -86,9 +78,9 @@ cpdef uint32_t pdl_flag(object pdl) except? 0xFFFFFFFF
 cdef int raise_status(int status) except -1
 
 # A raw ring's buffers as both raw-ring families' descriptions (C4Compressor, C128Ring) read them once: the ring
-# (fp32 or bf16 [rows, parts * D], D 128 / 256 / 512, rows a positive multiple of row_unit), its ape (fp32
-# [ape_rows, D] on the ring's device) and an optional store (a KVCache of that D on that device; of `layout` when
-# given). Each wrong one raises, naming it; `what_rows` says what a row_unit of rows is.
+# (fp32 or bf16 [rows, parts * D], D 128 / 256 / 512, rows a positive multiple of row_unit) and its ape (fp32
+# [ape_rows, D] on the ring's device); each family then judges its store (pydsa/_fill_store.pxd). Each wrong one
+# raises, naming it; `what_rows` says what a row_unit of rows is.
 cdef struct RawRing:
     int32_t dev
     uint32_t dtype
@@ -96,9 +88,8 @@ cdef struct RawRing:
     int64_t rows
     int64_t head_dim
     const float* ape
-    const void* store
-cdef int raw_ring(object ring, object ape, object store, int parts, int64_t ape_rows, int64_t row_unit,
-                  str what_rows, str layout, RawRing* out, list views) except -1
+cdef int raw_ring(object ring, object ape, int parts, int64_t ape_rows, int64_t row_unit, str what_rows, RawRing* out,
+                  list views) except -1
 # A plan from pyplan (plan_c4: ratio 4, plan_c128_offline: ratio 128) carries the ring and input it was made for:
 # it must be of this op's ratio, for the ring's ring_size and at most its num_slots (ring_name: how the call names
 # the ring), and for this call's input rows. Record tuples of another origin carry none (0, nothing checked).

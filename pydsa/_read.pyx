@@ -19,38 +19,7 @@ cdef extern from "Python.h":
     PyTypeObject* Py_TYPE(object o)
     void PyErr_Clear()
 
-# ---- DLPack 1.3: the tensor view and the C exchange API table (the standard's C layout) --------
-
-cdef struct DLDevice:
-    int32_t device_type
-    int32_t device_id
-
-cdef struct DLDataType:
-    uint8_t code
-    uint8_t bits
-    uint16_t lanes
-
-cdef struct DLTensor:
-    void* data
-    DLDevice device
-    int32_t ndim
-    DLDataType dtype
-    int64_t* shape
-    int64_t* strides
-    uint64_t byte_offset
-
-ctypedef int (*DLTensorFromPyObject)(void* py_object, DLTensor* out) noexcept
-ctypedef int (*CurrentWorkStream)(int32_t device_type, int32_t device_id, void** out) noexcept
-
-cdef struct ExchangeAPI:
-    uint32_t major
-    uint32_t minor
-    void* prev_api
-    void* managed_tensor_allocator
-    void* managed_tensor_from_py_object_no_sync
-    void* managed_tensor_to_py_object_no_sync
-    DLTensorFromPyObject dltensor_from_py_object_no_sync
-    CurrentWorkStream current_work_stream
+from pydsa._dlpack cimport DLTensor, ExchangeAPI  # the standard's C layout
 
 cdef enum:
     DL_CPU = 1
@@ -63,11 +32,10 @@ ctypedef int (*Entry)(const void* params, void* stream) noexcept nogil
 ABI_VERSION = DSA_ABI_VERSION
 """The header's DSA_ABI_VERSION, as these modules were compiled against it."""
 
-STRUCT_IDS = dict(segment=DSA_STRUCT_SEGMENT, plan_params=DSA_STRUCT_PLAN_PARAMS,
-                  metadata_sources=DSA_STRUCT_METADATA_SOURCES, metadata_destination=DSA_STRUCT_METADATA_DESTINATION,
-                  kv_cache=DSA_STRUCT_KV_CACHE)
-"""The header's dsa_struct_id of each struct pydsa/_abi.py fills through ctypes, by name (DSA_STRUCT_<NAME> in
-lower case); an op's params id is in the op table (PARAMS), declared by its filler."""
+STRUCT_IDS = dict(segment=DSA_STRUCT_SEGMENT, plan_params=DSA_STRUCT_PLAN_PARAMS)
+"""The header's dsa_struct_id of each struct made in Python (pyplan's segment records, pydsa/c128.py's plan params),
+by name (DSA_STRUCT_<NAME> in lower case), for their declare_struct; an op's params
+id is in the op table (PARAMS), declared by its filler."""
 
 cdef enum:
     MAX_OPS = 64
@@ -80,6 +48,9 @@ SIZES = {}
 """op name -> the size of its params as its filler was compiled."""
 PARAMS = {}
 """op name -> the dsa_struct_id of its params."""
+STRUCTS = {}
+"""struct name -> (its dsa_struct_id, its size as its filler was compiled), for the structs fillers make that are no
+op's params."""
 cdef int _num_ops = 0
 cdef object _resolve = None      # symbol -> address in the library (bound by init)
 cdef object _struct_size = None  # dsa_struct_id -> the library's size of it (bound by init)
@@ -91,8 +62,6 @@ cdef const ExchangeAPI* _apis[MAX_TYPES]
 cdef int _num_types = 0
 cdef list _type_refs = []                      # keeps the cached type objects alive
 cdef uintptr_t _error_counters[MAX_DEVICES + 1]  # default counter per device, [0] = host
-cdef object _device_plan_type = None
-cdef object _store_type = None
 cdef object _ndarray_type = None
 cdef object _record_lists = None
 cdef object _tensor_type = None                # the framework's tensor type (the slower reader's)
@@ -136,6 +105,8 @@ def init(*, tensor_type, dict dtypes, raw_stream, resolve, struct_size, messages
     _resolve, _struct_size = resolve, struct_size
     for name in OPS:
         _bind(name)
+    for name in STRUCTS:
+        _check_struct(name)
     _ndarray_type, _record_lists = ndarray_type, record_lists
     _streams = _table(tensor_type)
     available = _streams != NULL
@@ -150,6 +121,23 @@ cdef int _bind(str name) except -1:
         raise ImportError(f"pydsa: the library lays out the {name} params in {library_size} bytes but this pydsa "
                           f"has {SIZES[name]} (a stale build); rebuild with `pip install --no-build-isolation -e .`")
     _entries[row] = <Entry><uintptr_t>_resolve(SYMBOLS[name])
+    return 0
+
+
+cdef int _check_struct(str name) except -1:
+    sid, size = STRUCTS[name]
+    library_size = _struct_size(sid)
+    if library_size != size:
+        raise ImportError(f"pydsa: the library lays out dsa_{name} in {library_size} bytes but this pydsa has {size} (a "
+                          f"stale build); rebuild with `pip install --no-build-isolation -e .`")
+    return 0
+
+
+cpdef int declare_struct(str name, int struct_id, size_t size) except -1:
+    """Declares struct dsa_`name` (its dsa_struct_id and size as the caller compiled it), checked against the library."""
+    STRUCTS[name] = (struct_id, size)
+    if _struct_size is not None:
+        _check_struct(name)
     return 0
 
 
@@ -170,18 +158,6 @@ cpdef int declare_op(str name, str symbol, int struct_id, size_t size) except -1
     return row
 
 
-def register_type(str kind, cls):
-    """Registers the class the fillers recognize (by exact type) as `kind`: "kv_cache" (pydsa.KVCache) or
-    "device_plan" (pydsa.DevicePlan); the module that defines the class registers it."""
-    global _device_plan_type, _store_type
-    if kind == "kv_cache":
-        _store_type = cls
-    elif kind == "device_plan":
-        _device_plan_type = cls
-    else:
-        raise ValueError(f"kind must be 'kv_cache' or 'device_plan' (got {kind!r})")
-
-
 def read_attributes_only(bint on):
     """Tests: read every tensor through its attributes (the reader for a torch without the
     exchange API), as an older torch would be read."""
@@ -189,16 +165,8 @@ def read_attributes_only(bint on):
     _attributes_only = on
 
 
-cdef bint is_store(object x):
-    return type(x) is _store_type
-
-
 cdef bint is_tensor(object x):
     return isinstance(x, _tensor_type)
-
-
-cdef bint is_device_plan(object x):
-    return type(x) is _device_plan_type
 
 
 cdef bint is_ndarray(object x):
@@ -374,32 +342,6 @@ cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) excep
     if _error_counters[dev + 1] == 0:  # cold: made once per device, by the tensor helpers
         _error_counters[dev + 1] = <uintptr_t>_messages.error_counter(dev).data_ptr()
     out[0] = <uint32_t*>_error_counters[dev + 1]
-    return 0
-
-
-cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
-               const int64_t** slots, list keep) except -1:
-    """A call's optional store: the KVCache's descriptor and its int64 cache_slots [rows]."""
-    cdef Arg cs
-    address[0] = NULL
-    slots[0] = NULL
-    if store is None:
-        if cache_slots is not None:
-            raise ArgumentValueError("cache_slots", "cache_slots is given without store=")
-        return 0
-    if type(store) is not _store_type:
-        raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
-    if store.device != dev:
-        raise ArgumentValueError("store", f"store's cache is on {store.cache.device} but the other tensors are on "
-                         f"{_messages.device_name(dev)}")
-    if store.head_dim != d:
-        raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the op's head dim is {d}")
-    if cache_slots is None:
-        raise ArgumentValueError("cache_slots", "cache_slots is None but store= is given: give an int64 tensor with one "
-                                                "cache slot per row")
-    vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
-    address[0] = <const void*><uintptr_t>store.address
-    slots[0] = <const int64_t*>cs.data
     return 0
 
 

@@ -3,8 +3,8 @@
 # Declared in pydsa/_read.pxd.
 
 
-cdef int raw_ring(object ring, object ape, object store, int parts, int64_t ape_rows, int64_t row_unit,
-                  str what_rows, str layout, RawRing* out, list views) except -1:
+cdef int raw_ring(object ring, object ape, int parts, int64_t ape_rows, int64_t row_unit, str what_rows, RawRing* out,
+                  list views) except -1:
     cdef Arg r, a
     shape = getattr(ring, "shape", None)
     if shape is None or len(shape) != 2 or shape[1] % parts or shape[1] // parts not in (128, 256, 512):
@@ -19,19 +19,6 @@ cdef int raw_ring(object ring, object ape, object store, int parts, int64_t ape_
         tensor(ring, &r, "ring", F32, -1 if r.dev == OTHER_DEVICE else r.dev, 2, ANY, parts * d, views)  # raises
     tensor(ring, &r, "ring", r.dtype, r.dev, 2, ANY, parts * d, views)  # contiguous
     tensor(ape, &a, "ape", F32, r.dev, 2, ape_rows, d, views)
-    out.store = NULL
-    if store is not None:
-        if not is_store(store):
-            raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
-        if layout is not None and store.layout != layout:
-            raise ArgumentValueError("store", f"store has layout {store.layout!r}; this ring stores into a "
-                                              f"{layout!r} cache")
-        if store.head_dim != d:
-            raise ArgumentValueError("store", f"store is for D = {store.head_dim} but the ring's D is {d}")
-        if store.device != r.dev:
-            raise ArgumentValueError("store", f"store's cache is on {store.cache.device} but the ring is on "
-                                              f"{_messages.device_name(r.dev)}")
-        out.store = <const void*><uintptr_t>store.address
     out.dev, out.dtype, out.data, out.rows, out.head_dim = r.dev, r.dtype, r.data, r.shape[0], d
     out.ape = <const float*>a.data
     return 0

@@ -75,6 +75,16 @@ def as_tensor(t, name: str) -> torch.Tensor:
     raise ArgumentTypeError(name, f"{name} must be a torch.Tensor or an array with __dlpack__ (got {type(t).__name__})")
 
 
+def byte_buffer(n: int, device: torch.device) -> torch.Tensor:
+    """An uninitialized uint8 [n] buffer on `device`."""
+    return torch.empty(n, dtype=torch.uint8, device=device)
+
+
+def real_pairs(t: torch.Tensor) -> torch.Tensor:
+    """A complex tensor [..., n] as its real float pairs [..., 2n] (a view)."""
+    return torch.view_as_real(t).flatten(-2)
+
+
 def _shape_text(shape) -> str:
     return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
 

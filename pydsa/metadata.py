@@ -15,12 +15,12 @@ import ctypes as C
 import torch
 
 from . import _fill_metadata
-from ._abi import (MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY, MetadataDestination,
-                   check as _check_status)
+from ._abi import MAX_DESTINATIONS, MODE_DECODE, MODE_DRAFT_EXTEND, MODE_TARGET_VERIFY, check as _check_status
 from ._read import pdl_flag
 from ._op import OPS, SIZES, _launch
 from ._tensors import _int32, as_tensor, device_index
 from .errors import ArgumentTypeError, ArgumentValueError
+
 
 __all__ = ["MetadataCopy", "metadata_copy", "MODES"]
 
@@ -28,7 +28,7 @@ MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_exte
 _fill_sources = _fill_metadata.fill_metadata_sources  # the compiled judge and filler of a step's sources
 _OP = OPS["metadata"]
 
-# (key in a destination dict, C field, kind): kind 1 = 1-D, 2 = 2-D with a row stride, 0 = any
+# (key in a destination dict, C field, kind), in the field order of _fill_metadata.Destinations: kind 1 = 1-D, 2 = 2-D with a row stride, 0 = any
 # shape, contiguous, taken flat.
 _DEST_FIELDS = (
     ("cache_seqlens", "cache_seqlens", 1),
@@ -87,14 +87,14 @@ class MetadataCopy:
         present = {key for key, _, _ in _DEST_FIELDS if destinations[0].get(key) is not None}
         self.has_real_page_table = "real_page_table" in present
         self.has_flashmla = "flashmla_num_splits" in present or "flashmla_metadata" in present
-        self._dests = (MetadataDestination * len(destinations))()
+        rows = [[None] * len(_DEST_FIELDS) for _ in destinations]
         for k, dest in enumerate(destinations):
             for key in _REQUIRED + (() if self.decode else ("seqlens_expanded",)):
                 if dest.get(key) is None:
                     raise _bad(f"destinations[{k}]['{key}']", f"required in mode {mode!r} but missing")
             if self.has_flashmla and (dest.get("flashmla_num_splits") is None or dest.get("flashmla_metadata") is None):
                 raise _bad(f"destinations[{k}]", "the FlashMLA group needs both flashmla_num_splits and flashmla_metadata")
-            for key, field, kind in _DEST_FIELDS:
+            for i, (key, _, kind) in enumerate(_DEST_FIELDS):
                 t = dest.get(key)
                 wanted = key in present
                 if (t is not None) != wanted:
@@ -103,17 +103,11 @@ class MetadataCopy:
                 if t is None:
                     continue
                 self._check_dest(t, f"destinations[{k}]['{key}']", kind)
-                d = self._dests[k]
-                setattr(d, field, t.data_ptr())
-                if kind < 2:
-                    setattr(d, field + "_len", t.numel())
-                else:
-                    setattr(d, field + "_rows", t.shape[0])
-                    setattr(d, field + "_cols", t.shape[1])
-                    setattr(d, field + "_stride", t.stride(0))
+                rows[k][i] = t
+        self._dests = _fill_metadata.Destinations(rows)  # compiled: the dsa_metadata_destination array
         self._keep = destinations
         self._flags = pdl_flag(pdl)
-        self._dests_address = C.addressof(self._dests)
+        self._dests_address = self._dests.address
         self._params = C.create_string_buffer(SIZES["metadata"])
         self._address = C.addressof(self._params)
         _fill_metadata.init_metadata(self._address, flags=self._flags, dev=self._dev, mode=self.mode,

@@ -1,158 +1,95 @@
-"""ctypes mirrors of the op params structs of dsa_kernels.h, for tests that call the C entry points
-directly as a C caller would (the library fills these through the fillers, pydsa/_fill_*.pyx)."""
+"""ctypes Structures of every struct of native/include/dsa_kernels.h, read from the header itself, for tests that call
+the C entry points directly as a C caller would (the library's fillers, pydsa/_fill_*.pyx, are compiled against the
+header). Nothing here is written by hand: a new op's params struct is here once the header declares it.
+
+Each `typedef struct dsa_<name> { ... } dsa_<name>;` becomes the class <Name> (dsa_kv_cache: KvCache,
+dsa_c128_decode_params: C128DecodeParams); every pointer a c_void_p, a nested struct its class, `x[N]` an array.
+BY_ID: each dsa_struct_id (DSA_STRUCT_<X>) -> its Structure: the struct of an op's entry point for the ids of the op
+table, else dsa_<x>. STRUCTS: each op of the op table (pydsa._read.OPS) -> its params' Structure."""
 import ctypes as C
+import importlib
+import pkgutil
+import re
+from pathlib import Path
 
-from pydsa._abi import MetadataSources
+HEADER = Path(__file__).resolve().parents[1] / "native" / "include" / "dsa_kernels.h"
 
-class PlanUploadParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("device", C.c_int32),
-        ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("num_compress", C.c_int64), ("num_write", C.c_int64),
-        ("device_compress", C.c_void_p), ("device_write", C.c_void_p),
-        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
-        ("device_counts", C.c_void_p),
-    ]
+_SCALARS = {"uint8_t": C.c_uint8, "uint16_t": C.c_uint16, "uint32_t": C.c_uint32, "uint64_t": C.c_uint64,
+            "int8_t": C.c_int8, "int16_t": C.c_int16, "int32_t": C.c_int32, "int64_t": C.c_int64,
+            "float": C.c_float, "double": C.c_double}
 
 
-class DecodeParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
-        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
-        ("indices", C.c_void_p), ("seq_lens", C.c_void_p), ("error_count", C.c_void_p),
-        ("state_dtype", C.c_int32), ("reserved", C.c_int32), ("load_indices", C.c_void_p),
-        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
-    ]
+def _class_name(c_name: str) -> str:
+    return "".join(part[:1].upper() + part[1:] for part in c_name.removeprefix("dsa_").split("_"))
 
 
-class VerifyParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
-        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
-        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
-        ("seq_lens", C.c_void_p), ("verify_lens", C.c_void_p), ("indices", C.c_void_p),
-        ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64), ("error_count", C.c_void_p),
-        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
-    ]
+def _field(declaration: str, structs: dict):
+    """(name, ctypes type) of one member declaration, e.g. `const float* ape`, `void* const* states` or
+    `dsa_c4_compressor compressors[2]`."""
+    words = re.sub(r"\bconst\b", " ", declaration).replace("*", " * ").split()  # void* const* states: void * * states
+    m = re.fullmatch(r"(\w+)((?: \*)*) (\w+)(?:\[(\w+)\])?", " ".join(words))
+    if m is None:
+        raise ValueError(f"{HEADER.name}: cannot read the member `{declaration}`")
+    c_type, stars, name, count = m.groups()
+    if stars:
+        kind = C.c_void_p
+    elif c_type in _SCALARS:
+        kind = _SCALARS[c_type]
+    elif c_type in structs:
+        kind = structs[c_type]
+    else:
+        raise ValueError(f"{HEADER.name}: member `{declaration}` has a type this reader does not know")
+    return name, kind * int(count) if count else kind
 
 
-class CommitParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64),
-        ("num_drafts", C.c_int32), ("state_dtype", C.c_int32),
-        ("seq_lens", C.c_void_p), ("accepted", C.c_void_p), ("verify_lens", C.c_void_p),
-        ("indices", C.c_void_p), ("bank_indices", C.c_void_p), ("bank_stride", C.c_int64),
-        ("load_indices", C.c_void_p), ("num_layers", C.c_int32), ("reserved", C.c_int32),
-        ("states", C.c_void_p), ("error_count", C.c_void_p),
-    ]
+def read_constants(text: str) -> dict:
+    """The header's numeric #defines and enum values, by name (DSA_FLAG_PDL: 1)."""
+    defines = {m[1]: int(m[2], 0) for m in re.finditer(r"^#define (DSA_\w+) \(?(-?(?:0x)?[0-9A-Fa-f]+)u?\)?", text, re.M)}
+    return {**defines, **{m[1]: int(m[2]) for m in re.finditer(r"\b(DSA_\w+)\s*=\s*(\d+)", text)}}
 
 
-class PrefillParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_slots", C.c_int64), ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
-        ("state", C.c_void_p), ("kv_score", C.c_void_p), ("out", C.c_void_p), ("ape", C.c_void_p),
-        ("indices", C.c_void_p), ("load_indices", C.c_void_p),
-        ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("compress_capacity", C.c_int64), ("write_capacity", C.c_int64),
-        ("counts", C.c_void_p), ("error_count", C.c_void_p),
-        ("state_dtype", C.c_int32), ("out_layout", C.c_int32),
-        ("store", C.c_void_p), ("cache_slots", C.c_void_p),
-    ]
+def read_header(text: str):
+    """(structs: C name -> Structure in the header's order, entry params: entry symbol -> C name of its params,
+    struct ids: DSA_STRUCT_<X> -> value)."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    text = re.sub(r"//[^\n]*", " ", text)
+    structs = {}
+    for c_name, body, closing in re.findall(r"typedef\s+struct\s+(\w+)\s*\{(.*?)\}\s*(\w+)\s*;", text, flags=re.S):
+        assert c_name == closing, (c_name, closing)
+        fields = [_field(" ".join(d.split()), structs) for d in body.split(";") if d.strip()]
+        structs[c_name] = type(_class_name(c_name), (C.Structure,), {"_fields_": fields})
+    entries = dict((symbol, params) for symbol, params in
+                   re.findall(r"DSA_API\s+dsa_status\s+(dsa_\w+)\s*\(\s*const\s+(dsa_\w+)\s*\*", text))
+    ids = {name: int(value) for name, value in re.findall(r"\b(DSA_STRUCT_\w+)\s*=\s*(\d+)", text)}
+    return structs, entries, ids
 
 
-class KvStoreParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("num_vectors", C.c_int64), ("vectors", C.c_void_p), ("positions", C.c_void_p),
-        ("cache_slots", C.c_void_p), ("cache", C.c_void_p), ("error_count", C.c_void_p),
-        ("records", C.c_void_p), ("num_cache_slots", C.c_int64), ("ratio", C.c_int32), ("reserved", C.c_int32),
-    ]
+_structs, ENTRY_PARAMS, STRUCT_IDS = read_header(HEADER.read_text())
+globals().update({cls.__name__: cls for cls in _structs.values()})
+CONSTANTS = read_constants(HEADER.read_text())
 
 
-class MetadataCopyParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32),
-        ("device", C.c_int32), ("mode", C.c_int32),
-        ("bs", C.c_int64), ("page_rows", C.c_int64), ("page_width", C.c_int64),
-        ("expanded", C.c_int64), ("real_cols", C.c_int64), ("metadata_size", C.c_int64),
-        ("src", MetadataSources),
-        ("num_destinations", C.c_int32), ("reserved", C.c_int32),
-        ("destinations", C.c_void_p),
-    ]
+def new(struct_type):
+    """A zeroed params struct with struct_size set, as a C caller makes one."""
+    return struct_type(struct_size=C.sizeof(struct_type))
 
 
-# each op's params mirror, by the op's name in the op table (pydsa._read.OPS)
-STRUCTS = {"decode": DecodeParams, "prefill": PrefillParams, "metadata": MetadataCopyParams, "upload": PlanUploadParams,
-           "verify": VerifyParams, "commit": CommitParams, "store": KvStoreParams}
+def _op_table():
+    import pydsa
+    from pydsa import _read
+    for m in pkgutil.iter_modules(pydsa.__path__):  # every filler declares its ops as it is imported
+        if m.name.startswith("_fill_"):
+            importlib.import_module(f"pydsa.{m.name}")
+    return _read
 
 
-class RecordsParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("kind", C.c_int32),
-        ("batch_size", C.c_int64), ("state_slot_offset", C.c_int64), ("req_pool_indices", C.c_void_p),
-        ("slots", C.c_void_p), ("load_slots", C.c_void_p), ("seq_lens", C.c_void_p), ("plan_d", C.c_void_p),
-        ("seq_lens_out", C.c_void_p), ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("num_compress", C.c_int64), ("num_write", C.c_int64), ("plan_c", C.c_void_p), ("plan_w", C.c_void_p),
-        ("compress_rows", C.c_int64), ("write_rows", C.c_int64), ("error_count", C.c_void_p),
-    ]
+_read = _op_table()
+STRUCTS = {op: _structs[ENTRY_PARAMS[_read.SYMBOLS[op]]] for op in _read.OPS}
+BY_ID = {sid: _structs[f"dsa_{name.removeprefix('DSA_STRUCT_').lower()}"] for name, sid in STRUCT_IDS.items()
+         if f"dsa_{name.removeprefix('DSA_STRUCT_').lower()}" in _structs}
+BY_ID.update({_read.PARAMS[op]: struct for op, struct in STRUCTS.items()})
 
 
-STRUCTS["records"] = RecordsParams
-
-
-class C4Compressor(C.Structure):
-    _fields_ = [
-        ("head_dim", C.c_int32), ("reserved", C.c_int32), ("ring", C.c_void_p), ("ring_rows", C.c_int64),
-        ("kv_score", C.c_void_p), ("ape", C.c_void_p), ("out", C.c_void_p), ("store", C.c_void_p),
-    ]
-
-
-class C4Params(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("num_compressors", C.c_int32),
-        ("ring_dtype", C.c_int32), ("ring_size", C.c_int32), ("batch_size", C.c_int64), ("num_tokens", C.c_int64),
-        ("decode_records", C.c_void_p), ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("num_compress", C.c_int64), ("num_write", C.c_int64), ("seq_lens", C.c_void_p), ("slots", C.c_void_p),
-        ("num_drafts", C.c_int32), ("reserved", C.c_int32), ("cache_slots", C.c_void_p), ("error_count", C.c_void_p),
-        ("compressors", C4Compressor * 2),
-    ]
-
-
-STRUCTS.update(c4_decode=C4Params, c4_extend=C4Params, c4_verify=C4Params)
-
-
-class C4PlanParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("use_req_ring", C.c_int32),
-        ("swa_page_size", C.c_int32), ("ring_size", C.c_int32), ("batch_size", C.c_int64),
-        ("req_pool_indices", C.c_void_p), ("req_to_token", C.c_void_p), ("token_rows", C.c_int64),
-        ("token_cols", C.c_int64), ("token_stride", C.c_int64), ("full_to_state", C.c_void_p),
-        ("num_full", C.c_int64), ("seq_lens", C.c_void_p), ("extend_lens", C.c_void_p),
-        ("seq_lens_int32", C.c_int32), ("extend_lens_int32", C.c_int32), ("num_tokens", C.c_int64),
-        ("plan_d", C.c_void_p), ("plan_c", C.c_void_p), ("plan_w", C.c_void_p),
-    ]
-
-
-STRUCTS.update(c4_plan_decode=C4PlanParams, c4_plan_extend=C4PlanParams)
-
-
-class C128OfflineParams(C.Structure):
-    _fields_ = [
-        ("struct_size", C.c_uint32), ("flags", C.c_uint32), ("device", C.c_int32), ("head_dim", C.c_int32),
-        ("ring_dtype", C.c_int32), ("ring_size", C.c_int32), ("ring", C.c_void_p), ("ring_rows", C.c_int64),
-        ("kv_score", C.c_void_p), ("ape", C.c_void_p), ("out", C.c_void_p), ("batch_size", C.c_int64),
-        ("num_tokens", C.c_int64), ("decode_records", C.c_void_p), ("compress", C.c_void_p), ("write", C.c_void_p),
-        ("num_compress", C.c_int64), ("num_write", C.c_int64), ("seq_lens", C.c_void_p), ("slots", C.c_void_p),
-        ("store", C.c_void_p), ("cache_slots", C.c_void_p), ("error_count", C.c_void_p),
-    ]
-
-
-STRUCTS.update(c128_offline_decode=C128OfflineParams, c128_offline_extend=C128OfflineParams)
+def kv_cache(kv) -> "KvCache":
+    """A KVCache's dsa_kv_cache, as a C caller holding its address sees (and may set) it."""
+    return KvCache.from_address(kv.address)  # noqa: F821 (read from the header)

@@ -39,20 +39,12 @@ def test_header_compiles_cleanly(tmp_path, compiler, flags):
     assert r.returncode == 0, r.stderr
 
 
-def test_python_mirrors_the_header_constants():
-    """Every numeric #define and enum value of the header that pydsa._abi mirrors has the header's
-    value (a flag added on one side only fails here)."""
-    import re
-    text = (HEADER_DIR / "dsa_kernels.h").read_text()
-    defines = {m[1]: int(m[2], 0) for m in re.finditer(r"^#define DSA_(\w+) \(?(-?(?:0x)?[0-9A-Fa-f]+)u?\)?", text, re.M)}
-    enums = {m[1]: int(m[2]) for m in re.finditer(r"^\s*DSA_(\w+) = (\d+)", text, re.M)}
-    flags = {k for k in defines if k.startswith("FLAG_")}
-    assert flags == {k for k in vars(_abi) if k.startswith("FLAG_")}
-    for name in sorted(flags) + ["ABI_VERSION", "DEVICE_HOST", "CHUNK", "MAX_DESTINATIONS", "INLINE_RECORDS",
-                                 "UPLOAD_RECORDS"]:
-        assert getattr(_abi, name) == defines[name], name
-    for name in ("STATE_FLOAT32", "STATE_BFLOAT16", "OUT_RAGGED", "OUT_COMPACT", "MODE_DECODE"):
-        assert getattr(_abi, name) == enums[name], name
+def test_the_constants_python_keeps_are_the_headers():
+    """The few header constants pydsa._abi keeps for Python have the header's values (the rest are read by the
+    compiled modules from the header itself)."""
+    for name in ("ABI_VERSION", "DEVICE_HOST", "CHUNK", "MAX_DESTINATIONS", "FLAG_PDL", "MODE_DECODE",
+                 "MODE_TARGET_VERIFY", "MODE_DRAFT_EXTEND"):
+        assert getattr(_abi, name) == c_structs.CONSTANTS[f"DSA_{name}"], name
 
 
 def test_header_documents_the_abi_version_rule():
@@ -60,12 +52,12 @@ def test_header_documents_the_abi_version_rule():
     assert "ABI version rule" in text and "#define DSA_ABI_VERSION" in text
 
 
-@pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", c_structs.DecodeParams), ("dsa_c128_prefill", c_structs.PrefillParams),
-                                       ("dsa_metadata_copy", c_structs.MetadataCopyParams), ("dsa_c128_plan_prefill", _abi.PlanParams),
+@pytest.mark.parametrize("fn,struct", [("dsa_c128_decode", c_structs.C128DecodeParams), ("dsa_c128_prefill", c_structs.C128PrefillParams),
+                                       ("dsa_metadata_copy", c_structs.MetadataCopyParams), ("dsa_c128_plan_prefill", c_structs.PlanParams),
                                        ("dsa_c128_upload_plan", c_structs.PlanUploadParams)])
-@pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(c_structs.DecodeParams)])
+@pytest.mark.parametrize("delta", [-8, 8, -ctypes.sizeof(c_structs.C128DecodeParams)])
 def test_wrong_struct_size_is_refused_with_a_clear_message(fn, struct, delta):
-    p = _abi.new(struct)
+    p = c_structs.new(struct)
     p.struct_size = max(0, p.struct_size + delta)
     args = [ctypes.byref(p)] + ([] if fn == "dsa_c128_plan_prefill" else [None])
     assert getattr(_abi.lib, fn)(*args) == 2
@@ -85,6 +77,27 @@ def test_the_test_mirrors_and_the_compiled_filler_lay_out_every_struct_as_the_li
     for op, mirror in c_structs.STRUCTS.items():
         sid = _read.PARAMS[op]
         assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(mirror) == _read.SIZES[op], mirror.__name__
+
+
+def test_the_structs_read_from_the_header_have_the_library_sizes():
+    """Every dsa_struct_id of the header has a Structure read from the header, of the size the library reports;
+    the fillers' own (op params and the structs they make) were compiled to those sizes too."""
+    from pydsa import _read
+    assert sorted(c_structs.BY_ID) == sorted(c_structs.STRUCT_IDS.values())
+    for sid, struct in c_structs.BY_ID.items():
+        assert _abi.lib.dsa_struct_size(sid) == ctypes.sizeof(struct), struct.__name__
+    for name, (sid, size) in _read.STRUCTS.items():
+        assert c_structs.BY_ID[sid].__name__ == c_structs._class_name(f"dsa_{name}") and ctypes.sizeof(c_structs.BY_ID[sid]) == size
+
+
+def test_a_struct_of_another_layout_is_told_apart():
+    """The header reader follows the header: a member appended to a struct (a layout the library does not have)
+    gives a Structure whose size the library's disagrees with."""
+    text = c_structs.HEADER.read_text().replace("  int32_t dcp_rank;\n} dsa_kv_cache;",
+                                                "  int32_t dcp_rank;\n  int64_t appended;\n} dsa_kv_cache;")
+    structs, _, ids = c_structs.read_header(text)
+    assert ctypes.sizeof(structs["dsa_kv_cache"]) != _abi.lib.dsa_struct_size(ids["DSA_STRUCT_KV_CACHE"])
+    assert ctypes.sizeof(structs["dsa_kv_store_params"]) == _abi.lib.dsa_struct_size(ids["DSA_STRUCT_KV_STORE_PARAMS"])
 
 
 def test_null_params_are_refused():

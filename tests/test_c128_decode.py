@@ -166,8 +166,8 @@ def test_abi_decode_records_refuse_separate_arrays():
     kv, out, ape = torch.randn(b, 2 * d), torch.full((b, d), POISON), torch.zeros(CHUNK, d)
     rec = torch.tensor([[128, 0, 0, -1], [128, 1, 1, -1]], dtype=torch.int32)
     for field in ("seq_lens", "load_indices"):
-        p = _abi.new(c_structs.DecodeParams)
-        p.flags, p.device, p.head_dim, p.num_slots, p.batch_size = _abi.FLAG_DECODE_RECORDS, -1, d, 4, b
+        p = c_structs.new(c_structs.C128DecodeParams)
+        p.flags, p.device, p.head_dim, p.num_slots, p.batch_size = c_structs.CONSTANTS["DSA_FLAG_DECODE_RECORDS"], -1, d, 4, b
         p.state, p.kv_score, p.out, p.ape = state.data_ptr(), kv.data_ptr(), out.data_ptr(), ape.data_ptr()
         p.indices = rec.data_ptr()
         setattr(p, field, rec.data_ptr())
@@ -182,7 +182,7 @@ def test_abi_decode_records_refuse_separate_arrays():
 def test_abi_refuses_a_wrong_struct_size():
     import ctypes
     from pydsa import _abi
-    p = _abi.new(c_structs.DecodeParams)
+    p = c_structs.new(c_structs.C128DecodeParams)
     p.struct_size -= 8
     status = _abi.lib.dsa_c128_decode(ctypes.byref(p), None)
     assert status == 2
@@ -198,7 +198,7 @@ def test_gpu_decode_refuses_a_batch_beyond_int32_before_launching():
     d = 128
     args = _valid(torch.device("cuda"), d=d)
     state0 = args["state"].clone()
-    p = _abi.new(c_structs.DecodeParams)
+    p = c_structs.new(c_structs.C128DecodeParams)
     p.device, p.head_dim, p.num_slots, p.batch_size = torch.cuda.current_device(), d, 4, 2 ** 31
     for field in ("state", "kv_score", "out", "ape", "indices", "seq_lens"):
         setattr(p, field, args[field].data_ptr())
@@ -244,7 +244,7 @@ def test_a_successful_call_clears_the_thread_s_last_error(device):
     backend) clears it."""
     import ctypes
     args = _valid(torch.device(device))
-    p = _abi.new(c_structs.DecodeParams)
+    p = c_structs.new(c_structs.C128DecodeParams)
     p.struct_size = 1  # refused: the wrong struct size
     assert _abi.lib.dsa_c128_decode(ctypes.byref(p), None) != 0
     assert _abi.lib.dsa_last_error().decode() != ""

@@ -399,13 +399,13 @@ def test_a_c_caller_is_refused_by_field():
     names the field, and nothing runs."""
     import ctypes as C
 
-    from c_structs import C128OfflineParams
+    from c_structs import C128OfflineParams, new
     from pydsa import _abi
     ring, ape, kv = torch.zeros(256, 1024), torch.zeros(128, 512), torch.zeros(2, 1024)
     seq = torch.tensor([1, 2], dtype=torch.int32)
 
     def params(**fields):
-        p = _abi.new(C128OfflineParams)
+        p = new(C128OfflineParams)
         p.device, p.head_dim, p.ring_size, p.ring, p.ring_rows = -1, 512, 128, ring.data_ptr(), 256
         p.kv_score, p.ape, p.batch_size, p.seq_lens, p.slots = kv.data_ptr(), ape.data_ptr(), 2, seq.data_ptr(), seq.data_ptr()
         for k, v in fields.items():

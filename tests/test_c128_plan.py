@@ -119,7 +119,7 @@ def test_device_plan_buffer_holds_the_counts_and_records(device, b, per_request)
     assert (raw[16 * (1 + len(compress)):16 * (1 + cap_c)] == 0xAB).all()
     assert (got_w[len(write):].view(np.uint8) == 0xAB).all()
     if b == 2:
-        assert len(compress) + len(write) > _abi.UPLOAD_RECORDS  # several launches
+        assert len(compress) + len(write) > c_structs.CONSTANTS["DSA_UPLOAD_RECORDS"]  # several launches
 
 
 def test_device_plan_replan_to_fewer_records_updates_the_counts(device):
@@ -155,7 +155,7 @@ def _upload_params(device, num_compress, num_write, cap_c, cap_w):
     import ctypes
     host = np.zeros(max(num_compress, num_write, 1), pyplan.SEGMENT_DTYPE)
     dst = torch.full((16 * (1 + cap_c + cap_w),), 0xAB, dtype=torch.uint8, device=device)
-    p = _abi.new(c_structs.PlanUploadParams)
+    p = c_structs.new(c_structs.PlanUploadParams)
     p.device = -1 if device.type == "cpu" else device.index or 0
     p.compress = p.write = host.ctypes.data
     p.num_compress, p.num_write = num_compress, num_write

@@ -228,11 +228,11 @@ def test_a_captured_plan_replays_with_the_lengths_of_replay_time():
 
 def test_the_op_refuses_what_it_cannot_read_by_name():
     """A C caller's wrong struct or fields fail the call naming them; the compiled call refuses tensors by name."""
-    p = _abi.new(c_structs.C4PlanParams)
+    p = c_structs.new(c_structs.C4PlanParams)
     p.struct_size -= 8
     assert _abi.lib.dsa_c4_plan_decode(ctypes.byref(p), None) == 2
     assert f"expects {ctypes.sizeof(c_structs.C4PlanParams)}" in _abi.lib.dsa_last_error().decode()
-    p = _abi.new(c_structs.C4PlanParams)
+    p = c_structs.new(c_structs.C4PlanParams)
     p.device, p.swa_page_size, p.ring_size = -1, 256, 0
     assert _abi.lib.dsa_c4_plan_extend(ctypes.byref(p), None) == 1
     assert "ring_size 0" in _abi.lib.dsa_last_error().decode()

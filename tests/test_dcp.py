@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+import c_structs
 import pydsa
 import pyplan
 from conftest import DEVICES
@@ -121,7 +122,7 @@ def test_bad_dcp_is_refused_naming_it(dcp):
 
 def test_the_library_refuses_a_bad_rank_from_a_c_caller():
     _, kv = _cache(8, "cpu", dcp=(2, 1))
-    kv._struct.dcp_rank = 2  # what a C caller could set
+    c_structs.kv_cache(kv).dcp_rank = 2  # what a C caller could set
     with pytest.raises(pydsa.DsaError, match="store.dcp_rank 2"):
         _store(kv, "cpu")
 
@@ -130,6 +131,6 @@ def test_a_zeroed_dcp_owns_every_slot():
     """A C caller's zeroed struct (dcp_world 0) stores like world 1."""
     _, one = _cache(45, "cpu")
     _, zero = _cache(45, "cpu")
-    zero._struct.dcp_world = 0
+    c_structs.kv_cache(zero).dcp_world = 0
     _store(one, "cpu"), _store(zero, "cpu")
     assert torch.equal(one.cache, zero.cache)

@@ -45,10 +45,10 @@ def _names(fn) -> list:
 # (public one-shot, prepared class or None, the prepared class's compiled fill or None, header struct, the fill's
 # prepared-call plumbing)
 OPS = [
-    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.DecodeParams, {"into"}),
-    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.PrefillParams, {"into"}),
-    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.VerifyParams, {"into"}),
-    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.CommitParams,
+    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.C128DecodeParams, {"into"}),
+    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.C128PrefillParams, {"into"}),
+    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.C128VerifyParams, {"into"}),
+    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.C128CommitParams,
      {"into", "layers", "capacity"}),
     (pydsa.kv_store, None, None, c_structs.KvStoreParams, set()),
     (pydsa.c4_decode, pydsa.C4Decode, _fill_c4.decode, c_structs.C4Params, {"into"}),
@@ -169,3 +169,40 @@ def test_the_sglang_layer_reads_no_error_message():
         imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                     for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert "re" not in imported, f"{path.name} imports re"
+
+
+def _imported_names(text: str) -> set:
+    """The names a file's import statements bind (modules and what is imported from them)."""
+    names = set()
+    for m in re.finditer(r"^\s*(?:from\s+\S+\s+)?c?import\s+\(?([^)\n]*(?:\n[^)\n]*)*?)\)?\s*$", text, re.M):
+        names |= {part.split()[-1].split(".")[0] for part in m[1].split(",") if part.strip()}
+    return names
+
+
+def test_the_objects_an_op_takes_are_recognised_by_type_not_by_registry_or_private_attributes():
+    """KVCache, DevicePlan, C4Compressor, C128Ring are compiled classes of their fillers, which recognise them by type
+    and read their fields: no module registers a class with the reader, and no module of the call path reads a
+    private attribute of another object (such as a DevicePlan's `_records`)."""
+    files = [f for f in sorted((ROOT / "pydsa").iterdir()) if f.suffix in (".py", ".pyx", ".pxd")]
+    private = []
+    for f in files:
+        text = f.read_text()
+        assert "register_type" not in text, f.name
+        code = re.sub(r"#[^\n]*", "", re.sub(r'"""(.|\n)*?"""', "", text))
+        known = _imported_names(text) | {"self", "cls"}
+        for line in code.splitlines():
+            if not re.match(r"\s*(from|import|cimport)\b", line):
+                private += [f"{f.name}: {m[0]}" for m in re.finditer(r"(?<![\w.])([A-Za-z_]\w*)\._[a-z]\w*", line)
+                            if m[1] not in known]
+    assert private == []
+    for cls in (pydsa.KVCache, pydsa.DevicePlan, pydsa.C4Compressor, pydsa.C128Ring):
+        assert cls.__module__.startswith("pydsa._fill_"), cls
+
+
+def test_c_structs_is_read_from_the_header_not_written_by_hand():
+    """tests/c_structs.py writes no Structure itself: every typedef struct of the header is there, read from it."""
+    source = (ROOT / "tests" / "c_structs.py").read_text()
+    assert "_fields_ = [" not in source and not re.search(r"class \w+\((C|ctypes)\.Structure\)", source)
+    header = c_structs.HEADER.read_text()
+    declared = set(re.findall(r"typedef\s+struct\s+(\w+)\s*\{", header))
+    assert declared and set(c_structs._structs) == declared

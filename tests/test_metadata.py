@@ -263,11 +263,11 @@ def test_two_to_the_31_tiles_are_refused_before_anything_is_touched():
     buf = torch.arange(4, dtype=torch.int32)
     before = buf.clone()
     addr = buf.data_ptr()
-    p = _abi.new(c_structs.MetadataCopyParams)
+    p = c_structs.new(c_structs.MetadataCopyParams)
     p.device, p.mode, p.bs, p.page_rows, p.page_width = _abi.DEVICE_HOST, _abi.MODE_DECODE, rows, rows, 1
     for name in ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
         setattr(p.src, name, addr)
-    d = _abi.MetadataDestination()
+    d = c_structs.MetadataDestination()
     for name in ("cache_seqlens", "cu_seqlens_k", "page_table", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
         setattr(d, name, addr)
     d.cache_seqlens_len = d.dsa_cache_seqlens_len = rows

@@ -174,13 +174,13 @@ sizes = st.one_of(st.integers(-2**63, -1), st.just(0), st.integers(2**31, 2**62)
 def test_metadata_copy_c_entry_refuses_bad_sizes(field, value, k, mode):
     """Negative or oversized sizes, bad K or mode: a status and a message, nothing touched."""
     buf = (ctypes.c_int32 * 64)(*([7] * 64))
-    dst = (_abi.MetadataDestination * 12)()
+    dst = (c_structs.MetadataDestination * 12)()
     for d in dst:
         for name in ("cache_seqlens", "cu_seqlens_k", "page_table", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
             setattr(d, name, ctypes.addressof(buf))
         d.cache_seqlens_len = d.cu_seqlens_k_len = d.dsa_cache_seqlens_len = d.dsa_cu_seqlens_k_len = 8
         d.page_table_rows = d.page_table_cols = d.page_table_stride = 4
-    p = _abi.new(c_structs.MetadataCopyParams)
+    p = c_structs.new(c_structs.MetadataCopyParams)
     p.device, p.mode, p.num_destinations = -1, mode, k
     p.bs, p.page_rows, p.page_width = 2, 2, 2
     for name in ("cache_seqlens", "cu_seqlens_k", "page_indices", "dsa_cache_seqlens", "dsa_cu_seqlens_k"):
@@ -203,7 +203,7 @@ def test_metadata_copy_c_entry_refuses_bad_sizes(field, value, k, mode):
 @given(st.sampled_from(["head_dim", "num_slots", "batch_size"]), st.one_of(st.integers(-2**31, 0), st.integers(1, 63)))
 def test_c128_c_entries_refuse_bad_sizes(field, value):
     state = (ctypes.c_float * (3 * 64))()
-    p = _abi.new(c_structs.DecodeParams)
+    p = c_structs.new(c_structs.C128DecodeParams)
     p.device, p.head_dim, p.num_slots, p.batch_size = -1, 64, 1, 1
     for name in ("state", "kv_score", "out", "ape", "indices", "seq_lens"):
         setattr(p, name, ctypes.addressof(state))
@@ -217,11 +217,11 @@ def test_c128_c_entries_refuse_bad_sizes(field, value):
 
 
 def test_c_entries_refuse_null_pointers():
-    p = _abi.new(c_structs.DecodeParams)
+    p = c_structs.new(c_structs.C128DecodeParams)
     p.device, p.head_dim, p.num_slots, p.batch_size = -1, 64, 1, 1
     assert _abi.lib.dsa_c128_decode(ctypes.byref(p), None) == 1
     assert "non-null" in _abi.lib.dsa_last_error().decode()
-    q = _abi.new(c_structs.PrefillParams)
+    q = c_structs.new(c_structs.C128PrefillParams)
     q.device, q.head_dim, q.num_slots, q.batch_size, q.num_tokens, q.compress_capacity = -1, 64, 1, 1, 1, 3
     assert _abi.lib.dsa_c128_prefill(ctypes.byref(q), None) == 1
     assert "null" in _abi.lib.dsa_last_error().decode()
@@ -231,7 +231,7 @@ def test_device_call_without_a_gpu_is_a_clear_error():
     if HAS_GPU:
         pytest.skip("a GPU is present")
     state = (ctypes.c_float * (3 * 64))()
-    p = _abi.new(c_structs.DecodeParams)
+    p = c_structs.new(c_structs.C128DecodeParams)
     p.device, p.head_dim, p.num_slots, p.batch_size = 0, 64, 1, 1
     for name in ("state", "kv_score", "out", "ape", "indices", "seq_lens"):
         setattr(p, name, ctypes.addressof(state))
@@ -249,7 +249,7 @@ def test_errors_are_per_thread():
     barrier = threading.Barrier(2)
 
     def fail_decode():
-        p = _abi.new(c_structs.DecodeParams)
+        p = c_structs.new(c_structs.C128DecodeParams)
         p.batch_size = -7
         barrier.wait()
         for _ in range(200):
@@ -257,7 +257,7 @@ def test_errors_are_per_thread():
             results.setdefault("decode", set()).add(_abi.lib.dsa_last_error().decode())
 
     def fail_plan():
-        p = _abi.new(_abi.PlanParams)
+        p = c_structs.new(c_structs.PlanParams)
         p.batch_size = -3
         barrier.wait()
         for _ in range(200):

@@ -117,7 +117,7 @@ def test_the_plan_entry_point_refuses_records_sglang_cannot_hold():
                      ((5, 0, 127, 0), "window_len 0")):
         records = np.array([(127, 0, 127, 128), bad], pyplan.SEGMENT_DTYPE)
         plan_c = torch.full((2, 16), 0xAB, dtype=torch.uint8)
-        p = _abi.new(c_structs.RecordsParams)
+        p = c_structs.new(c_structs.RequestRecordsParams)
         p.device, p.kind, p.batch_size = -1, 1, 2
         p.req_pool_indices, p.slots, p.load_slots = rid.data_ptr(), slots.data_ptr(), load.data_ptr()
         p.compress, p.num_compress, p.plan_c, p.compress_rows = records.ctypes.data, 2, plan_c.data_ptr(), 2

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+import c_structs
 import pydsa
 import pyplan
 from conftest import DEVICES, HAS_GPU, examples, gpu
@@ -215,7 +216,7 @@ def test_store_argument_errors():
         pydsa.KVCache(torch.zeros(1728, dtype=torch.uint8), torch.ones(100), torch.zeros(4, 64), page_size=2)
     with pytest.raises(pydsa.DsaError, match="page_size is 3"):
         k = pydsa.KVCache(torch.zeros(1728 * 4, dtype=torch.uint8), torch.ones(512), torch.zeros(4, 64), page_size=2)
-        k._struct.page_size = 3
+        c_structs.kv_cache(k).page_size = 3
         pydsa.kv_store(torch.zeros(1, 512), torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.int64), k)
     state = torch.zeros(4, 1, 3 * 512)
     with pytest.raises(ValueError, match="cache_slots is None but store= is given"):
