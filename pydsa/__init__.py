@@ -18,23 +18,27 @@ pydsa.DsaError.
 from . import info as _info
 
 _info.refuse_namesakes()  # before anything imports pyplan: a namesake's own failing import would hide the cause
-from ._abi import ABI_VERSION, DsaError, lib as _lib
+from ._abi import ABI_VERSION, DEFAULT_PDL_FLAG, DsaError, check as check_status, lib as _lib
 from ._tensors import error_count, reset_error_count
 from .errors import ArgumentError, ArgumentTypeError, ArgumentValueError
-from .c4 import C4Compressor, C4Decode, c4_decode, c4_extend, c4_max_drafts, c4_ring_bytes, c4_verify
+from .c4 import (C4Compressor, C4Decode, c4_decode, c4_extend, c4_max_drafts, c4_plan_decode, c4_plan_extend,
+                 c4_ring_bytes, c4_verify)
 from .c128_offline import C128Ring, c128_offline_decode, c128_offline_extend
-from .c128 import C128Decode, C128Prefill, DevicePlan, c128_decode, c128_prefill
+from .c128 import (C128Decode, C128Prefill, DevicePlan, c128_decode, c128_decode_records, c128_prefill,
+                   c128_prefill_records)
 from .metadata import MetadataCopy, metadata_copy
 from .speculative import C128Commit, C128Verify, bank_bytes, c128_commit, c128_verify
 from .store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
 
 __version__ = _lib.dsa_version_string().decode()
 
-__all__ = ["ABI_VERSION", "ArgumentError", "ArgumentTypeError", "ArgumentValueError", "DsaError", "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts",
+__all__ = ["ABI_VERSION", "ArgumentError", "ArgumentTypeError", "ArgumentValueError", "DEFAULT_PDL_FLAG", "DsaError",
+           "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts", "c4_plan_decode", "c4_plan_extend",
            "c4_ring_bytes", "c4_verify", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Ring", "C128Verify",
            "DevicePlan", "c128_offline_decode", "c128_offline_extend",
-           "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_prefill", "c128_verify",
-           "error_count", "kv_page_bytes", "kv_store", "library_path", "metadata_copy",
+           "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_decode_records", "c128_prefill",
+           "c128_prefill_records", "c128_verify", "check_status", "error_count", "kv_page_bytes", "kv_store",
+           "library_path", "metadata_copy",
            "reset_error_count", "__version__"]
 
 

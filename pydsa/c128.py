@@ -17,16 +17,22 @@ import numpy as np
 
 import pyplan
 
-from . import _fill_c128, _read
+from . import _fill_c128, _fill_records, _read
 from ._abi import check as _check_status, lib
 from ._op import Prepared
 from .errors import ArgumentValueError
 
-__all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan"]
+__all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "c128_decode_records",
+           "c128_prefill_records"]
 
 c128_decode = _fill_c128.c128_decode  # compiled: the call goes straight to its fill (pydsa/_fill_c128.pyx)
 c128_prefill = _fill_c128.c128_prefill
 DevicePlan = _fill_c128.DevicePlan  # compiled, recognised by type where a prefill takes its plan
+# sglang's 16-byte request and segment records of an online c128 step (compiled, pydsa/_fill_records.pyx), written
+# in one launch; each returns the library's status (pydsa.check_status raises it), the launch flags are the caller's
+# (pydsa.DEFAULT_PDL_FLAG: the ops' default)
+c128_decode_records = _fill_records.decode_records
+c128_prefill_records = _fill_records.prefill_records
 
 
 class C128Decode(Prepared):

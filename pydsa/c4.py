@@ -16,12 +16,13 @@ quartet and the B halves of its own.
 """
 from __future__ import annotations
 
-from . import _fill_c4
+from . import _fill_c4, _fill_c4_plan
 from ._abi import lib
 from ._op import Prepared
 from .errors import ArgumentTypeError, ArgumentValueError, int_argument
 
-__all__ = ["C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_verify", "c4_max_drafts", "c4_ring_bytes"]
+__all__ = ["C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_verify", "c4_max_drafts", "c4_ring_bytes",
+           "c4_plan_decode", "c4_plan_extend"]
 
 
 
@@ -57,6 +58,12 @@ C4Compressor = _fill_c4.C4Compressor
 c4_decode = _fill_c4.c4_decode  # compiled: each call goes straight to its fill (pydsa/_fill_c4.pyx)
 c4_extend = _fill_c4.c4_extend
 c4_verify = _fill_c4.c4_verify
+
+# the c4 planners over sglang's page-scoped rings (compiled, pydsa/_fill_c4_plan.pyx): a step's decode or extend
+# records from the engine's tables, written on the tables' device in one launch; each returns the library's status
+# (pydsa.check_status raises it), the launch flags are the caller's (pydsa.DEFAULT_PDL_FLAG: the ops' default)
+c4_plan_decode = _fill_c4_plan.decode_plan
+c4_plan_extend = _fill_c4_plan.extend_plan
 
 
 class C4Decode(Prepared):

@@ -22,7 +22,7 @@ from ._tensors import _int32, as_tensor, device_index
 from .errors import ArgumentTypeError, ArgumentValueError
 
 
-__all__ = ["MetadataCopy", "metadata_copy", "MODES"]
+__all__ = ["MetadataCopy", "metadata_copy", "MODES", "MODE_DECODE", "MODE_TARGET_VERIFY", "MODE_DRAFT_EXTEND"]
 
 MODES = {"decode": MODE_DECODE, "target_verify": MODE_TARGET_VERIFY, "draft_extend": MODE_DRAFT_EXTEND}
 _fill_sources = _fill_metadata.fill_metadata_sources  # the compiled judge and filler of a step's sources

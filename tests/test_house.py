@@ -171,6 +171,58 @@ def test_the_sglang_layer_reads_no_error_message():
         assert "re" not in imported, f"{path.name} imports re"
 
 
+def _private_pydsa_imports(path: Path, package: str = "pydsa.sglang") -> list:
+    """The private pydsa modules (a name past "pydsa." starting with "_") a module of `package` imports, by
+    import statement (absolute or relative; `from X import y` where y is a module counts as importing X.y). The
+    package's own modules are its business: only pydsa's below it are held to their public names."""
+    def private(mod: str) -> bool:
+        if not (mod == "pydsa" or mod.startswith("pydsa.")) or mod == package or mod.startswith(package + "."):
+            return False
+        return any(part.startswith("_") for part in mod.split(".")[1:])
+
+    def is_module(name: str) -> bool:  # by the package's files: a pydsa module is a file or a folder of the tree
+        if not name.startswith("pydsa."):
+            return False
+        where = ROOT.joinpath(*name.split(".")[:-1])
+        last = name.split(".")[-1]
+        return (where / last / "__init__.py").exists() or any(where.glob(f"{last}.*"))
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")
+                parent = parent[:len(parent) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            mods = [base] + [f"{base}.{a.name}" for a in node.names if is_module(f"{base}.{a.name}")]
+        else:
+            continue
+        found += [f"{path.name}:{node.lineno} {m}" for m in mods if private(m)]
+    return found
+
+
+def test_the_sglang_layer_imports_only_public_pydsa_modules():
+    """The adapter only translates (DESIGN.md): what it needs of the core has a public name (pydsa.c4_plan_decode,
+    pydsa.c128_decode_records, pydsa.check_status, pydsa.metadata.MODE_DECODE, ...), and it imports no private
+    pydsa module; its own helpers (pydsa.sglang._args) are its own."""
+    files = sorted((ROOT / "pydsa" / "sglang").glob("*.py"))
+    assert len(files) >= 6
+    found = [hit for path in files for hit in _private_pydsa_imports(path)]
+    assert not found, found
+
+
+def test_the_private_import_check_itself_finds_each_form(tmp_path):
+    src = tmp_path / "x.py"
+    src.write_text("import pydsa._abi\nfrom .. import _fill_c4_plan, __version__, c4\nfrom .._tensors import _int32\n"
+                   "from pydsa._op import Prepared\nfrom ._args import memo\nfrom ..c4 import c4_plan_decode\n"
+                   "from .compress import memo\n")
+    assert [h.split(" ")[1] for h in _private_pydsa_imports(src)] == [
+        "pydsa._abi", "pydsa._fill_c4_plan", "pydsa._tensors", "pydsa._op"]
+
+
 def _imported_names(text: str) -> set:
     """The names a file's import statements bind (modules and what is imported from them)."""
     names = set()

@@ -31,11 +31,9 @@ import torch
 
 import pyplan
 
-from .._abi import MODE_DECODE
-from .._tensors import _int32
 from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..c128 import c128_decode, c128_prefill
-from ..metadata import MetadataCopy
+from ..metadata import MODE_DECODE, MetadataCopy
 from ..speculative import c128_commit, c128_verify
 from ._args import caller_words as _caller_words, count_of
 from .c4 import layer as c4_layer
@@ -54,13 +52,15 @@ _SOURCE_NAMES = ("cache_seqlens_src", "cu_seqlens_k_src", "page_indices_src", "n
 _DEST_KEYS = ("cache_seqlens", "cu_seqlens_k", "page_table_1", "dsa_cache_seqlens", "seqlens_expanded",
               "dsa_cu_seqlens_k", "real_page_table", "flashmla_num_splits", "flashmla_metadata")
 
+_INT32 = torch.int32
+
 # Bound copies per destination set: sglang refreshes the same static buffers every step.
 _bound: dict = {}
 
 
 def _require_int32(tensors, names) -> None:
     for t, name in zip(tensors, names):
-        if t is not None and getattr(t, "dtype", _int32) is not _int32:
+        if t is not None and getattr(t, "dtype", _INT32) is not _INT32:
             raise RuntimeError(f"{name} must have dtype int32 (got {t.dtype})")
 
 

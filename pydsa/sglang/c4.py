@@ -29,17 +29,14 @@ from collections.abc import Mapping
 
 import torch
 
-from .. import _fill_c4_plan
-from .._abi import DEFAULT_PDL_FLAG, check as _check_status
-from ..c4 import C4Compressor, c4_decode, c4_extend
+from .. import DEFAULT_PDL_FLAG, check_status as _check_status
+from ..c4 import C4Compressor, c4_decode, c4_extend, c4_plan_decode as _decode_plan, c4_plan_extend as _extend_plan
 from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ._args import caller_words, count_of, described as _described
 
 WINDOW, RATIO = 8, 4
 MAX_TOKENS = 65536
 MAX_SEQ_LEN = 2 ** 31 - 1  # a record's u32 seq_len, read as int32 by the ops
-_decode_plan = _fill_c4_plan.decode_plan
-_extend_plan = _fill_c4_plan.extend_plan
 
 
 def _check_ring(swa_page_size, ring_size):
