@@ -139,10 +139,12 @@ class Step:
 
 
 class ServingLoop:
-    """One c128 layer served step by step (`step`); `observers` watch each step, `counts` counts it.
+    """One online c128 layer served step by step (`step`); `observers` watch each step, `counts` counts it.
     store: the KVCache every op stores into; leak: commit every verified draft on the device while the
     observers are told only the accepted ones are (a fault that must fail the checks); launch(name, fn):
-    runs each op call (a timer may wrap it)."""
+    runs each op call (a timer may wrap it). The layer's ops are `_make_layer`'s, planned by `_plan_records`,
+    `_plan_decode` and `_plan_verify`, run by `_run_ops` (pydsa/_serving_offline.py: the offline layer's)."""
+    config = "online"  # sglang's online c128 compressor (its flag set)
 
     def __init__(self, w: Workload, device, *, seed: int, store, arrivals: int | None = None,
                  pool_rows: int = 1 << 14, leak: bool = False, launch=None):
@@ -160,15 +162,9 @@ class ServingLoop:
         self.errors = torch.zeros(1, dtype=torch.int32, device=device)  # the ops' skipped-and-counted indices
         # where each slot's state is: [0, r) written by the commit, then constants (the main slot; padding: 0)
         self.load_table = torch.cat([torch.arange(r), torch.arange(r)]).to(**i32)
-        self.staging = st = Staging(device, w)
+        self.staging = Staging(device, w)
         self.kv_pre = torch.empty(w.token_budget, 2 * d, **f32)
-        self.plan = DevicePlan(w.token_budget, r, device=device)
-        self.out_pre = torch.empty(self.plan.compress_capacity, d, **f32)
-        self.prefill = C128Prefill(self.state, self.kv_pre, self.out_pre, self.ape, st.view32("prefill_slots", r),
-                                   self.plan, load_indices=st.view32("prefill_loads", r), compact=True, store=store,
-                                   cache_slots=st.view64("prefill_cache", w.token_budget), error_count=self.errors)
-        self.decode_ops = {b: self._decode_op(b) for b in (1 << i for i in range(r.bit_length()))}
-        self.verify_ops = {b: self._verify_op(b) for b in self.decode_ops}
+        self._make_layer()
         self.draft_of = {nb: np.divmod(np.arange(nb * v), v) for nb in range(1, r + 1)}  # (request, draft)
         self.active = np.zeros(r, bool)
         self.prompt, self.total, self.done = (np.zeros(r, np.int64) for _ in range(3))
@@ -176,6 +172,17 @@ class ServingLoop:
         self.counts = dict(arrived=0, finished=0, tokens=0, verify_steps=0, decode_steps=0, prefill_launches=0,
                            drafts_accepted=0, drafts_rejected=0, busy=0)
         self.next_cache, self.observers = 0, []
+
+    def _make_layer(self) -> None:
+        """The online layer's ops: the prefill over a DevicePlan, a decode and a verify + commit per bucket."""
+        w, st, r, store = self.w, self.staging, self.w.max_running, self.store
+        self.plan = DevicePlan(w.token_budget, r, device=self.device)
+        self.out_pre = torch.empty(self.plan.compress_capacity, w.head_dim, dtype=torch.float32, device=self.device)
+        self.prefill = C128Prefill(self.state, self.kv_pre, self.out_pre, self.ape, st.view32("prefill_slots", r),
+                                   self.plan, load_indices=st.view32("prefill_loads", r), compact=True, store=store,
+                                   cache_slots=st.view64("prefill_cache", w.token_budget), error_count=self.errors)
+        self.decode_ops = {b: self._decode_op(b) for b in (1 << i for i in range(r.bit_length()))}
+        self.verify_ops = {b: self._verify_op(b) for b in self.decode_ops}
 
     def _decode_op(self, b: int):
         f32, st, d = dict(dtype=torch.float32, device=self.device), self.staging, self.w.head_dim
@@ -226,9 +233,8 @@ class ServingLoop:
         pre, e = pre[e > 0], e[e > 0]
         n = int(e.sum())
         started = time.perf_counter()
-        self.plan.plan(done[pre] + e, e)
+        ragged = self._plan_records(done[pre] + e, e, pre)
         step.plan_us = (time.perf_counter() - started) * 1e6
-        ragged = self.plan.host_records[0]["ragged_id"].astype(np.int64)
         st.set32("prefill_slots", pre, len(pre))
         st.set32("prefill_loads", pre, len(pre))  # a prefilling request's state is in its main slot
         cache = self._cache_slots(len(ragged))
@@ -241,6 +247,11 @@ class ServingLoop:
         step.launches.append(Launch(kind="prefill", kv=self.kv_pre[:n], out=self.out_pre, owner=np.repeat(pre, e),
                                     position=position, committed=np.ones(n, bool), out_row=out_row,
                                     cache_slot=cache_slot, requests=pre, advance=e, pool_at=self._pool_at()))
+
+    def _plan_records(self, seq_lens: np.ndarray, extend: np.ndarray, pre: np.ndarray) -> np.ndarray:
+        """Plans the prefill; returns the ragged input row of each chunk it closes, in output row order."""
+        self.plan.plan(seq_lens, extend)
+        return self.plan.host_records[0]["ragged_id"].astype(np.int64)
 
     def _plan_decode(self, dec: np.ndarray, step: Step) -> None:
         st, nb, b = self.staging, len(dec), bucket(len(dec))
@@ -260,14 +271,10 @@ class ServingLoop:
                                     gather=self._gather(dec, b)))
 
     def _plan_verify(self, dec: np.ndarray, step: Step) -> None:
-        st, rng, v, nb, b = self.staging, self.rng, self.w.drafts, len(dec), bucket(len(dec))
+        st, v, nb, b = self.staging, self.w.drafts, len(dec), bucket(len(dec))
         at = self.done[dec]
         j, i = self.draft_of[nb]
-        lens = np.where(rng.random(nb) < 0.2, rng.integers(0, v + 1, nb), v)
-        lens = np.minimum(lens, self.total[dec] - at)
-        pick = rng.integers(0, 4, nb)  # none, all, up to the chunk end, or any number
-        accepted = np.choose(pick, [np.zeros(nb, np.int64), lens, np.minimum(lens, CHUNK - at % CHUNK),
-                                    (rng.random(nb) * (lens + 1)).astype(np.int64)])
+        lens, accepted = self._draw_drafts(dec, at)
         st.set32("verify_seq", at, b)  # 0: padding
         st.set32("verify_bank", self.w.max_running + dec * (v + 1), b)
         st.set32("verify_lens", lens, b)
@@ -284,6 +291,16 @@ class ServingLoop:
                                     committed=committed, out_row=out_row, cache_slot=cache_slot, requests=dec,
                                     advance=accepted, pool_at=self._pool_at(), gather=self._gather(dec, b),
                                     lens=lens, scatter=st.put64(dec)))
+
+    def _draw_drafts(self, dec: np.ndarray, at: np.ndarray, least: int = 0):
+        """A speculative step's drafts per request (least..V, within its output) and how many are accepted."""
+        rng, v, nb = self.rng, self.w.drafts, len(dec)
+        lens = np.where(rng.random(nb) < 0.2, rng.integers(least, v + 1, nb), v)
+        lens = np.minimum(lens, self.total[dec] - at)
+        pick = rng.integers(0, 4, nb)  # none, all, up to the chunk end, or any number
+        accepted = np.choose(pick, [np.zeros(nb, np.int64), lens, np.minimum(lens, CHUNK - at % CHUNK),
+                                    (rng.random(nb) * (lens + 1)).astype(np.int64)])
+        return lens, accepted
 
     def _gather(self, dec: np.ndarray, b: int) -> torch.Tensor:
         r = self.w.max_running
@@ -320,9 +337,14 @@ class ServingLoop:
         return step
 
     def _run(self, launch: Launch) -> None:
-        n, c = len(launch.owner), self.counts
+        n = len(launch.owner)
         launch.kv.copy_(self.pool[launch.pool_at:launch.pool_at + n])
         launch.out.fill_(float("nan"))  # unwritten outputs fail the checks
+        self._run_ops(launch)
+
+    def _run_ops(self, launch: Launch) -> None:
+        """The op calls of one launch, on its staged inputs."""
+        n, c = len(launch.owner), self.counts
         if launch.kind == "prefill":
             self.launch("prefill", self.prefill.launch)
             c["prefill_launches"] += 1

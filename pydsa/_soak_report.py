@@ -17,7 +17,8 @@ def progress_line(m: dict, counts: dict, c4_counts: dict, steps: int, seconds: f
 
 def summary_text(r: dict, tolerance: float) -> str:
     """The run's summary as `python -m pydsa soak` prints it, ending in PASS or FAIL."""
-    return (f"\n{'steps (busy: an op ran)':<34}{r['steps']} ({r['busy_steps']} busy)\n"
+    layer = "offline (sglang's default)" if r.get("config") == "default" else "online"
+    return (f"\n{'c128 compressor':<34}{layer}\n{'steps (busy: an op ran)':<34}{r['steps']} ({r['busy_steps']} busy)\n"
           f"{'requests arrived / finished':<34}{r['requests_arrived']} / {r['requests_finished']}\n"
           f"{'tokens absorbed':<34}{r['tokens']}\n"
           f"{'prefill / decode / verify steps':<34}{r['prefill_launches']} / {r['decode_steps']} / {r['verify_steps']} "

@@ -10,7 +10,9 @@ plans with pyplan, runs the c128 kernels and refreshes the static DSA metadata b
 backends with the fused copy (replayed in a CUDA graph on the GPU). Every compressed vector is
 checked against the float64 offline formula over the accepted tokens only (a rejected draft that
 leaked into a state would fail it), every metadata buffer against its source. Exit status 1 if
-any check failed.
+any check failed. `--config default` serves the c128 layers as sglang's default configuration does, with
+the offline compressor (a ring of raw rows; a speculative step is an extend over the drafts with no commit,
+pydsa/_serving_offline.py); `--config online` (the default) with the online one.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import torch
 
 from ._abi import CHUNK
 from ._serving import ServingLoop, Workload
+from ._serving_offline import serving_loop
 from ._tensors import resolve_device
 
 from . import baselines
@@ -261,7 +264,7 @@ class DemoChecks:
         if x.kind == "prefill" and len(x.owner) >= CHUNK:
             whole = len(x.owner) // CHUNK * CHUNK
             self.timer.run("prefill_torch", lambda: baselines.c128_chunks_torch(x.kv[:whole], loop.ape))
-        elif x.kind == "decode":
+        elif x.kind == "decode" and loop.config == "online":  # the offline layer has no online state
             slots = torch.from_numpy(np.maximum(x.owner, 0).astype(np.int32)).to(loop.device)
             seq = torch.from_numpy(np.where(x.owner >= 0, x.position + 1, 0).astype(np.int32)).to(loop.device)
             s2, o2 = loop.state.clone(), x.out.clone()
@@ -269,18 +272,19 @@ class DemoChecks:
 
 
 def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=False, leak=False,
-        progress=True, soak=False) -> dict:
+        progress=True, soak=False, config="online") -> dict:
     """requests: how many arrive over the run (at most MAX_RUNNING at once); soak: they keep arriving for
     every step instead (slots, cache entries and bank entries reused over and over). corrupt: perturb emitted
     vectors before the check; leak: commit every verified draft on the device while the checker accepts only
-    some (both must make the demo fail)."""
+    some (both must make the demo fail; leak needs a commit: refused under config "default"). config: "online"
+    (the online c128 compressor) or "default" (sglang's default: the offline one, pydsa/_serving_offline.py)."""
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (got {steps})")
     device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     entries, timer = StoreChecker(device, d, torch.Generator(device=device).manual_seed(seed + 1)), Timer(device)
     workload = Workload(**{**WORKLOAD.__dict__, "head_dim": d})
-    loop = ServingLoop(workload, device, seed=seed, store=entries.cache, arrivals=None if soak else requests,
-                       leak=leak, launch=timer.run)
+    loop = serving_loop(config, workload, device, seed=seed, store=entries.cache,
+                        arrivals=None if soak else requests, leak=leak, launch=timer.run)
     checker = Checker(loop.ape.cpu().numpy(), d, corrupt)
     meta = MetadataBackends(device, backends, MAX_RUNNING, 1024, timer)
     loop.observers.append(DemoChecks(loop, checker, entries, meta, timer, seed))
@@ -291,7 +295,7 @@ def run(steps=200, requests=24, device=None, seed=0, d=512, backends=3, corrupt=
             show_progress("c128 layers, step", step, steps, f"chunks {checker.chunks}  max err {checker.max_err:.1e}")
     c = loop.counts
     ok = checker.failures == 0 and meta.failures == 0 and checker.chunks > 0 and entries.failures == 0 and entries.entries > 0
-    return dict(device=str(device), steps=steps, busy_steps=c["busy"], requests_arrived=c["arrived"],
+    return dict(device=str(device), config=config, steps=steps, busy_steps=c["busy"], requests_arrived=c["arrived"],
                 requests_finished=c["finished"], tokens=c["tokens"], chunks_emitted=checker.chunks,
                 verify_steps=c["verify_steps"], cache_entries_checked=entries.entries,
                 cache_entry_failures=entries.failures, cache_max_dequant_error=entries.max_err,

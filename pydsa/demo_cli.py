@@ -9,6 +9,7 @@ import torch
 
 from ._cli import add_run_flags, judge_run_flags, write_json
 from . import demo_c4
+from ._serving_offline import CONFIGS
 from .demo import DRAFTS, MAX_RUNNING, TOLERANCE, __doc__ as _about, run
 
 
@@ -21,6 +22,9 @@ def main(argv=None) -> int:
     ap.add_argument("--soak", action="store_true", help="requests keep arriving for every step (no end): slots, "
                     "cache entries and bank entries reused over and over; the summary counts the busy steps (for a "
                     "million steps, python -m pydsa soak: the same ops, checked on the device without waiting for it)")
+    ap.add_argument("--config", choices=CONFIGS, default="online", help="the c128 layers' compressor: online "
+                    "(sglang's online flag set; the default) or default (sglang's default configuration: the offline "
+                    "compressor, speculative steps as extends over the drafts with no commit)")
     add_run_flags(ap)
     args = ap.parse_args(argv)
     device = judge_run_flags(ap, args, {"--steps": args.steps, "--requests": args.requests})
@@ -29,7 +33,9 @@ def main(argv=None) -> int:
     else:
         print(f"pydsa demo: running on {torch.cuda.get_device_name(device)}")
     started = time.perf_counter()
-    r = run(args.steps, args.requests, device, args.seed, soak=args.soak)
+    print(f"pydsa demo: c128 layers with the {'offline' if args.config == 'default' else 'online'} compressor "
+          f"(--config {args.config})")
+    r = run(args.steps, args.requests, device, args.seed, soak=args.soak, config=args.config)
     r["c128_wall_s"] = r.pop("wall_s")
     r.update(demo_c4.run(args.steps, min(args.requests, MAX_RUNNING), device, args.seed))
     r["wall_s"] = time.perf_counter() - started  # the whole run: the c128 layers, then the c4 layer

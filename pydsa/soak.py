@@ -37,6 +37,7 @@ import torch
 
 from ._abi import CHUNK
 from ._serving import ServingLoop, Workload
+from ._serving_offline import CONFIGS, serving_loop
 from ._tensors import resolve_device
 from ._soak_c4 import C4_EVERY, C4_SLOTS, RING as C4_RING, C4Soak
 from ._soak_memory import MemoryTrace
@@ -70,10 +71,13 @@ RETAIN_EVERY = 50
 
 
 @torch.inference_mode()
-def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, progress=True, pool_rows=1 << 14) -> dict:
+def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, progress=True, pool_rows=1 << 14,
+        config="online") -> dict:
     """Runs the soak; returns its summary (ok: every check passed, every step busy, no memory growing).
-    fault: break one thing on purpose (one of FAULTS) — the run must then fail."""
-    _check_arguments(steps, checkpoint, fault)
+    fault: break one thing on purpose (one of FAULTS) — the run must then fail. config: the c128 layer's
+    compressor, "online" or "default" (sglang's default: the offline one, pydsa/_serving_offline.py; no commit,
+    so no `leak`)."""
+    _check_arguments(steps, checkpoint, fault, config)
     device = resolve_device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     f32 = dict(dtype=torch.float32, device=device)
@@ -82,7 +86,7 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     rot = torch.stack([angles.cos(), angles.sin()], -1).reshape(1 << 12, 64)
     cache, mirror = (KVCache(torch.zeros(CACHE_SLOTS // 2, kv_page_bytes(D, 2), dtype=torch.uint8, device=device), w,
                              rot, page_size=2) for _ in range(2))
-    loop = ServingLoop(WORKLOAD, device, seed=seed, store=cache, pool_rows=pool_rows, leak=fault == "leak")
+    loop = serving_loop(config, WORKLOAD, device, seed=seed, store=cache, pool_rows=pool_rows, leak=fault == "leak")
     check = C128Check(loop, mirror, steps, fault)
     c4 = C4Soak(device, loop.staging, loop.errors, rot, w, drafts=DRAFTS, pool_rows=pool_rows, seed=seed, fault=fault,
                 steps=steps)
@@ -102,8 +106,8 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     if tty:
         print(file=sys.stderr)
     counts = dict(loop.counts, chunks=check.chunks, entries=check.entries)
-    return _summary(device, steps, counts, c4.counts, marks, memory=memory.judge(), fault=fault, seed=seed,
-                    wall=time.perf_counter() - started)
+    return dict(_summary(device, steps, counts, c4.counts, marks, memory=memory.judge(), fault=fault, seed=seed,
+                         wall=time.perf_counter() - started), config=config)
 
 
 class C128Check:
@@ -198,7 +202,7 @@ class C128Check:
         self.pending, self.pending_rows = 0, []
 
 
-def _check_arguments(steps, checkpoint, fault) -> None:
+def _check_arguments(steps, checkpoint, fault, config) -> None:
     for name, value in (("steps", steps), ("checkpoint", checkpoint)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ArgumentTypeError(name, f"{name} must be an int >= 1 (got {type(value).__name__} {value!r})")
@@ -206,6 +210,11 @@ def _check_arguments(steps, checkpoint, fault) -> None:
             raise ArgumentValueError(name, f"{name} must be an int >= 1 (got {value!r})")
     if fault is not None and fault not in FAULTS:
         raise ArgumentValueError("fault", f"fault must be None or one of {', '.join(FAULTS)} (got {fault!r})")
+    if config not in CONFIGS:
+        raise ArgumentValueError("config", f"config must be one of {', '.join(CONFIGS)} (got {config!r})")
+    if config == "default" and fault == "leak":
+        raise ArgumentValueError("fault", "fault leak commits rejected drafts; config \"default\" (the offline c128 "
+                                 "compressor) has no commit: run it with config \"online\"")
 
 
 def _mark(step, check, errors, *, c4, memory) -> dict:
@@ -251,12 +260,15 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=100_000, help="serving steps to run, every one busy (default 100000)")
     ap.add_argument("--checkpoint", type=int, default=10_000, help="steps between checkpoints: the only points "
                     "where the loop waits for the device and reads the counters (default 10000)")
+    ap.add_argument("--config", choices=CONFIGS, default="online", help="the c128 layer's compressor: online (the "
+                    "default) or default (sglang's default configuration: the offline compressor)")
     add_run_flags(ap)
     args = ap.parse_args(argv)
     device = judge_run_flags(ap, args, {"--steps": args.steps, "--checkpoint": args.checkpoint})
     where = "the host backend" if device.type == "cpu" else torch.cuda.get_device_name(device)
-    print(f"pydsa soak: {args.steps} steps, run and checked on {where}, a checkpoint every {args.checkpoint}")
-    r = run(args.steps, device, args.seed, args.checkpoint)
+    print(f"pydsa soak: {args.steps} steps, run and checked on {where}, a checkpoint every {args.checkpoint}, "
+          f"--config {args.config}")
+    r = run(args.steps, device, args.seed, args.checkpoint, config=args.config)
     print(summary_text(r, TOLERANCE))
     if args.json:  # strict JSON, with where and how it ran
         import datetime

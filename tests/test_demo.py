@@ -118,3 +118,35 @@ def test_the_demo_shows_the_c4_layer_s_progress_and_times_the_whole_run(tmp_path
     r = json.loads(path.read_text())
     assert r["wall_s"] >= r["c128_wall_s"] + 0.5
     assert f"in {r['wall_s']:.1f} s (c128 layers {r['c128_wall_s']:.1f} s, c4 layer" in captured.out
+
+
+def test_the_default_config_runs_the_offline_compressor_and_passes(capsys):
+    """--config default (sglang's default: the offline c128 compressor) checks every accepted chunk against float64
+    and every cache entry; a leak needs a commit and is refused by name."""
+    assert main(["demo", "--steps", "25", "--device", "cpu", "--config", "default"]) == 0
+    assert "offline compressor" in capsys.readouterr().out
+    r = demo.run(steps=30, device="cpu", progress=False, config="default")
+    assert r["ok"] and r["config"] == "default" and r["chunks_emitted"] > 10 and r["max_relative_error"] < 1e-5
+    assert r["verify_steps"] > 0 and r["drafts_accepted"] > 0 and r["drafts_rejected"] > 0
+    assert r["cache_entries_checked"] > 10 and r["cache_entry_failures"] == 0
+    with pytest.raises(pydsa.ArgumentError, match="leak"):
+        demo.run(steps=5, device="cpu", progress=False, config="default", leak=True)
+
+
+def test_a_wrong_offline_output_or_ring_fails_the_default_config(monkeypatch):
+    """A test double perturbs what the offline extend writes to out: the float64 checks fail. A ring of 128 rows
+    a slot (drafts past a chunk end overwrite the rows a rejection returns to) fails them too."""
+    from pydsa import _serving_offline
+    original = _serving_offline.c128_offline_extend
+
+    def perturbed(ring, kv, plan, **kw):
+        original(ring, kv, plan, **kw)
+        kw["out"][:, 0] += 1e-3
+
+    monkeypatch.setattr(_serving_offline, "c128_offline_extend", perturbed)
+    r = demo.run(steps=20, device="cpu", progress=False, config="default")
+    assert not r["ok"] and r["chunk_failures"] > 0
+    monkeypatch.setattr(_serving_offline, "c128_offline_extend", original)
+    monkeypatch.setattr(_serving_offline, "SPECULATIVE_RING", 128)
+    r = demo.run(steps=60, device="cpu", progress=False, config="default")
+    assert not r["ok"] and r["chunk_failures"] > 0

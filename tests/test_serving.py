@@ -1,11 +1,13 @@
 """The serving loop shared by the demo and the soak (pydsa/_serving.py): what it tells its observers about each
 op call is what a request absorbed, and what the ops wrote agrees with it."""
 import numpy as np
+import pytest
 import torch
 
 from pydsa import demo
 from pydsa._abi import CHUNK
-from pydsa._serving import ServingLoop, Workload
+from pydsa._serving import Workload
+from pydsa._serving_offline import serving_loop
 
 
 class Recorder:
@@ -21,21 +23,22 @@ class Recorder:
         self.seen.append([(x, x.out.cpu().numpy().copy()) for x in step.launches])
 
 
-def _loop(seed=1, **kw):
+def _loop(seed=1, config="online", **kw):
     device = torch.device("cpu")
     store = demo.StoreChecker(device, 512, torch.Generator().manual_seed(seed)).cache
     w = Workload(4, 512, 200, drafts=4, cache_slots=256)
-    loop = ServingLoop(w, device, seed=seed, store=store, pool_rows=1024, **kw)
+    loop = serving_loop(config, w, device, seed=seed, store=store, pool_rows=1024, **kw)
     rec = Recorder(loop)
     loop.observers.append(rec)
     return loop, rec
 
 
-def test_every_request_absorbs_its_committed_rows_in_order_and_each_chunk_end_has_a_vector():
+@pytest.mark.parametrize("config", ["online", "default"])
+def test_every_request_absorbs_its_committed_rows_in_order_and_each_chunk_end_has_a_vector(config):
     """Per request, the committed rows of each step continue exactly where it stood before the step and its
     length after is the last of them + 1; a row has an output row and a cache slot exactly when it is a real
     row at a chunk's end, and that output was written (not the NaN poison); tokens counts committed rows."""
-    loop, rec = _loop()
+    loop, rec = _loop(config=config)
     committed_total, kinds = 0, set()
     for i in range(40):
         before = loop.done.copy()
@@ -52,7 +55,7 @@ def test_every_request_absorbs_its_committed_rows_in_order_and_each_chunk_end_ha
                 assert np.array_equal(pos, before[s] + advanced[s] + np.arange(len(pos)))
                 advanced[s] += len(pos)
             ends = real & (x.position % CHUNK == CHUNK - 1)
-            if x.kind == "verify":
+            if x.kind == "verify" and config == "online":  # padded to V a request (the offline one: ragged)
                 ends &= (np.arange(len(x.owner)) % loop.w.drafts) < np.repeat(
                     np.concatenate([x.lens, np.zeros(len(x.owner) // loop.w.drafts - len(x.lens), np.int64)]),
                     loop.w.drafts)
@@ -66,17 +69,35 @@ def test_every_request_absorbs_its_committed_rows_in_order_and_each_chunk_end_ha
     assert kinds == {"prefill", "decode", "verify"}
 
 
-def test_arrivals_stop_at_the_limit_and_slots_are_reused():
+@pytest.mark.parametrize("config", ["online", "default"])
+def test_arrivals_stop_at_the_limit_and_slots_are_reused(config):
     """With a limit, no more requests arrive than it; without, finished requests' slots take new ones, and every
     step is busy."""
-    loop, _ = _loop(seed=2, arrivals=3)
+    loop, _ = _loop(seed=2, arrivals=3, config=config)
     for i in range(60):
         loop.step(i)
     assert loop.counts["arrived"] == 3
-    endless, _ = _loop(seed=2)
+    endless, _ = _loop(seed=2, config=config)
     steps = 0
     while endless.counts["arrived"] <= endless.w.max_running and steps < 1000:
         endless.step(steps)
         steps += 1
     assert endless.counts["finished"] > 0 and endless.counts["arrived"] > endless.w.max_running
     assert endless.counts["busy"] == steps
+
+
+def test_the_default_config_serves_an_offline_ring_with_uncommitted_speculative_steps():
+    """--config default: the layer is a C128Ring of 256 rows a slot (drafts past a chunk end fit), a verify is an
+    extend over 1..V drafts per request with nothing committed past the accepted ones, and no op counts an index
+    error; a leak (a commit fault) is refused naming it."""
+    import pydsa
+    loop, rec = _loop(seed=3, config="default")
+    assert loop.config == "default" and isinstance(loop.ring, pydsa.C128Ring) and loop.ring_size == 256
+    for i in range(40):
+        loop.step(i)
+    verifies = [x for launches in rec.seen for x, _ in launches if x.kind == "verify"]
+    assert verifies and all(len(x.owner) == int(x.lens.sum()) and (x.lens >= 1).all() for x in verifies)
+    assert sum(int((x.lens - x.advance).sum()) for x in verifies) > 0 and int(loop.errors.item()) == 0
+    with pytest.raises(pydsa.ArgumentError, match="leak") as e:
+        _loop(config="default", leak=True)
+    assert e.value.argument == "leak"

@@ -141,3 +141,28 @@ def test_soak_help_is_whole(capsys):
     description = text[text.index("The c128 serving loop"):text.index("options:")].strip()
     assert description.endswith(".") and "judged for growth" in description
     assert "Exit status 0" in text and text.endswith(".")
+
+
+def test_the_default_config_soaks_the_offline_compressor(device):
+    """--config default: the c128 layer is the offline compressor; every step busy, every op ran, every chunk and
+    the cache checked; a broken output fails it; a leak (which needs a commit) is refused naming the fault."""
+    r = soak.run(80, device, seed=4, checkpoint=40, progress=False, pool_rows=4096, config="default")
+    assert r["ok"] and r["config"] == "default" and r["busy_steps"] == 80, r
+    assert r["prefill_launches"] > 0 and r["decode_steps"] > 0 and r["verify_steps"] > 0 and r["drafts_rejected"] > 0
+    assert r["chunks_checked"] > 50 and r["cache_entries_stored"] >= r["chunks_checked"]
+    assert r["chunk_failures"] == r["cache_mismatches"] == r["index_errors"] == 0
+    bad = soak.run(60, device, seed=5, checkpoint=30, fault="out", progress=False, pool_rows=4096, config="default")
+    assert not bad["ok"] and bad["chunk_failures"] > 0
+    with pytest.raises(pydsa.ArgumentError, match="leak") as e:
+        soak.run(10, device, fault="leak", progress=False, config="default")
+    assert e.value.argument == "fault"
+    with pytest.raises(pydsa.ArgumentError, match="config"):
+        soak.run(10, device, progress=False, config="offline")
+
+
+def test_soak_command_line_takes_the_config(tmp_path, capsys):
+    out = tmp_path / "soak.json"
+    assert cli(["soak", "--steps", "20", "--checkpoint", "10", "--device", "cpu", "--config", "default",
+                "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["config"] == "default"
+    assert "offline (sglang's default)" in capsys.readouterr().out
