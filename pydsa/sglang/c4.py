@@ -252,28 +252,35 @@ def input_holds(kv_score_input, plan_c, plan_w, name):
                                            f"(a plan made for more tokens)")
 
 
+def ring_step(ring, kv_score_input, plan, *, head_dim: int, parts: int, decode, extend, out, make: bool, out_loc):
+    """One step of a raw ring over sglang's plan (c4: a C4Compressor with c4_decode / c4_extend; offline c128: a
+    C128Ring with its ops; `parts`: D-wide parts of a ring row), its store fused when the ring has one; returns
+    out (decode [B, D]: closing rows written; extend [C, D]: row i for record i), one of its own when `make`."""
+    if ring.head_dim != head_dim:
+        raise ArgumentValueError("head_dim", f"head_dim is {head_dim} but kv_score_buffer's rows hold {parts} x "
+                                             f"{ring.head_dim} values")
+    if plan.is_decode:
+        if make:
+            out = entries(kv_score_input, kv_score_input, head_dim)
+        decode(ring, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
+    else:
+        plan_c, plan_w = plan.plan_c, plan.plan_w
+        input_holds(kv_score_input, plan_c, plan_w, "kv_score_input")
+        if make:
+            out = entries(kv_score_input, plan_c, head_dim)
+        extend(ring, kv_score_input, (plan_c, plan_w), out=out, cache_slots=out_loc)
+    return out
+
+
 def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None):
     """One compressor's c4 step over sglang's plan (decode or extend), its store fused when given; returns out
     (decode [B, D]: closing rows written; extend [C, D]: row i for record i), one of its own when out is None
     and there is no store. Raises pydsa's errors in pydsa's names (compress.py says them in sglang's) and its
     own in sglang's (head_dim, kv_score_input)."""
     plan = plan_of(plan)
-    comp = compressor(kv_score_buffer, ape, store)
-    if comp.head_dim != head_dim:
-        raise ArgumentValueError("head_dim", f"head_dim is {head_dim} but kv_score_buffer's rows hold 4 x "
-                                             f"{comp.head_dim} values")
-    make = out is None and store is None
-    if plan.is_decode:
-        if make:
-            out = entries(kv_score_input, kv_score_input, head_dim)
-        c4_decode(comp, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
-    else:
-        plan_c, plan_w = plan.plan_c, plan.plan_w
-        input_holds(kv_score_input, plan_c, plan_w, "kv_score_input")
-        if make:
-            out = entries(kv_score_input, plan_c, head_dim)
-        c4_extend(comp, kv_score_input, (plan_c, plan_w), out=out, cache_slots=out_loc)
-    return out
+    return ring_step(compressor(kv_score_buffer, ape, store), kv_score_input, plan, head_dim=head_dim, parts=4,
+                     decode=c4_decode, extend=c4_extend, out=out, make=out is None and store is None,
+                     out_loc=out_loc)
 
 
 _SIDE_KEYS = ("kv_score_buffer", "kv_score_input", "ape", "store")

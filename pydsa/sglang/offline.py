@@ -249,19 +249,6 @@ def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None
     None and there is no store. Raises pydsa's errors in pydsa's names (compress.py says them in sglang's) and its
     own in sglang's (head_dim, kv_score_input)."""
     plan = sglang_c4.plan_of(plan, RATIO)
-    ring = ring_of(kv_score_buffer, ape, store)
-    if ring.head_dim != head_dim:
-        raise ArgumentValueError("head_dim", f"head_dim is {head_dim} but kv_score_buffer's rows hold 2 x "
-                                             f"{ring.head_dim} values")
-    make = out is None and store is None
-    if plan.is_decode:
-        if make:
-            out = sglang_c4.entries(kv_score_input, kv_score_input, head_dim)
-        c128_offline_decode(ring, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
-    else:
-        plan_c, plan_w = plan.plan_c, plan.plan_w
-        sglang_c4.input_holds(kv_score_input, plan_c, plan_w, "kv_score_input")
-        if make:
-            out = sglang_c4.entries(kv_score_input, plan_c, head_dim)
-        c128_offline_extend(ring, kv_score_input, (plan_c, plan_w), out=out, cache_slots=out_loc)
-    return out
+    return sglang_c4.ring_step(ring_of(kv_score_buffer, ape, store), kv_score_input, plan, head_dim=head_dim, parts=2,
+                               decode=c128_offline_decode, extend=c128_offline_extend, out=out,
+                               make=out is None and store is None, out_loc=out_loc)
