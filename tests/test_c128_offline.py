@@ -70,6 +70,9 @@ def run_schedule(layer, shadow, slots, prefixes, decodes):
         for i, r in enumerate(rec):
             k = live[int(np.searchsorted(off, int(r[1]) & 0xFFFF, side="right") - 1)]
             closing.append((i, slots[k], int(r[0]) // CHUNK - 1, lens[k]))
+        # the chunks that close, worked out from the lengths alone (not from the plan the records come from)
+        want = [(slots[b], n, lens[b]) for b in live for n in range(lens[b] // CHUNK, (lens[b] + exts[b]) // CHUNK)]
+        assert [c[1:] for c in closing] == want, (closing, want)
         check_out(layer, out, closing)
         if shadow:
             shadow.closed(out, [c[0] for c in closing], [layer.loc(c[1], c[2]) for c in closing],

@@ -74,6 +74,20 @@ def test_a_careless_offline_compress_forward_argument_is_refused_in_sglangs_word
     assert torch.equal(kept[0], ring) and torch.equal(kept[1], out), "a refused call wrote"
 
 
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+@pytest.mark.parametrize("arg,how", sorted(_VALID))
+def test_what_the_trial_takes_as_valid_is_taken(mode, arg, how):
+    """The mutations the trial leaves out are not refused: the call runs, or (another head_dim or compress_ratio:
+    another configuration) is handed back to sglang with NotImplementedError."""
+    args = _compress_call(mode)
+    args[arg] = CARELESS[how](args[arg])
+    if arg in ("head_dim", "compress_ratio"):
+        with pytest.raises(NotImplementedError):
+            sglang.compress_forward(**args, is_online=False)
+    else:
+        sglang.compress_forward(**args, is_online=False)
+
+
 def test_the_trial_reaches_every_argument_of_compress_forward():
     reached = {arg for _, arg, _ in _compress_cases()}
     assert reached == set(_compress_call("decode"))
