@@ -99,12 +99,13 @@ def test_the_plans_do_not_synchronize_with_the_host():
     r2t, f2s = tables("cuda", 8)
     rid = torch.tensor([3, 0, 5], device="cuda")
     seq, ext = torch.tensor([300, 128, 700]), torch.tensor([200, 128, 9])
+    seq_d, ext_d = seq.cuda(), ext.cuda()  # the test's own uploads, before the region judged
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        d = sglang.CompressorDecodePlan.generate(128, rid, r2t, f2s, seq.cuda(), 256, 128)
+        d = sglang.CompressorDecodePlan.generate(128, rid, r2t, f2s, seq_d, 256, 128)
         h = sglang.CompressorPrefillPlan.generate(128, rid, seq, ext, r2t, f2s, 256, 128, 337)
-        g = sglang.CompressorPrefillPlan.generate(128, rid, seq.cuda(), ext.cuda(), r2t, f2s, 256, 128, 400, True)
+        g = sglang.CompressorPrefillPlan.generate(128, rid, seq_d, ext_d, r2t, f2s, 256, 128, 400, True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert h.pin_buffer is not None and h.pin_buffer.is_pinned()
