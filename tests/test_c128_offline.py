@@ -459,6 +459,27 @@ def test_the_gpu_agrees_with_the_host_backend(bf16_ring):
         assert rel_err(b, a) < TOL
 
 
+@gpu
+@pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
+def test_more_rows_than_a_wave_of_clusters_takes(bf16_ring):
+    """1100 requests (a cluster then takes 64 rows, the last cluster fewer, more clusters than one wave holds):
+    extends whose closing chunks fall on many rows of each cluster, then decodes where a few requests close
+    beside many that do not; every out within 1e-5 of float64, the ring the host backend's byte for byte, and the
+    cache the standalone store's."""
+    g = np.random.default_rng(5)
+    batch = 1100
+    slots = [int(s) for s in g.permutation(batch + 4)[:batch]]
+    prefixes = [int(p) for p in g.integers(100, 400, batch)]
+    rings = []
+    for device in ("cpu", "cuda"):
+        layer = Layer(device, slots=batch + 4, bf16_ring=bf16_ring, max_len=440, seed=23)
+        shadow = Shadow(layer)
+        run_schedule(layer, shadow, slots, prefixes, decodes=24)
+        shadow.check()
+        rings.append(layer.ring.ring.cpu().view(torch.uint8))
+    assert torch.equal(rings[0], rings[1])
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_readme_block_runs_as_written(device):
     """The README's offline c128 block is the users' first call: it runs as written and stores what it closes."""
