@@ -11,6 +11,7 @@ import os
 import sys
 
 from pydsa.bench.sglang_shim import enter, import_all
+from sglang_wheel_layers import model_module
 
 
 def main():
@@ -22,6 +23,7 @@ def main():
     import_all(("sglang.srt.plugins", "sglang.kernels.ops.attention.dsv4.compress",
                 "sglang.kernels.ops.attention.dsv4.online_c128_mtp", "sglang.kernels.ops.attention.dsa.fused_metadata_copy",
                 "sglang.srt.layers.attention.dsv4.compressor_v2"), stand_ins)
+    model_module(torch, import_all(("sglang.srt.environ",), stand_ins)[0].envs)  # the layer hook's target
     from sglang.srt.plugins import load_plugins
     from sglang.srt.plugins.hook_registry import HookRegistry
     import pydsa

@@ -1,15 +1,21 @@
 """Run as a script by tests/test_sglang_wheel.py, in its own process: sglang 0.5.23's real modules (its wheel
 installed without its dependencies, entered as tests/sglang_wheel.py enters them) with pydsa's plugin loaded by
-sglang's own plugin loader, and sglang's compressor call site (CompressorBackendMixin.forward_unified) driven on
-CPU tensors for an offline c128 layer (decode and extend), a c4 layer and an online c128 layer (sglang's rule:
+sglang's own plugin loader, and sglang's compressor call site (CompressorBackendMixin.forward_core_compressor,
+its forward_unified) driven on CPU tensors for an offline c128 layer (decode and extend), a c4 layer's main
+compressor called on its own (outside a layer's forward: the per-compressor route; tests/test_plugin_layer.py
+drives a c4 layer's forward, both compressors in one call) and an online c128 layer (sglang's rule:
 SGLANG_OPT_USE_ONLINE_COMPRESS). sglang's kernel loaders are trapped: every call of one is recorded (and refused).
 Prints one JSON line of findings: which pydsa ops ran (a standalone store, kv_store, would say a layer's compress
 and store went apart instead of fused), which sglang kernels were asked for, and whether each
 layer's ring or state and cache bytes are those of pydsa's own ops on the same inputs."""
+import __future__
+import ast
 import functools
 import json
 import logging
 import os
+import pathlib
+import sys
 import types
 
 import torch
@@ -19,6 +25,43 @@ from pydsa.bench.sglang_shim import enter, import_all
 D = 512
 KERNEL_LOADERS = ("_jit_compress_module", "_jit_compress_norm_rope_module", "_jit_compress_128_online_module",
                   "_jit_compress_plan_module")
+
+
+def sglang_method(rel: str, cls: str, name: str, namespace: dict):
+    """sglang's own method `cls.name`, compiled from its installed source file `rel` (a module that imports sglang's
+    whole runtime, which these scripts stand in for) with the globals it reads."""
+    path = pathlib.Path(sys.modules["sglang"].__path__[0]) / rel
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for f in node.body:
+                if isinstance(f, ast.FunctionDef) and f.name == name:
+                    code = compile(ast.Module(body=[f], type_ignores=[]), str(path), "exec",
+                                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+                    scope = {"TYPE_CHECKING": False, **namespace}
+                    exec(code, scope)
+                    return scope[name]
+    raise LookupError(f"{cls}.{name} is not in sglang's {rel}")
+
+
+def model_module(torch, envs):
+    """The stand-in sglang.srt.models.deepseek_v4 (sglang's imports its whole runtime), the plugin's layer hook's
+    target: MQALayer with sglang's own _forward_prepare (its CUDA, single-stream path: not HIP, not NPU, no context
+    parallelism) and a forward that calls it as sglang's MQALayer.forward does."""
+    prepare = sglang_method("srt/models/deepseek_v4.py", "MQALayer", "_forward_prepare", {
+        "torch": torch, "envs": envs, "is_cp_active": lambda batch: False, "_is_hip": False, "_is_npu": False,
+        "in_replay_tail_graph": lambda: False})
+
+    class MQALayer:
+        is_dsv41 = False
+        _forward_prepare = prepare
+
+        def forward(self, x, positions, forward_batch, x_quant=None, defer_all_reduce=False):
+            return self._forward_prepare(x, positions, forward_batch, self.attn_backend, x_quant=x_quant)
+
+    module = types.ModuleType("sglang.srt.models.deepseek_v4")
+    module.MQALayer = MQALayer
+    sys.modules[module.__name__] = module
+    return module
 
 
 class Site:
@@ -59,7 +102,8 @@ def _trap(compress, asked):
 
 
 def _layer(mixin, ratio, plan, out_loc, buffer, kv, cache, page_size, layout, seed):
-    """One forward_unified of a layer; its ring or state and cache after it."""
+    """One compressor call of a layer (sglang's forward_core_compressor, its name for forward_unified); its ring
+    or state and cache after it."""
     g = torch.Generator().manual_seed(seed)
     ape = torch.randn(ratio * (2 if ratio == 4 else 1), D, generator=g) * 0.5
     weight = torch.rand(D, generator=g) + 0.5
@@ -73,7 +117,7 @@ def _layer(mixin, ratio, plan, out_loc, buffer, kv, cache, page_size, layout, se
     core = types.SimpleNamespace(**{f"c{ratio}_out_loc": out_loc})
     backend.forward_metadata = types.SimpleNamespace(**{f"c{ratio}_compress_metadata": plan, "core_metadata": core})
     batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_idle=lambda: False))
-    backend.forward_unified(torch.zeros(1), batch, 0, Site.compressor(ratio, ape, weight, freqs, buffer, kv))
+    backend.forward_core_compressor(torch.zeros(1), batch, 0, Site.compressor(ratio, ape, weight, freqs, buffer, kv))
     return ape, weight, freqs, backend
 
 
@@ -85,7 +129,9 @@ def main():
     compress, v2, layout_mod = import_all(("sglang.kernels.ops.attention.dsv4.compress",
                                            "sglang.srt.layers.attention.dsv4.compressor_v2",
                                            "sglang.kernels.ops.attention.dsv4.kv_layout"), stand_ins)
-    import_all(("sglang.srt.plugins", "sglang.srt.layers.attention.dsv4.unified_kv_gate"), stand_ins)
+    environ, _, _ = import_all(("sglang.srt.environ", "sglang.srt.plugins",
+                                "sglang.srt.layers.attention.dsv4.unified_kv_gate"), stand_ins)
+    model_module(torch, environ.envs)
     from sglang.srt.plugins import load_plugins
     from pydsa import sglang as ours
     from pydsa.sglang import c4 as ours_c4, compress as ours_v2, offline as ours_offline

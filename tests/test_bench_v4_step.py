@@ -58,15 +58,20 @@ def test_a_settled_c128_state_compresses_what_the_default_paths_ring_holds():
     assert bool(torch.isnan(out[3:]).all())
 
 
-def test_the_plugins_route_stores_what_one_c4_decode_stores():
-    geo = _geometry(7, True, seed=5)
-    layer = v.C4Layer(geo, torch.float32, torch.Generator().manual_seed(4))
-    theirs = [c.clone() for c in layer.caches]
-    plan = _records_decode(layer, geo, theirs)  # it writes the new tokens' ring rows, which the route writes alike
-    for call in c4_paths.plugin_calls(layer, plan, geo.out_loc):
-        call()
-    for mine, other in zip(layer.caches, theirs):
-        assert torch.equal(mine, other)
+def test_the_plugins_routes_store_what_one_c4_decode_stores():
+    """P35's plugin row times one call for both compressors (the layer hook's), its per-compressor row one per
+    compressor; each stores what one c4 decode stores."""
+    for routes, count in ((c4_paths.plugin_calls, 1), (c4_paths.per_compressor_calls, 2)):
+        geo = _geometry(7, True, seed=5)
+        layer = v.C4Layer(geo, torch.float32, torch.Generator().manual_seed(4))
+        theirs = [c.clone() for c in layer.caches]
+        plan = _records_decode(layer, geo, theirs)  # it writes the new tokens' ring rows, which the route writes alike
+        calls = routes(layer, plan, geo.out_loc)
+        assert len(calls) == count
+        for call in calls:
+            call()
+        for mine, other in zip(layer.caches, theirs):
+            assert torch.equal(mine, other)
 
 
 def test_a_step_alternates_its_layers_and_runs_on_the_host():

@@ -292,7 +292,11 @@ def test_the_plugin_registers_its_hooks_and_passes_other_calls_through(monkeypat
     monkeypatch.setitem(sys.modules, "sglang.srt.plugins.hook_registry", module)
     sglang_plugin.register()
     targets = {t: k for t, _, k in registered}
-    assert len(targets) == 10 and all(t.startswith("sglang.") for t in targets)
+    assert len(targets) == 13 and all(t.startswith("sglang.") for t in targets)
+    for layer_hook in ("sglang.srt.models.deepseek_v4.MQALayer.forward",
+                       "sglang.srt.layers.attention.dsv4.compressor_v2.CompressorBackendMixin.forward_core_compressor",
+                       "sglang.srt.layers.attention.dsv4.compressor_v2.CompressorBackendMixin.forward_indexer_compressor"):
+        assert targets[layer_hook] == "around"  # a c4 layer's two compressor calls as one
     assert targets["sglang.kernels.ops.attention.dsv4.compress.compress_forward"] == "around"
     assert targets["sglang.kernels.ops.attention.dsv4.online_c128_mtp.online_c128_mtp_commit_pending"] == "replace"
     # an AROUND hook hands a configuration that is not pydsa's back to sglang's own function

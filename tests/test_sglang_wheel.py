@@ -28,7 +28,7 @@ def test_sglangs_loader_applies_the_plugin_and_its_compressor_calls_reach_pydsa(
     lines = [line for line in r.stdout.splitlines() if line.startswith("FINDINGS ")]
     assert r.returncode == 0 and lines, r.stdout[-3000:] + r.stderr[-3000:]
     found = json.loads(lines[-1][len("FINDINGS "):])
-    assert found["registered"] == found["ours"] and len(found["ours"]) == 10
+    assert found["registered"] == found["ours"] and len(found["ours"]) == 13
     assert set(found["ours"]) <= set(found["patched"])  # every target resolved in sglang's modules
     assert all(found["replaced"].values()), found["replaced"]
     for key in ("decode_plan_is_pydsas", "decode_state_equal", "decode_out_equal", "store_equal",

@@ -1,6 +1,8 @@
 """The plugin's c4 path call by call (P35): one c4 layer's decode, B = 1 / 32 / 256 / 1024, fp32, sglang's plan read
-by both sides: the plugin's route (its hook of sglang's `_forward_compress_all_in_one`: compress_forward_and_store per
-compressor, 2 launches) against sglang's four; each pydsa.sglang call against the sglang call it replaces
+by both sides: the plugin's route (its layer hook: the two compressors' `_forward_compress_all_in_one` keywords, as
+sglang's forward_unified resolves them, as one `plugin.c4_layer_call`, 1 launch) and its per-compressor route (its
+hook of `_forward_compress_all_in_one` per compressor, 2 launches: a layer the layer hook cannot join) against
+sglang's four; each pydsa.sglang call against the sglang call it replaces
 (compress_forward and compress_norm_rope_store per compressor, CompressorDecodePlan.generate(4, ...)). Each case is
 checked once from the same start on both sides before it is timed (pydsa/bench/v4_step.py's checks). Run with the
 V4 step: python -m pydsa.bench.release OUT.json --reference-build DIR --only v4-step
@@ -34,17 +36,28 @@ def _sglang_own(*args, **kwargs):
     raise AssertionError("the plugin passed a c4 compressor to sglang's own code")
 
 
+def compressor_keywords(layer, out_loc):
+    """The keywords sglang's forward_unified gives _forward_compress_all_in_one for the layer's main and indexer
+    compressors (the ape as its [4, 2D] parameter; one out_loc, sglang's c4_out_loc)."""
+    return [dict(kv_score_buffer=layer.rings[k], kv_score_input=layer.kv[k], ape=layer.apes[k].view(4, 2 * d),
+                 head_dim=d, norm=SimpleNamespace(weight=layer.weights[k], variance_epsilon=EPS),
+                 freqs_cis_cache=layer.freqs_cis, kv_cache=layer.caches[k], is_indexer=k == 1, rotate=k == 1,
+                 compress_ratio=4, page_size=C4_PAGE, out_loc=out_loc) for k, d in enumerate(DIMS)]
+
+
 def plugin_calls(layer, plan, out_loc):
-    """The plugin's route of one c4 layer: its hook of sglang's _forward_compress_all_in_one, once per compressor,
-    with the arguments sglang's compressor passes (the ape as its [4, 2D] parameter)."""
-    backend, calls = _Backend(plan), []
-    for k, d in enumerate(DIMS):
-        kw = dict(kv_score_buffer=layer.rings[k], kv_score_input=layer.kv[k], ape=layer.apes[k].view(4, 2 * d),
-                  head_dim=d, norm=SimpleNamespace(weight=layer.weights[k], variance_epsilon=EPS),
-                  freqs_cis_cache=layer.freqs_cis, kv_cache=layer.caches[k], is_indexer=k == 1, rotate=k == 1,
-                  compress_ratio=4, page_size=C4_PAGE, out_loc=out_loc)
-        calls.append(partial(plugin._compress_all_in_one, _sglang_own, backend, **kw))
-    return calls
+    """The plugin's route of one c4 layer's step: what its layer hook runs at the first compressor's call, one
+    c4_layer call for both compressors (the second call is a no-op)."""
+    main, indexer = compressor_keywords(layer, out_loc)
+    return [partial(plugin.c4_layer_call, plan, main, indexer)]
+
+
+def per_compressor_calls(layer, plan, out_loc):
+    """The plugin's per-compressor route of one c4 layer (a layer its hook cannot join): its hook of sglang's
+    _forward_compress_all_in_one, once per compressor."""
+    backend = _Backend(plan)
+    return [partial(plugin._compress_all_in_one, _sglang_own, backend, **kw)
+            for kw in compressor_keywords(layer, out_loc)]
 
 
 def _compress_check(ring, theirs, mine, k, rows):
@@ -76,8 +89,10 @@ def path_cases(ref, layer, geo, plan):
     """{(path, compressor): (sglang's calls, pydsa's calls, check)} of one c4 layer's decode over sglang's plan;
     check() runs both sides from the same start and says what differs."""
     theirs_layer = partial(sglang_layer, ref, layer, layer.kv, plan, geo.out_loc)
-    mine = plugin_calls(layer, plan, geo.out_loc)
-    cases = {("plugin", None): ([theirs_layer], mine, partial(_layer_check, layer.caches, theirs_layer, mine))}
+    cases = {}
+    for path, calls in (("plugin", plugin_calls), ("per-compressor", per_compressor_calls)):
+        mine = calls(layer, plan, geo.out_loc)
+        cases[(path, None)] = ([theirs_layer], mine, partial(_layer_check, layer.caches, theirs_layer, mine))
     closing = geo.seq64 % 4 == 0
     for k, d in enumerate(DIMS):
         ring, kv, ape, w, cache = layer.rings[k], layer.kv[k], layer.apes[k], layer.weights[k], layer.caches[k]
@@ -98,7 +113,7 @@ def path_cases(ref, layer, geo, plan):
 
 
 def path_target(path, b):
-    return (1.6 if b <= 256 else 1.3) if path == "plugin" else 1.1
+    return (1.6 if b <= 256 else 1.3) if path in ("plugin", "per-compressor") else 1.1
 
 
 def path_group(ref, b, closing, rounds, device):

@@ -17,7 +17,7 @@ spin before each replay), PDL as each side ships it. Targets in docs/performance
   (each replay's steps cycle through them: L2-cold). Beside each row the floor: the bytes the step must move at
   copy bandwidth.
 - P35: one c4 layer's decode, B = 1 / 32 / 256 / 1024, fp32, sglang's plan read by both sides: the plugin's route
-  (its hook of sglang's `_forward_compress_all_in_one`: compress_forward_and_store per compressor, 2 launches)
+  (its layer hook: one c4_layer call for both compressors, 1 launch) and its per-compressor route (2 launches)
   against sglang's four; each pydsa.sglang call against the sglang call it replaces (compress_forward and
   compress_norm_rope_store per compressor, CompressorDecodePlan.generate(4, ...)).
 

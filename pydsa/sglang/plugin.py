@@ -1,13 +1,37 @@
 """The sglang plugin: `pip install dsa-kernels` and sglang 0.5.23 loads this through its `sglang.srt.plugins`
 entry point (`register`), which makes a running sglang use pydsa for every compressor layer of its default
 deployment: the c128 layers (offline, sglang's default, and online), the c4 layers (main and indexer
-compressors), fp32 or bf16 ring or state; the MTP calls and the fused metadata copy. Restrict sglang's plugins
-with SGLANG_PLUGINS=pydsa. register() says in one log line what runs on pydsa and what stays sglang's.
+compressors, one call for both), fp32 or bf16 ring or state; the MTP calls and the fused metadata copy. Restrict
+sglang's plugins with SGLANG_PLUGINS=pydsa. register() says in one log line what runs on pydsa and what stays
+sglang's.
 
-Hooks: the compressor's two calls per c128 or c4 compressor (`compress_forward`, then
-`compress_norm_rope_store`, made by `CompressorBackendMixin._forward_compress_all_in_one`) become one
-fused launch (an offline c128 extend: two, where sglang runs three; a c4 layer's two compressors: two launches,
-where sglang runs four); whether a c128 layer is online is sglang's own rule (SGLANG_OPT_USE_ONLINE_COMPRESS).
+Hooks, per compressor: the compressor's two calls per c128 or c4 compressor (`compress_forward`, then
+`compress_norm_rope_store`, made by `CompressorBackendMixin._forward_compress_all_in_one`) become one fused call
+(decode: one launch; an offline c128 extend: two, where sglang runs three); whether a c128 layer is online is
+sglang's own rule (SGLANG_OPT_USE_ONLINE_COMPRESS).
+
+Hooks, per c4 layer: sglang calls a c4 layer's two compressors separately. `MQALayer._forward_prepare`
+(sglang.srt.models.deepseek_v4; the multi-stream prepares alike) calls the indexer first, whose
+`C4IndexerBackendMixin._forward_prepare_normal` (sglang.srt.layers.attention.dsv4.indexer) makes the indexer
+compressor's call, `CompressorBackendMixin.forward_indexer_compressor` (an alias of `forward_unified`), and then
+reads the indexer cache it stored (the top-k); the layer then makes the main compressor's call,
+`CompressorBackendMixin.forward_core_compressor` (the same function). Nothing between the two reads the main
+compressor's ring or cache, but the indexer's store must come before its read, so the one call for both runs at
+the first of the two: the plugin hooks `sglang.srt.models.deepseek_v4.MQALayer.forward` (the layer that owns both
+compressors: which layer's step is running, and the x and forward_batch it passes both calls) and the two
+aliases. At the first call, sglang's own `forward_unified` runs for both compressors with their
+`_forward_compress_all_in_one` held back (each compressor's kv_score_input from its own GEMM, the other's from the
+layer's x, which sglang passes its call unchanged; its caches, page sizes, layouts and slots as sglang resolves
+them); when both are pydsa's configuration, share sglang's c4_out_loc and have as many input rows,
+`pydsa.sglang.c4_layer` runs once (decode: one launch, where sglang runs four; extend: two, where sglang runs
+four), and the second compressor's call is then a no-op, checked to carry the same x, forward_batch and layer_id
+(a different one raises: its compressor already ran). Otherwise only the first compressor runs then (per
+compressor, as above) and the second runs at its own call: a hisparse pool (the main's slots translated, and its
+swap-in between the two calls rewriting the main's pool), the indexer's x cut to fewer rows than the layer's, a
+configuration that is not pydsa's (a layer found so for its configuration runs per compressor from then on); the
+trtllm uniform-fp8 pool, context-parallel prefill (collectives in the compressor's GEMM) and V4.1 layers are
+never joined.
+
 The online c128 plans come from pydsa's planners; the offline c128 and c4 plans stay sglang's (one kernel per
 step; their records are what pydsa's kernels read in place); the MTP calls and the metadata copies are
 replaced. Everything that is not pydsa's configuration (compress.HANDED_BACK: the fp4 indexer, bf16 or two-pool
@@ -18,13 +42,23 @@ them.
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 
 logger = logging.getLogger(__name__)
 
 _COMPRESS = "sglang.kernels.ops.attention.dsv4.compress"
 _MTP = "sglang.kernels.ops.attention.dsv4.online_c128_mtp"
 _METADATA = "sglang.kernels.ops.attention.dsa.fused_metadata_copy"
-_MIXIN = "sglang.srt.layers.attention.dsv4.compressor_v2.CompressorBackendMixin._forward_compress_all_in_one"
+_BACKEND = "sglang.srt.layers.attention.dsv4.compressor_v2.CompressorBackendMixin"
+_MIXIN = f"{_BACKEND}._forward_compress_all_in_one"
+_LAYER = "sglang.srt.models.deepseek_v4.MQALayer.forward"
+_C4_RATIO, _MAIN_DIM, _INDEXER_DIM = 4, 512, 128
+
+# .step: the c4 layer step running on this thread (_LayerStep); .held: the _forward_compress_all_in_one calls
+# held back while sglang's forward_unified runs for the layer's one call
+_running = threading.local()
+_per_compressor = weakref.WeakSet()  # c4 layers whose configuration is not one call's: they run per compressor
 
 
 def _ours(plan) -> bool:
@@ -77,17 +111,29 @@ def _norm_rope_store(original, kv, plan, **kwargs):
     return original(kv, plan, **kwargs)
 
 
-def _compress_all_in_one(original, self, **kw):
-    """One fused call (decode: one launch) for a c4 compressor, an offline c128 layer, or an online c128 layer
-    whose plan is pydsa's; sglang's path otherwise."""
+def _reason(kw):
+    """What of one _forward_compress_all_in_one call's configuration is not pydsa's, or None (config.outside_pydsa)."""
     from . import compress as sglang_v2
     ratio = kw["compress_ratio"]
+    return sglang_v2.outside_pydsa(kw["head_dim"], ratio, ratio != _C4_RATIO,
+                                   indexer=bool(kw.get("use_fp4_indexer") or (kw.get("is_indexer") and ratio != 4)),
+                                   bf16_store=bool(kw.get("bf16_store")), two_pool=bool(kw.get("fp8_2buff")),
+                                   layout=kw.get("kv_layout", "V4"),
+                                   input_dtype=getattr(kw.get("kv_score_input"), "dtype", None))
+
+
+def _compress_all_in_one(original, self, **kw):
+    """One fused call (decode: one launch) for a c4 compressor, an offline c128 layer, or an online c128 layer
+    whose plan is pydsa's; sglang's path otherwise. Held back (not run) while a c4 layer's one call gathers its
+    two compressors' calls."""
+    from . import compress as sglang_v2
+    held = getattr(_running, "held", None)
+    if held is not None:
+        held.append((original, kw))
+        return None
+    ratio = kw["compress_ratio"]
     plan = self._get_paged_compress_metadata(ratio)
-    reason = sglang_v2.outside_pydsa(kw["head_dim"], ratio, ratio != 4,
-                                     indexer=bool(kw.get("use_fp4_indexer") or (kw.get("is_indexer") and ratio != 4)),
-                                     bf16_store=bool(kw.get("bf16_store")), two_pool=bool(kw.get("fp8_2buff")),
-                                     layout=kw.get("kv_layout", "V4"),
-                                     input_dtype=getattr(kw.get("kv_score_input"), "dtype", None))
+    reason = _reason(kw)
     online = reason is None and ratio == 128 and _online(ratio)
     if reason is None and ((ratio == 4 and _c4(plan)) or (ratio == 128 and not online and _c128(plan))):
         d, norm = kw["head_dim"], kw["norm"]
@@ -106,6 +152,142 @@ def _compress_all_in_one(original, self, **kw):
     return original(self, **kw)
 
 
+def c4_layer_call(plan, main: dict, indexer: dict) -> None:
+    """One c4 layer's two compressors and both stores as one pydsa.sglang.c4_layer call (decode: one launch), from
+    the keywords sglang's forward_unified gives `_forward_compress_all_in_one` for its main and its indexer
+    compressor (both pydsa's configuration, one out_loc)."""
+    from . import c4 as sglang_c4, compress as sglang_v2
+
+    def side(kw, layout):
+        d, norm = kw["head_dim"], kw["norm"]
+        store = sglang_v2._kv_cache(kw["kv_cache"], norm.weight, norm.variance_epsilon, kw["freqs_cis_cache"],
+                                    kw["page_size"], layout)
+        return {"kv_score_buffer": kw["kv_score_buffer"], "kv_score_input": kw["kv_score_input"],
+                "ape": kw["ape"].view(-1, d), "store": store}
+    sglang_c4.layer(side(main, "v4"), side(indexer, "indexer"), plan, main["out_loc"])
+
+
+def _apart(main, indexer):
+    """Why two compressors' calls cannot be one c4_layer call, or None; and whether that holds for every step (the
+    configuration) rather than this one (the rows)."""
+    reason = _reason(main) or _reason(indexer)
+    if reason:
+        return reason, True
+    if (main["head_dim"], indexer["head_dim"]) != (_MAIN_DIM, _INDEXER_DIM):
+        return f"head_dims {main['head_dim']} and {indexer['head_dim']}", True
+    if main["out_loc"] is not indexer["out_loc"]:
+        return "the main compressor's slots are not the indexer's (a hisparse pool)", True
+    rows = [getattr(kw["kv_score_input"], "shape", (None,))[0] for kw in (main, indexer)]
+    if rows[0] != rows[1]:
+        return f"{rows[0]} and {rows[1]} input rows", False
+    return None, False
+
+
+class _LayerStep:
+    """One c4 layer's forward (MQALayer.forward): its two compressors, the x and forward_batch the layer passes
+    their calls, its layer_id, and which call already came (first) or ran with the first (ahead)."""
+
+    def __init__(self, layer, main, indexer, x, batch):
+        self.layer, self.main, self.indexer, self.x, self.batch = layer, main, indexer, x, batch
+        self.first = self.ahead = self.layer_id = None
+
+    def owns(self, compressor) -> bool:
+        return compressor is self.main or compressor is self.indexer
+
+    def name(self, compressor) -> str:
+        return "main" if compressor is self.main else "indexer"
+
+
+def _joinable(layer) -> bool:
+    try:
+        return layer not in _per_compressor
+    except TypeError:  # not weakly referable: never found apart
+        return True
+
+
+def _layer_forward(original, layer, *args, **kwargs):
+    """sglang's MQALayer.forward(x, positions, forward_batch, ...) of a DeepSeek-V4 c4 layer, with the layer's step
+    known to its two compressors' calls; other layers as they are."""
+    main = getattr(layer, "compressor", None)
+    indexer = getattr(getattr(layer, "indexer", None), "compressor", None)
+    if (getattr(layer, "compress_ratio", None) != _C4_RATIO or getattr(layer, "is_dsv41", False) or main is None
+            or indexer is None or not _joinable(layer)):
+        return original(layer, *args, **kwargs)
+    x = args[0] if args else kwargs.get("x")
+    batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
+    outer = getattr(_running, "step", None)
+    _running.step = step = _LayerStep(layer, main, indexer, x, batch)
+    try:
+        result = original(layer, *args, **kwargs)
+    finally:
+        _running.step = outer
+    if step.ahead is not None:
+        raise RuntimeError(f"layer {step.layer_id}'s {step.name(step.ahead)} compressor ran with the "
+                           f"{step.name(step.first)} compressor's call, but sglang's forward of the layer made no "
+                           f"call of its own for it")
+    return result
+
+
+def _held(original, backend, args, kwargs):
+    """sglang's forward_unified with its _forward_compress_all_in_one call held back: (that call's original, its
+    keywords), or None when it made none (an idle batch)."""
+    held, outer = [], getattr(_running, "held", None)
+    _running.held = held
+    try:
+        original(backend, *args, **kwargs)
+    finally:
+        _running.held = outer
+    return held[0] if held else None
+
+
+def _compressor_call(original, backend, *args, **kwargs):
+    """sglang's forward_core_compressor / forward_indexer_compressor (forward_unified: x, forward_batch, layer_id,
+    compressor). Within a c4 layer's step: the first of its two calls runs both compressors as one c4_layer call
+    when it can (the module's docstring says when), and the second is then a no-op; anything else as it was."""
+    call = dict(zip(("x", "forward_batch", "layer_id", "compressor"), args))
+    call.update(kwargs)
+    step, compressor = getattr(_running, "step", None), call.get("compressor")
+    if step is None or call.get("forward_batch") is not step.batch or not step.owns(compressor):
+        return original(backend, *args, **kwargs)
+    if step.ahead is compressor:
+        if call.get("x") is not step.x or call.get("layer_id") != step.layer_id:
+            raise RuntimeError(
+                f"layer {step.layer_id}'s {step.name(compressor)} compressor already ran with the "
+                f"{step.name(step.first)} compressor's call, on the x the layer was given and layer_id "
+                f"{step.layer_id}; sglang's own call for it now passes "
+                f"{'another x' if call.get('x') is not step.x else 'the same x'} and layer_id {call.get('layer_id')}")
+        step.ahead = None
+        return None
+    if step.first is not None:
+        return original(backend, *args, **kwargs)
+    step.first, step.layer_id = compressor, call.get("layer_id")
+    if (getattr(getattr(backend, "token_to_kv_pool", None), "uniform_fp8", False)
+            or getattr(call.get("forward_batch"), "attn_cp_metadata", None) is not None):
+        return original(backend, *args, **kwargs)
+    this = _held(original, backend, args, kwargs)
+    if this is None:
+        return None
+    own, kw = this
+    plan = backend._get_paged_compress_metadata(_C4_RATIO)
+    if kw["compress_ratio"] != _C4_RATIO or _reason(kw) is not None or not _c4(plan):
+        return _compress_all_in_one(own, backend, **kw)
+    other = step.indexer if compressor is step.main else step.main
+    that = _held(original, backend, (step.x, step.batch, step.layer_id, other), {})
+    if that is not None:
+        main, indexer = (that[1], kw) if kw.get("is_indexer") else (kw, that[1])
+        reason, lasting = _apart(main, indexer)
+        if reason is None:
+            c4_layer_call(plan, main, indexer)
+            step.ahead = other
+            return None
+        if lasting:
+            try:
+                _per_compressor.add(step.layer)
+            except TypeError:
+                pass
+    return _compress_all_in_one(own, backend, **kw)
+
+
 def hooks() -> list:
     """(target, hook, kind) of every hook the plugin registers; kind is "around" or "replace"."""
     from .. import sglang
@@ -115,6 +297,9 @@ def hooks() -> list:
         (f"{_COMPRESS}.compress_forward", _compress_forward, "around"),
         (f"{_COMPRESS}.compress_norm_rope_store", _norm_rope_store, "around"),
         (_MIXIN, _compress_all_in_one, "around"),
+        (_LAYER, _layer_forward, "around"),
+        (f"{_BACKEND}.forward_indexer_compressor", _compressor_call, "around"),
+        (f"{_BACKEND}.forward_core_compressor", _compressor_call, "around"),
         (f"{_MTP}.online_c128_mtp_write_prefix_states", sglang.online_c128_mtp_write_prefix_states, "replace"),
         (f"{_MTP}.online_c128_mtp_mark_pending", sglang.online_c128_mtp_mark_pending, "replace"),
         (f"{_MTP}.online_c128_mtp_commit_pending", sglang.online_c128_mtp_commit_pending, "replace"),
@@ -128,7 +313,8 @@ def startup_line() -> str:
     from .. import __version__
     from .compress import HANDED_BACK
     return (f"pydsa {__version__} serves sglang's compressor layers: c128 offline (sglang's default) and online, c4 "
-            f"main and indexer compressors, fp32 or bf16 ring or state, into V4 caches; the online c128 plans, the "
+            f"layers (main and indexer compressors in one call, decode: one launch), fp32 or bf16 ring or state, "
+            f"into V4 caches; the online c128 plans, the "
             f"MTP calls and the fused metadata copy. Handed back to sglang's own kernels: "
             f"{', '.join(HANDED_BACK)}; the per-step c4 and offline c128 plans stay sglang's (pydsa reads their "
             f"records in place)")
