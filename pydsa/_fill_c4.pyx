@@ -170,8 +170,8 @@ cdef int32_t _request_ring(object main, object ring_size, str op) except -1:
     return m.rows_per_slot
 
 
-cdef int64_t _begin(dsa_c4_params* p, int kind, main, kv_score, indexer, indexer_kv_score, indexer_out,
-                    list keep) except -1:
+cdef inline int64_t _begin(dsa_c4_params* p, int kind, main, kv_score, indexer, indexer_kv_score, indexer_out,
+                           list keep) except -1:
     """The call's compressors and main's input: main a C4Compressor, the indexer and its input given together
     (indexer_out only with them), kv_score (drafts for a verify) fp32 [rows, 4D] on main's device; its rows."""
     cdef Arg kv
@@ -192,8 +192,8 @@ cdef int64_t _begin(dsa_c4_params* p, int kind, main, kv_score, indexer, indexer
     return kv.shape[0]
 
 
-cdef int _sides(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out,
-                cache_slots, int64_t rows, int64_t out_rows, list keep) except -1:
+cdef inline int _sides(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out,
+                       cache_slots, int64_t rows, int64_t out_rows, list keep) except -1:
     """Both sides of the call (main's, and the indexer's when given) over `rows` input rows and `out_rows` output
     rows, and the cache slots every stored row takes (given exactly when a compressor has a store)."""
     cdef Arg cs
@@ -221,7 +221,7 @@ cdef int _sides(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexe
     return 0
 
 
-cdef int _end(dsa_c4_params* p, uint32_t flags, error_count, list keep) except -1:
+cdef inline int _end(dsa_c4_params* p, uint32_t flags, error_count, list keep) except -1:
     """The call's launch flags and error counter."""
     cdef uint32_t* errors
     error_counter(error_count, p.device, &errors, keep)
