@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The c128 decode's and prefill's params, filled from a call's arguments (each judged by the shared
 reader, pydsa/_read.pyx, which raises the error naming a wrong one), and launched: on the C stack for
-a one-shot call, into a prepared buffer for C128Decode / C128Prefill; and a DevicePlan's upload."""
+a one-shot call, into the params of its prepared form (C128Decode, C128Prefill: the reader's Prepared);
+and a DevicePlan's upload."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
@@ -96,32 +97,41 @@ def c128_decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=No
     new state is stored into `indices`. Default: `indices`. store: a pydsa.KVCache that every closed
     vector is also stored into, at cache_slots[b] (int64 [B]); `out` may then be None. pdl: None
     launches with programmatic dependent launch where every compiled architecture supports it."""
-    status = _decode(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
-                     cache_slots=cache_slots, stream=stream, flags=pdl_flag(pdl), error_count=error_count, into=0)
+    cdef dsa_c128_decode_params p
+    _decode(&p, state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
+            load_indices=load_indices, store=store, cache_slots=cache_slots, pdl=pdl, error_count=error_count,
+            keep=None)
+    cdef int status = launch(OP_DECODE, &p, p.device, stream)
     if status:
         raise_status(status)
 
 
-def decode(state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None, cache_slots=None,
-           pdl=None, error_count=None, uintptr_t into):
-    """C128Decode's fill: c128_decode's arguments judged and its params written at `into` (a prepared call's
-    params buffer); returns (device, the views the params point into)."""
-    return _decode(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
-                   cache_slots=cache_slots, stream=None, flags=pdl_flag(pdl), error_count=error_count, into=into)
+cdef class C128Decode(Prepared):
+    """A validated decode call over fixed buffers (c128_decode's arguments but the stream); launch() re-runs it
+    (e.g. for CUDA-graph capture or replay) with no re-validation. Contents of the buffers may change between
+    launches."""
+
+    __signature__ = prepared_signature(c128_decode)
+
+    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None,
+                 cache_slots=None, pdl=None, error_count=None):
+        cdef dsa_c128_decode_params* p = <dsa_c128_decode_params*>self.room(OP_DECODE)
+        _decode(p, state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
+                load_indices=load_indices, store=store, cache_slots=cache_slots, pdl=pdl, error_count=error_count,
+                keep=self.keep)
+        self.bound(p.device)
 
 
-cdef object _decode(state, kv_score, out, ape, indices, seq_lens, load_indices, store, cache_slots, stream,
-                    uint32_t flags, error_count, uintptr_t into):
-    """The decode's one fill: judges every argument (a wrong one raises, naming it) and fills the params, then
-    launches them and returns the library's status; or, with `into`, writes them there and returns (device,
-    the views the params point into) without launching. Nothing is written when an argument is wrong."""
-    cdef dsa_c128_decode_params p
+cdef int _decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indices, seq_lens, load_indices, store,
+                 cache_slots, pdl, error_count, list keep) except -1:
+    """The decode's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`,
+    appending to `keep` (a prepared call's, or None) what they point into."""
     cdef Arg st, kv, o, ap, ix, sl, lx
     cdef int32_t sdt
     cdef uint32_t* errors
     cdef const void* store_address
     cdef const int64_t* slots
-    cdef list keep = [] if into else None
+    cdef uint32_t flags = pdl_flag(pdl)
     state_arg(state, &st, &sdt, "state", keep)
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3
@@ -154,12 +164,8 @@ cdef object _decode(state, kv_score, out, ape, indices, seq_lens, load_indices, 
         vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep, "B: the rows of kv_score")
         optional_vector(load_indices, &lx, "load_indices", dev, b, keep, "B: the rows of kv_score")
     error_counter(error_count, dev, &errors, keep)
-    p.struct_size = sizeof(dsa_c128_decode_params)
-    p.flags = flags
-    p.device = dev
-    p.head_dim = <int32_t>d
-    p.num_slots = st.shape[0]
-    p.batch_size = b
+    fill_head(p, struct_size=sizeof(dsa_c128_decode_params), flags=flags, device=dev, head_dim=d,
+              num_slots=st.shape[0], batch_size=b)
     p.state = st.data
     p.kv_score = <const float*>kv.data
     p.out = <float*>o.data
@@ -172,10 +178,7 @@ cdef object _decode(state, kv_score, out, ape, indices, seq_lens, load_indices, 
     p.load_indices = <const int32_t*>lx.data
     p.store = store_address
     p.cache_slots = slots
-    if into:
-        (<dsa_c128_decode_params*>into)[0] = p
-        return dev, keep
-    return launch(OP_DECODE, &p, dev, stream)
+    return 0
 
 
 # ---- prefill ----------------------------------------------------------------------------------
@@ -188,6 +191,8 @@ cdef int _plan(object plan, int32_t dev, uint32_t* flags, uintptr_t* cp, int64_t
     counts[0] = 0
     if type(plan) is list and len(<list>plan) == 2:
         plan = tuple(plan)
+    if keep is not None:
+        keep.append(plan)
     if type(plan) is tuple and len(<tuple>plan) == 2:
         compress, write = <tuple>plan
         if is_ndarray(compress):
@@ -238,34 +243,41 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
     vector into a pydsa.KVCache as well, in the same call (on the GPU by a store launch behind the
     prefill's own, reading the vectors from out); `out` may then be None (the call then takes out rows
     of its own from torch's allocator)."""
-    status = _prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact,
-                      store=store, cache_slots=cache_slots, stream=stream, flags=_prefill_flags(pdl, cooperative),
-                      error_count=error_count, into=0)
+    cdef dsa_c128_prefill_params p
+    own = _prefill(&p, state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, plan=plan,
+                   load_indices=load_indices, compact=compact, store=store, cache_slots=cache_slots, pdl=pdl,
+                   error_count=error_count, cooperative=cooperative, keep=None)
+    cdef int status = launch(OP_PREFILL, &p, p.device, stream)
+    del own  # the call's own out rows: released behind its launch (stream-ordered)
     if status:
         raise_status(status)
 
 
-def prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
-            cache_slots=None, pdl=None, error_count=None, cooperative=True, uintptr_t into):
-    """C128Prefill's fill: c128_prefill's arguments judged and its params written at `into`; returns (device,
-    the buffers the params point into besides the arguments: views, a storing prefill's own out rows)."""
-    return _prefill(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact,
-                    store=store, cache_slots=cache_slots, stream=None, flags=_prefill_flags(pdl, cooperative),
-                    error_count=error_count, into=into)
+cdef class C128Prefill(Prepared):
+    """A validated prefill call over fixed buffers (c128_prefill's arguments but the stream; docs/spec.md,
+    prefill); launch() re-runs it.
+
+    `plan` is a (compress, write) pair of SEGMENT_DTYPE record arrays from pyplan.plan_prefill,
+    read from host memory at every launch (re-plan into the same arrays with plan_prefill(...,
+    out=...) and launch again), or a DevicePlan (read in place on the device: re-plan, then launch
+    or replay a graph that captured this call)."""
+
+    __signature__ = prepared_signature(c128_prefill)
+
+    def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
+                 cache_slots=None, pdl=None, error_count=None, cooperative=True):
+        cdef dsa_c128_prefill_params* p = <dsa_c128_prefill_params*>self.room(OP_PREFILL)
+        _prefill(p, state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, plan=plan,
+                 load_indices=load_indices, compact=compact, store=store, cache_slots=cache_slots, pdl=pdl,
+                 error_count=error_count, cooperative=cooperative, keep=self.keep)
+        self.bound(p.device)
 
 
-cdef uint32_t _prefill_flags(pdl, cooperative) except? 0xFFFFFFFF:
-    if cooperative is not True and cooperative is not False:
-        raise ArgumentTypeError("cooperative", f"cooperative must be a bool (got {cooperative!r})")
-    return pdl_flag(pdl) | (0 if cooperative else DSA_FLAG_NO_COOPERATIVE)
-
-
-cdef object _prefill(state, kv_score, out, ape, indices, plan, load_indices, compact, store, cache_slots, stream,
-                     uint32_t flags, error_count, uintptr_t into):
-    """The prefill's one fill: judges, fills and launches (the library's status), or with `into` fills the
-    params there and returns (device, the buffers the params point into besides the arguments). Nothing is
-    written when an argument is wrong."""
-    cdef dsa_c128_prefill_params p
+cdef object _prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, indices, plan, load_indices, compact,
+                     store, cache_slots, pdl, error_count, cooperative, list keep):
+    """The prefill's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`,
+    appending to `keep` (a prepared call's, or None) what they point into; returns the out rows the call made
+    for itself (a storing prefill on the GPU with out None), or None: they must outlive its launch."""
     cdef Arg st, kv, o, ap, ix, lx
     cdef const void* store_address
     cdef const int64_t* slots
@@ -273,7 +285,10 @@ cdef object _prefill(state, kv_score, out, ape, indices, plan, load_indices, com
     cdef uint32_t* errors
     cdef uintptr_t cp, wp, counts
     cdef int64_t nc, nw
-    cdef list keep = []  # a storing prefill on the GPU with out None makes rows of its own there
+    if cooperative is not True and cooperative is not False:
+        raise ArgumentTypeError("cooperative", f"cooperative must be a bool (got {cooperative!r})")
+    cdef uint32_t flags = pdl_flag(pdl) | (0 if cooperative else DSA_FLAG_NO_COOPERATIVE)
+    own = None
     if compact is not True and compact is not False:
         raise ArgumentTypeError("compact", f"compact must be a bool (got {compact!r})")
     state_arg(state, &st, &sdt, "state", keep)
@@ -283,13 +298,14 @@ cdef object _prefill(state, kv_score, out, ape, indices, plan, load_indices, com
     cdef int64_t n = kv.shape[0]
     tensor(indices, &ix, "indices", I32, dev, 1, ANY, ANY, keep)
     cdef int64_t b = ix.shape[0]
-    _plan(plan, dev, &flags, &cp, &nc, &wp, &nw, &counts, keep)
+    _plan(plan=plan, dev=dev, flags=&flags, cp=&cp, nc=&nc, wp=&wp, nw=&nw, counts=&counts, keep=keep)
     o.data = NULL
     if out is None and store is not None and dev >= 0 and nc > 0:
         # a storing prefill on the GPU passes its vectors through out: compact rows the call owns
-        out = new_rows(kv_score, nc, d)
+        out = own = new_rows(kv_score, nc, d)
         compact = True
-        keep.append(out)
+        if keep is not None:
+            keep.append(own)
     if not (out is None and store is not None):
         tensor(out, &o, "out", F32, dev, 2, nc if compact else n, d, keep,
                "the plan's compress records" if compact else "N: the rows of kv_score")
@@ -298,12 +314,8 @@ cdef object _prefill(state, kv_score, out, ape, indices, plan, load_indices, com
     optional_vector(load_indices, &lx, "load_indices", dev, b, keep, "B: the length of indices")
     error_counter(error_count, dev, &errors, keep)
     store_arg(store, cache_slots, dev, d, n, &store_address, &slots, keep)
-    p.struct_size = sizeof(dsa_c128_prefill_params)
-    p.flags = flags
-    p.device = dev
-    p.head_dim = <int32_t>d
-    p.num_slots = st.shape[0]
-    p.batch_size = b
+    fill_head(p, struct_size=sizeof(dsa_c128_prefill_params), flags=flags, device=dev, head_dim=d,
+              num_slots=st.shape[0], batch_size=b)
     p.num_tokens = n
     p.state = st.data
     p.kv_score = <const float*>kv.data
@@ -321,10 +333,7 @@ cdef object _prefill(state, kv_score, out, ape, indices, plan, load_indices, com
     p.out_layout = DSA_OUT_COMPACT if compact else DSA_OUT_RAGGED
     p.store = store_address
     p.cache_slots = slots
-    if into:
-        (<dsa_c128_prefill_params*>into)[0] = p
-        return dev, keep
-    return launch(OP_PREFILL, &p, dev, stream)
+    return own
 
 
 # ---- DevicePlan: prefill plans in device memory ----------------------------------------------

@@ -179,8 +179,9 @@ def c128_offline_decode(ring, kv_score, *, records=None, seq_lens=None, slots=No
     given here must be the ring's). Records are data: one outside the ring is skipped and counted in error_count.
     B = 0 does nothing."""
     cdef dsa_c128_offline_params p
-    _fill(&p, False, ring, kv_score, out, records, None, seq_lens, slots, ring_size, cache_slots, pdl_flag(pdl),
-          error_count, None)
+    _fill(&p, extend=False, ring_=ring, kv_score=kv_score, out=out, records=records, write=None, seq_lens=seq_lens,
+          slots=slots, ring_size=ring_size, cache_slots=cache_slots, flags=pdl_flag(pdl), error_count=error_count,
+          keep=None)
     _launch(OP_DECODE, &p, stream)
 
 
@@ -202,6 +203,7 @@ def c128_offline_extend(ring, kv_score, plan, *, out=None, cache_slots=None, str
     if type(ring) is C128Ring:
         plan_geometry(plan, WINDOW, "ring", (<C128Ring>ring).ring_size, (<C128Ring>ring).num_slots, kv_score)
     host_plan = DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0
-    _fill(&p, True, ring, kv_score, out, compress, write, None, None, None, cache_slots, pdl_flag(pdl) | host_plan,
-          error_count, None)
+    _fill(&p, extend=True, ring_=ring, kv_score=kv_score, out=out, records=compress, write=write, seq_lens=None,
+          slots=None, ring_size=None, cache_slots=cache_slots, flags=pdl_flag(pdl) | host_plan,
+          error_count=error_count, keep=None)
     _launch(OP_EXTEND, &p, stream)

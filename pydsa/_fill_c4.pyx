@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The c4 ops' params (decode, extend, verify: one layout), filled from a call's arguments (each judged by
 the shared reader, pydsa/_read.pyx, which raises the error naming a wrong one), and launched: on the C
-stack for a one-shot call, into a prepared buffer for C4Decode."""
+stack for a one-shot call, into the params of its prepared form (C4Decode: the reader's Prepared). Each kind
+(decode, extend, verify) has its fill, over one reader of the call's two sides (main's and the indexer's)."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.string cimport memset
 
@@ -116,14 +117,16 @@ cdef object _device(int32_t dev):
 
 
 cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv_name, out, str out_name,
-               int64_t rows, int64_t out_rows, int32_t dev, list keep, str rows_of, str out_rows_of,
-               object p_main) except -1:
+               int64_t rows, int64_t out_rows, list keep, str rows_of, str out_rows_of, object p_main) except -1:
     """Compressor k of the call (`name`: main or indexer): its described ring, ape and store, and this call's
     input and output (which must not share memory with the input or the ring)."""
     cdef Arg kv, o, ring_arg
+    cdef int32_t dev = p.device
     if type(comp_) is not C4Compressor:
         raise ArgumentTypeError(name, f"{name} must be a pydsa.C4Compressor (got {type(comp_).__name__})")
     cdef C4Compressor comp = <C4Compressor>comp_
+    if keep is not None:
+        keep.append(comp)
     if comp.dev != dev:
         raise ArgumentValueError(name, f"{name}'s ring is on {_device(comp.dev)} but {kv_name} is on {_device(dev)}")
     if k == 0:
@@ -167,13 +170,11 @@ cdef int32_t _request_ring(object main, object ring_size, str op) except -1:
     return m.rows_per_slot
 
 
-cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records,
-               write, seq_lens, slots, ring_size, num_drafts, cache_slots, uint32_t flags, error_count,
-               list keep) except -1:
-    cdef Arg kv, rc, wr, sl, sx, cs
-    cdef int32_t dev = 0
-    cdef uint32_t* errors
-    cdef int64_t rows, out_rows
+cdef inline int64_t _begin(dsa_c4_params* p, int kind, main, kv_score, indexer, indexer_kv_score, indexer_out,
+                           list keep) except -1:
+    """The call's compressors and main's input: main a C4Compressor, the indexer and its input given together
+    (indexer_out only with them), kv_score (drafts for a verify) fp32 [rows, 4D] on main's device; its rows."""
+    cdef Arg kv
     memset(p, 0, sizeof(dsa_c4_params))
     p.struct_size = sizeof(dsa_c4_params)
     if type(main) is not C4Compressor:
@@ -185,82 +186,138 @@ cdef int _fill(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer
                                           f"together, give both or neither")
     if indexer is None and indexer_out is not None:
         raise ArgumentValueError("indexer_out", "indexer_out is given without indexer=")
-    dev = (<C4Compressor>main).dev
-    tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, dev, 2, ANY,
+    p.device = (<C4Compressor>main).dev
+    tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, p.device, 2, ANY,
            4 * (<C4Compressor>main).head_dim, keep)
-    rows = kv.shape[0]
-    out_rows = rows
-    if kind == DECODE:
-        if records is None:
-            if seq_lens is None or slots is None:
-                missing = "seq_lens" if seq_lens is None else "slots"
-                raise ArgumentValueError(missing, f"{missing} is None: c4_decode needs records= (uint8 [B, 16]) or "
-                                                  f"seq_lens= and slots= over main's request-scoped ring")
-            p.ring_size = _request_ring(main, ring_size, "c4_decode")
-        elif seq_lens is not None or slots is not None:
-            raise ArgumentValueError("records", "records= and seq_lens=/slots= are two ways to give the rows: pass one")
-        elif ring_size is not None:
-            raise ArgumentValueError("ring_size", "ring_size is given with records=: records carry their ring rows")
-    elif kind == EXTEND:
-        tensor(records, &rc, "plan[0]", U8, dev, 2, ANY, 16, keep)
-        tensor(write, &wr, "plan[1]", U8, dev, 2, ANY, 8, keep)
-        p.compress = rc.data
-        p.write = wr.data
-        p.num_compress = rc.shape[0]
-        p.num_write = wr.shape[0]
-        p.num_tokens = rows
-        out_rows = p.num_compress
-    else:
-        int_arg(num_drafts, "num_drafts", 1, 16, "")
-        p.ring_size = _request_ring(main, ring_size, "c4_verify")
+    return kv.shape[0]
+
+
+cdef inline int _sides(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out,
+                       cache_slots, int64_t rows, int64_t out_rows, list keep) except -1:
+    """Both sides of the call (main's, and the indexer's when given) over `rows` input rows and `out_rows` output
+    rows, and the cache slots every stored row takes (given exactly when a compressor has a store)."""
+    cdef Arg cs
     # where each size comes from, for the messages of a size that disagrees (plain literals: no work per call)
     rows_of = "the rows of drafts" if kind == VERIFY else "the rows of kv_score"
     out_rows_of = "the rows of plan[0], one per compress record" if kind == EXTEND else rows_of
-    _side(p, 0, main, "main", kv_score, "kv_score" if kind != VERIFY else "drafts", out, "out", rows, out_rows, dev,
-          keep, rows_of, out_rows_of, main)
+    _side(p, k=0, comp_=main, name="main", kv_score=kv_score, kv_name="kv_score" if kind != VERIFY else "drafts",
+          out=out, out_name="out", rows=rows, out_rows=out_rows, keep=keep, rows_of=rows_of, out_rows_of=out_rows_of,
+          p_main=main)
     p.num_compressors = 1
     if indexer is not None:
-        _side(p, 1, indexer, "indexer", indexer_kv_score, "indexer_kv_score" if kind != VERIFY else "indexer_drafts",
-              indexer_out, "indexer_out", rows, out_rows, dev, keep, rows_of, out_rows_of, main)
+        _side(p, k=1, comp_=indexer, name="indexer", kv_score=indexer_kv_score,
+              kv_name="indexer_kv_score" if kind != VERIFY else "indexer_drafts", out=indexer_out,
+              out_name="indexer_out", rows=rows, out_rows=out_rows, keep=keep, rows_of=rows_of,
+              out_rows_of=out_rows_of, p_main=main)
         p.num_compressors = 2
     if p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL):
         if cache_slots is None:
             raise ArgumentValueError("cache_slots", "cache_slots is None but a compressor has a store: give an int64 tensor "
                                                     "with one cache slot per row")
-        vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
+        vector(cache_slots, &cs, "cache_slots", I64, p.device, rows, keep, "one cache slot per row of kv_score")
         p.cache_slots = <const int64_t*>cs.data
     elif cache_slots is not None:
         raise ArgumentValueError("cache_slots", "cache_slots is given but neither compressor has a store")
-    if kind == DECODE:
-        p.batch_size = rows
-        if records is not None:
-            tensor(records, &rc, "records", U8, dev, 2, rows, 16, keep)
-            p.decode_records = rc.data
-        else:
-            vector(seq_lens, &sl, "seq_lens", I32, dev, rows, keep, "B: the rows of kv_score")
-            vector(slots, &sx, "slots", I32, dev, rows, keep, "B: the rows of kv_score")
-            distinct_slots(&sl, &sx, rows, 1)
-            p.seq_lens = <const int32_t*>sl.data
-            p.slots = <const int32_t*>sx.data
-    elif kind == VERIFY:
-        read(seq_lens, &sl, "seq_lens", keep)
-        b = sl.shape[0] if sl.ndim == 1 else -1
-        if b < 0 or rows != b * num_drafts:
-            raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = "
-                             f"{'?' if b < 0 else b} * {num_drafts} (batch_size: the rows of seq_lens, one committed "
-                             f"length per request)")
-        vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
-        vector(slots, &sx, "slots", I32, dev, b, keep)
-        distinct_slots(&sl, &sx, b, 0)
-        p.batch_size = b
-        p.seq_lens = <const int32_t*>sl.data
-        p.slots = <const int32_t*>sx.data
-        p.num_drafts = num_drafts
-    error_counter(error_count, dev, &errors, keep)
+    return 0
+
+
+cdef inline int _end(dsa_c4_params* p, uint32_t flags, error_count, list keep) except -1:
+    """The call's launch flags and error counter."""
+    cdef uint32_t* errors
+    error_counter(error_count, p.device, &errors, keep)
     p.flags = flags
-    p.device = dev
     p.error_count = errors
     return 0
+
+
+cdef int _decode(dsa_c4_params* p, main, kv_score, indexer, indexer_kv_score, records, seq_lens, slots, ring_size,
+                 out, indexer_out, cache_slots, pdl, error_count, list keep) except -1:
+    """The decode's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`,
+    appending to `keep` (a prepared call's, or None) what they point into."""
+    cdef Arg rc, sl, sx
+    cdef uint32_t flags = pdl_flag(pdl)
+    cdef int64_t rows = _begin(p, kind=DECODE, main=main, kv_score=kv_score, indexer=indexer,
+                               indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, keep=keep)
+    if records is None:
+        if seq_lens is None or slots is None:
+            missing = "seq_lens" if seq_lens is None else "slots"
+            raise ArgumentValueError(missing, f"{missing} is None: c4_decode needs records= (uint8 [B, 16]) or "
+                                              f"seq_lens= and slots= over main's request-scoped ring")
+        p.ring_size = _request_ring(main, ring_size, "c4_decode")
+    elif seq_lens is not None or slots is not None:
+        raise ArgumentValueError("records", "records= and seq_lens=/slots= are two ways to give the rows: pass one")
+    elif ring_size is not None:
+        raise ArgumentValueError("ring_size", "ring_size is given with records=: records carry their ring rows")
+    _sides(p, kind=DECODE, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
+           indexer_out=indexer_out, cache_slots=cache_slots, rows=rows, out_rows=rows, keep=keep)
+    p.batch_size = rows
+    if records is not None:
+        tensor(records, &rc, "records", U8, p.device, 2, rows, 16, keep)
+        p.decode_records = rc.data
+    else:
+        vector(seq_lens, &sl, "seq_lens", I32, p.device, rows, keep, "B: the rows of kv_score")
+        vector(slots, &sx, "slots", I32, p.device, rows, keep, "B: the rows of kv_score")
+        distinct_slots(&sl, &sx, rows, 1)
+        p.seq_lens = <const int32_t*>sl.data
+        p.slots = <const int32_t*>sx.data
+    return _end(p, flags, error_count, keep)
+
+
+cdef int _extend(dsa_c4_params* p, main, kv_score, plan, indexer, indexer_kv_score, out, indexer_out, cache_slots,
+                 pdl, error_count) except -1:
+    """The extend's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`."""
+    cdef Arg rc, wr
+    try:
+        compress, write = plan
+    except (TypeError, ValueError):
+        raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
+                                        f"{type(plan).__name__})") from None
+    if type(main) is C4Compressor:
+        plan_geometry(plan, 4, "main", main.ring_size, main.num_slots, kv_score)
+    # numpy records are pyplan's host plan: checked by the library before anything runs (one that does not
+    # fit fails the call, naming it); record tensors are data, skipped and counted
+    cdef uint32_t flags = pdl_flag(pdl) | (DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0)
+    cdef int64_t rows = _begin(p, kind=EXTEND, main=main, kv_score=kv_score, indexer=indexer,
+                               indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, keep=None)
+    tensor(compress, &rc, "plan[0]", U8, p.device, 2, ANY, 16, None)
+    tensor(write, &wr, "plan[1]", U8, p.device, 2, ANY, 8, None)
+    p.compress = rc.data
+    p.write = wr.data
+    p.num_compress = rc.shape[0]
+    p.num_write = wr.shape[0]
+    p.num_tokens = rows
+    _sides(p, kind=EXTEND, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
+           indexer_out=indexer_out, cache_slots=cache_slots, rows=rows, out_rows=p.num_compress, keep=None)
+    return _end(p, flags, error_count, None)
+
+
+cdef int _verify(dsa_c4_params* p, main, drafts, seq_lens, slots, num_drafts, ring_size, indexer, indexer_drafts,
+                 out, indexer_out, cache_slots, reject_all, pdl, error_count) except -1:
+    """The verify's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`."""
+    cdef Arg sl, sx
+    if reject_all is not True and reject_all is not False:
+        raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
+    cdef uint32_t flags = pdl_flag(pdl) | (DSA_FLAG_C4_REJECT_ALL if reject_all else 0)
+    cdef int64_t rows = _begin(p, kind=VERIFY, main=main, kv_score=drafts, indexer=indexer,
+                               indexer_kv_score=indexer_drafts, indexer_out=indexer_out, keep=None)
+    int_arg(num_drafts, "num_drafts", 1, 16, "")
+    p.ring_size = _request_ring(main, ring_size, "c4_verify")
+    _sides(p, kind=VERIFY, main=main, kv_score=drafts, out=out, indexer=indexer, indexer_kv_score=indexer_drafts,
+           indexer_out=indexer_out, cache_slots=cache_slots, rows=rows, out_rows=rows, keep=None)
+    read(seq_lens, &sl, "seq_lens", None)
+    b = sl.shape[0] if sl.ndim == 1 else -1
+    if b < 0 or rows != b * num_drafts:
+        raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = "
+                         f"{'?' if b < 0 else b} * {num_drafts} (batch_size: the rows of seq_lens, one committed "
+                         f"length per request)")
+    vector(seq_lens, &sl, "seq_lens", I32, p.device, b, None)
+    vector(slots, &sx, "slots", I32, p.device, b, None)
+    distinct_slots(&sl, &sx, b, 0)
+    p.batch_size = b
+    p.seq_lens = <const int32_t*>sl.data
+    p.slots = <const int32_t*>sx.data
+    p.num_drafts = num_drafts
+    return _end(p, flags, error_count, None)
 
 
 def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
@@ -276,9 +333,26 @@ def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=No
     (int32 [B]; negative: not held here; live slots distinct) over main's request-scoped ring (made with
     ring_size=; a ring_size= given here must agree). B = 0 does nothing."""
     cdef dsa_c4_params p
-    _fill(&p, DECODE, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, None, seq_lens, slots,
-          ring_size, None, cache_slots, pdl_flag(pdl), error_count, None)
+    _decode(&p, main=main, kv_score=kv_score, indexer=indexer, indexer_kv_score=indexer_kv_score, records=records,
+            seq_lens=seq_lens, slots=slots, ring_size=ring_size, out=out, indexer_out=indexer_out,
+            cache_slots=cache_slots, pdl=pdl, error_count=error_count, keep=None)
     _launch(&p, DECODE, stream)
+
+
+cdef class C4Decode(Prepared):
+    """A c4 decode with its arguments checked once (c4_decode's but the stream: CUDA-graph replay, or a step loop
+    over fixed buffers): launch() runs it again on the same tensors, whatever they hold then."""
+
+    __signature__ = prepared_signature(c4_decode)
+
+    def __init__(self, main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
+                 slots=None, ring_size=None, out=None, indexer_out=None, cache_slots=None, pdl=None,
+                 error_count=None):
+        cdef dsa_c4_params* p = <dsa_c4_params*>self.room(OP_C4_DECODE)
+        _decode(p, main=main, kv_score=kv_score, indexer=indexer, indexer_kv_score=indexer_kv_score, records=records,
+                seq_lens=seq_lens, slots=slots, ring_size=ring_size, out=out, indexer_out=indexer_out,
+                cache_slots=cache_slots, pdl=pdl, error_count=error_count, keep=self.keep)
+        self.bound(p.device)
 
 
 def c4_extend(main, kv_score, plan, *, indexer=None, indexer_kv_score=None, out=None, indexer_out=None,
@@ -289,18 +363,8 @@ def c4_extend(main, kv_score, plan, *, indexer=None, indexer_kv_score=None, out=
     record i closes an entry: out [C, D] row i (optional) and stored at cache_slots[its ragged row]
     (int64 [N]); then each write record copies its input row into the ring."""
     cdef dsa_c4_params p
-    try:
-        compress, write = plan
-    except (TypeError, ValueError):
-        raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
-                                        f"{type(plan).__name__})") from None
-    if type(main) is C4Compressor:
-        plan_geometry(plan, 4, "main", main.ring_size, main.num_slots, kv_score)
-    # numpy records are pyplan's host plan: checked by the library before anything runs (one that does not
-    # fit fails the call, naming it); record tensors are data, skipped and counted
-    host_plan = DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0
-    _fill(&p, EXTEND, main, kv_score, out, indexer, indexer_kv_score, indexer_out, compress, write, None, None,
-          None, None, cache_slots, pdl_flag(pdl) | host_plan, error_count, None)
+    _extend(&p, main=main, kv_score=kv_score, plan=plan, indexer=indexer, indexer_kv_score=indexer_kv_score, out=out,
+            indexer_out=indexer_out, cache_slots=cache_slots, pdl=pdl, error_count=error_count)
     _launch(&p, EXTEND, stream)
 
 
@@ -315,11 +379,9 @@ def c4_verify(main, drafts, seq_lens, slots, *, num_drafts, ring_size=None, inde
     starts at the first rejected position and overwrites the rejected rows. V is at most
     c4_max_drafts(main.ring_size, reject_all=...); a larger V is refused, naming the bound."""
     cdef dsa_c4_params p
-    if reject_all is not True and reject_all is not False:
-        raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
-    _fill(&p, VERIFY, main, drafts, out, indexer, indexer_drafts, indexer_out, None, None, seq_lens, slots,
-          ring_size, num_drafts, cache_slots, pdl_flag(pdl) | (DSA_FLAG_C4_REJECT_ALL if reject_all else 0),
-          error_count, None)
+    _verify(&p, main=main, drafts=drafts, seq_lens=seq_lens, slots=slots, num_drafts=num_drafts, ring_size=ring_size,
+            indexer=indexer, indexer_drafts=indexer_drafts, out=out, indexer_out=indexer_out, cache_slots=cache_slots,
+            reject_all=reject_all, pdl=pdl, error_count=error_count)
     _launch(&p, VERIFY, stream)
 
 
@@ -328,16 +390,3 @@ cdef int _launch(const dsa_c4_params* p, int kind, stream) except -1:
     if status:
         raise_status(status)
     return 0
-
-
-def decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
-           slots=None, ring_size=None, out=None, indexer_out=None, cache_slots=None, pdl=None, error_count=None,
-           uintptr_t into):
-    """C4Decode's fill: c4_decode's arguments judged and its params written at `into`; returns (device, the
-    views the params point into)."""
-    cdef dsa_c4_params p
-    cdef list keep = []
-    _fill(&p, DECODE, main, kv_score, out, indexer, indexer_kv_score, indexer_out, records, None, seq_lens, slots,
-          ring_size, None, cache_slots, pdl_flag(pdl), error_count, keep)
-    (<dsa_c4_params*>into)[0] = p
-    return p.device, keep

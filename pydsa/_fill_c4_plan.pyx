@@ -138,7 +138,8 @@ def decode_plan(req_pool_indices, req_to_token, full_to_state, seq_lens, *, swa_
     the tables cannot address is -1 in the record, never read past."""
     cdef dsa_c4_plan_params p
     cdef Arg pd
-    _head(&p, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring, flags)
+    _head(&p, req_pool_indices=req_pool_indices, req_to_token=req_to_token, full_to_state=full_to_state,
+          seq_lens=seq_lens, swa_page_size=swa_page_size, ring_size=ring_size, use_req_ring=use_req_ring, flags=flags)
     _rows(plan_d, &pd, "plan_d", p.device, p.batch_size, 16)
     p.plan_d = <dsa_c4_decode_record*>pd.data
     return launch(OP_DECODE, &p, p.device, stream)
@@ -152,7 +153,8 @@ def extend_plan(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_s
     other arguments as decode_plan's."""
     cdef dsa_c4_plan_params p
     cdef Arg ex, pc, pw
-    _head(&p, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring, flags)
+    _head(&p, req_pool_indices=req_pool_indices, req_to_token=req_to_token, full_to_state=full_to_state,
+          seq_lens=seq_lens, swa_page_size=swa_page_size, ring_size=ring_size, use_req_ring=use_req_ring, flags=flags)
     _vector(extend_lens, &ex, "extend_lens", p.device, p.batch_size, True)
     _rows(plan_c, &pc, "plan_c", p.device, ANY, 16)
     _rows(plan_w, &pw, "plan_w", p.device, pc.shape[0], 8)

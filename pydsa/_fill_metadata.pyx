@@ -224,8 +224,9 @@ def fill_metadata_sources(uintptr_t address, *, bint decode, bint has_real_page_
         meta = 1
         for i in range(fm.ndim):
             meta *= fm.shape[i]
-    _sources(p, bs, pi.shape[0], pi.shape[1], 0 if decode else n, rp.shape[1] if real_page_table is not None else 0,
-             meta, &cs, &cu, &pi, &se, &dc, &du, &rp, &ns, &fm)
+    _sources(p, bs=bs, rows=pi.shape[0], width=pi.shape[1], expanded=0 if decode else n,
+             real_cols=rp.shape[1] if real_page_table is not None else 0, meta=meta, cs=&cs, cu=&cu, pi=&pi, se=&se,
+             dc=&dc, du=&du, rp=&rp, ns=&ns, fm=&fm)
     return keep
 
 
@@ -309,5 +310,6 @@ def fill_flat_sources(uintptr_t address, *, bint decode, bint has_real_page_tabl
     if num_splits is not None:
         _flat(num_splits, &ns, names[7], dev, n + 1)
         _flat(flashmla_metadata, &fm, names[8], dev, meta)
-    _sources(p, bs, rows, width, 0 if decode else n, real_cols, meta, &cs, &cu, &pi, &se, &dc, &du, &rp, &ns, &fm)
+    _sources(p, bs=bs, rows=rows, width=width, expanded=0 if decode else n, real_cols=real_cols, meta=meta, cs=&cs,
+             cu=&cu, pi=&pi, se=&se, dc=&dc, du=&du, rp=&rp, ns=&ns, fm=&fm)
     return None

@@ -1,10 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The c128 verify's and commit's params, filled from a call's arguments (each judged by the shared
-reader, pydsa/_read.pyx, which raises the error naming a wrong one), and launched."""
+reader, pydsa/_read.pyx, which raises the error naming a wrong one), and launched: on the C stack for a one-shot
+call, into the params of its prepared form (C128Verify, C128Commit: the reader's Prepared)."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, free
 
 from pydsa._read cimport *
+from pydsa._fill_c128 cimport fill_head
 from pydsa._fill_store cimport store_arg
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
@@ -80,34 +82,45 @@ def c128_verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, *, b
     round_between_drafts False (bf16 state only): the running state stays fp32 from draft to draft,
     each bank entry rounded once, as sglang 0.5.23 keeps it; by default it is rounded as a decode's
     store rounds it, so a verified token leaves exactly the state a decoded one would."""
-    status = _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices=bank_indices, bank_stride=bank_stride,
-                     verify_lens=verify_lens, store=store, cache_slots=cache_slots, stream=stream, flags=pdl_flag(pdl),
-                     round_between_drafts=round_between_drafts, error_count=error_count, into=0)
+    cdef dsa_c128_verify_params p
+    if _verify(&p, state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
+               bank_indices=bank_indices, bank_stride=bank_stride, verify_lens=verify_lens, store=store,
+               cache_slots=cache_slots, pdl=pdl, error_count=error_count,
+               round_between_drafts=round_between_drafts, keep=None):
+        return
+    cdef int status = launch(OP_VERIFY, &p, p.device, stream)
     if status:
         raise_status(status)
 
 
-def verify(state, kv_score, out, ape, indices, seq_lens, *, bank_indices, bank_stride=1, verify_lens=None,
-           store=None, cache_slots=None, pdl=None, error_count=None, round_between_drafts=True, uintptr_t into):
-    """C128Verify's fill: c128_verify's arguments judged and its params written at `into`; returns (device,
-    the views the params point into)."""
-    return _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices=bank_indices, bank_stride=bank_stride,
-                   verify_lens=verify_lens, store=store, cache_slots=cache_slots, stream=None, flags=pdl_flag(pdl),
-                   round_between_drafts=round_between_drafts, error_count=error_count, into=into)
+cdef class C128Verify(Prepared):
+    """A validated verify over fixed buffers (c128_verify's arguments but the stream); launch() re-runs it
+    (CUDA-graph capture or replay)."""
+
+    __signature__ = prepared_signature(c128_verify)
+
+    def __init__(self, state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1,
+                 verify_lens=None, store=None, cache_slots=None, pdl=None, error_count=None,
+                 round_between_drafts=True):
+        cdef dsa_c128_verify_params* p = <dsa_c128_verify_params*>self.room(OP_VERIFY)
+        _verify(p, state=state, kv_score=kv_score, out=out, ape=ape, indices=indices, seq_lens=seq_lens,
+                bank_indices=bank_indices, bank_stride=bank_stride, verify_lens=verify_lens, store=store,
+                cache_slots=cache_slots, pdl=pdl, error_count=error_count,
+                round_between_drafts=round_between_drafts, keep=self.keep)
+        self.bound(p.device)
 
 
-cdef object _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride, verify_lens, store,
-                    cache_slots, stream, uint32_t flags, round_between_drafts, error_count, uintptr_t into):
-    """The verify's one fill: judges, fills and launches (the library's status; B = 0 is a no-op), or with
-    `into` fills the params there and returns (device, the views the params point into). Nothing is
-    written when an argument is wrong."""
-    cdef dsa_c128_verify_params p
-    cdef list keep = [] if into else None
+cdef int _verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indices, seq_lens, bank_indices, bank_stride,
+                 verify_lens, store, cache_slots, pdl, error_count, round_between_drafts, list keep) except -1:
+    """The verify's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`,
+    appending to `keep` (a prepared call's; None for a one-shot call) what they point into. 1: a one-shot call
+    with B = 0, nothing to do (nothing filled)."""
     cdef Arg st, kv, o, ap, ix, sl, bk, vl
     cdef const void* store_address
     cdef const int64_t* slots
     cdef int32_t sdt
     cdef uint32_t* errors
+    cdef uint32_t flags = pdl_flag(pdl)
     if round_between_drafts is not True and round_between_drafts is not False:
         raise ArgumentTypeError("round_between_drafts", f"round_between_drafts must be a bool (got {round_between_drafts!r})")
     state_arg(state, &st, &sdt, "state", keep)
@@ -120,8 +133,8 @@ cdef object _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, 
     cdef int64_t d = st.shape[2] // 3
     tensor(seq_lens, &sl, "seq_lens", I32, dev, 1, ANY, ANY, keep)
     cdef int64_t b = sl.shape[0]
-    if b == 0 and not into:  # a one-shot call with nothing to do
-        return 0
+    if b == 0 and keep is None:  # a one-shot call with nothing to do
+        return 1
     tensor(kv_score, &kv, "kv_score", F32, dev, 2, ANY, 2 * d, keep)
     cdef int64_t rows = kv.shape[0]
     if b == 0 or rows % b != 0 or not 1 <= rows // b <= MAX_DRAFTS:
@@ -138,12 +151,8 @@ cdef object _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, 
     optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep, "B: the length of seq_lens")
     error_counter(error_count, dev, &errors, keep)
     store_arg(store, cache_slots, dev, d, rows, &store_address, &slots, keep)
-    p.struct_size = sizeof(dsa_c128_verify_params)
-    p.flags = flags
-    p.device = dev
-    p.head_dim = <int32_t>d
-    p.num_slots = st.shape[0]
-    p.batch_size = b
+    fill_head(p, struct_size=sizeof(dsa_c128_verify_params), flags=flags, device=dev, head_dim=d,
+              num_slots=st.shape[0], batch_size=b)
     p.num_drafts = <int32_t>v
     p.state_dtype = sdt
     p.state = st.data
@@ -158,82 +167,6 @@ cdef object _verify(state, kv_score, out, ape, indices, seq_lens, bank_indices, 
     p.error_count = errors
     p.store = store_address
     p.cache_slots = slots
-    if into:
-        (<dsa_c128_verify_params*>into)[0] = p
-        return dev, keep
-    return launch(OP_VERIFY, &p, dev, stream)
-
-
-cdef int _fill_commit(dsa_c128_commit_params* p, void** layers, int64_t capacity, seq_lens, accepted, indices,
-                      bank_indices, load_indices, states, object slots_, object drafts_, object stride_, verify_lens,
-                      uint32_t flags, error_count, list keep) except -1:
-    """Either form: load_indices (the slots to resolve; num_slots bounds them) or states (a list of
-    state buffers alike, their pointers written into layers[capacity])."""
-    cdef Arg sl, ac, ix, bk, ld, vl, st, first
-    cdef uint32_t* errors
-    cdef int32_t sdt = 0, first_sdt = 0
-    cdef int64_t num_slots = 0, d = 0, layers_n = 0, i
-    int_arg(drafts_, "num_drafts", 1, MAX_DRAFTS, "")
-    read(seq_lens, &sl, "seq_lens", keep)
-    if sl.ndim != 1:
-        raise ArgumentValueError("seq_lens", f"seq_lens must have shape [B] (got {[sl.shape[i] for i in range(sl.ndim)]})")
-    cdef int32_t dev = sl.dev
-    cdef int64_t b = sl.shape[0]
-    vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
-    vector(accepted, &ac, "accepted", I32, dev, b, keep, "B: the length of seq_lens")
-    vector(indices, &ix, "indices", I32, dev, b, keep, "B: the length of seq_lens")
-    vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep, "B: the length of seq_lens")
-    optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep)
-    int_arg(stride_, "bank_stride", 1, 2**31 - 1, "")
-    error_counter(error_count, dev, &errors, keep)
-    if (load_indices is None) == (states is None):
-        raise ArgumentValueError("load_indices" if load_indices is None else "states",
-                                 f"{'load_indices' if load_indices is None else 'states'}: give exactly one of "
-                                 f"load_indices (the slots to resolve) and states (the layers to copy)")
-    ld.data = NULL
-    if states is None:
-        vector(load_indices, &ld, "load_indices", I32, dev, b, keep)
-        int_arg(slots_, "num_slots", 1, 2**31 - 1, " with load_indices")
-        num_slots = slots_
-    else:
-        if type(states) is not list and type(states) is not tuple:
-            raise ArgumentTypeError("states", f"states must be a list of state buffers (got {type(states).__name__})")
-        layers_n = len(states)
-        if layers_n < 1:
-            raise ArgumentValueError("states", "states must hold at least one state buffer")
-        if layers_n > capacity:
-            raise ArgumentValueError("states", f"states holds {layers_n} buffers but this call has room for {capacity}")
-        for i in range(layers_n):
-            state_arg(states[i], &st, &sdt, f"states[{i}]", keep)
-            if st.dev != dev:
-                raise ArgumentValueError("states", f"states[{i}] is on {states[i].device} but seq_lens is on {seq_lens.device}")
-            if i == 0:
-                num_slots, d, first_sdt = st.shape[0], st.shape[2] // 3, sdt
-            elif st.shape[0] != num_slots or st.shape[2] != 3 * d or sdt != first_sdt:
-                shapes = sorted({str((tuple(t.shape), t.dtype)) for t in states})
-                raise ValueError(f"every state buffer in states must have one shape and dtype (got {shapes})")
-        for i in range(layers_n):  # every layer checked: now written
-            state_arg(states[i], &st, &sdt, "states", keep)
-            layers[i] = st.data
-    p.struct_size = sizeof(dsa_c128_commit_params)
-    p.flags = flags
-    p.device = dev
-    p.head_dim = <int32_t>d
-    p.num_slots = num_slots
-    p.batch_size = b
-    p.num_drafts = <int32_t>drafts_
-    p.state_dtype = first_sdt
-    p.seq_lens = <const int32_t*>sl.data
-    p.accepted = <const int32_t*>ac.data
-    p.verify_lens = <const int32_t*>vl.data
-    p.indices = <const int32_t*>ix.data
-    p.bank_indices = <const int32_t*>bk.data
-    p.bank_stride = <int64_t>stride_
-    p.load_indices = <int32_t*>ld.data
-    p.num_layers = <int32_t>layers_n
-    p.reserved = 0
-    p.states = layers if layers_n > 0 else NULL
-    p.error_count = errors
     return 0
 
 
@@ -247,49 +180,115 @@ def c128_commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_s
     layer at once (num_slots: rows of the state buffers, for the range check); or states, a list of
     state buffers alike: the accepted bank entry is copied onto indices[b] in every one, in one
     launch per 64 layers."""
-    status = _commit(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
-                     verify_lens=verify_lens, load_indices=load_indices, num_slots=num_slots, states=states,
-                     stream=stream, flags=pdl_flag(pdl), error_count=error_count, into=0, layers=0, capacity=0)
+    cdef dsa_c128_commit_params p
+    cdef void* stack[STACK_LAYERS]  # a copying commit's layer pointers, on the heap past STACK_LAYERS
+    cdef void** table = stack
+    cdef int64_t capacity = STACK_LAYERS
+    cdef int status
+    if (type(states) is list or type(states) is tuple) and len(states) > STACK_LAYERS:
+        capacity = len(states)
+        table = <void**>malloc(capacity * sizeof(void*))
+        if table == NULL:
+            raise MemoryError()
+    try:
+        _commit(&p, layers=table, capacity=capacity, seq_lens=seq_lens, accepted=accepted, indices=indices,
+                bank_indices=bank_indices, num_drafts=num_drafts, bank_stride=bank_stride, verify_lens=verify_lens,
+                load_indices=load_indices, num_slots=num_slots, states=states, pdl=pdl, error_count=error_count,
+                keep=None)
+        status = launch(OP_COMMIT, &p, p.device, stream)
+    finally:
+        if table != stack:
+            free(table)
     if status:
         raise_status(status)
 
 
-def commit(seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
-           load_indices=None, num_slots=2**31 - 1, states=None, pdl=False, error_count=None, uintptr_t into,
-           uintptr_t layers, int64_t capacity):
-    """C128Commit's fill: c128_commit's arguments judged and its params written at `into` (a copying commit's
-    layer pointers into `layers`, room for `capacity`); returns (device, the views the params point into)."""
-    return _commit(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
-                   verify_lens=verify_lens, load_indices=load_indices, num_slots=num_slots, states=states,
-                   stream=None, flags=pdl_flag(pdl), error_count=error_count, into=into, layers=layers,
-                   capacity=capacity)
+cdef class C128Commit(Prepared):
+    """A validated commit over fixed buffers (c128_commit's arguments but the stream); launch() re-runs it,
+    e.g. inside the CUDA graph of a speculative step."""
+
+    __signature__ = prepared_signature(c128_commit)
+
+    def __init__(self, seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
+                 load_indices=None, num_slots=2**31 - 1, states=None, pdl=False, error_count=None):
+        cdef dsa_c128_commit_params* p = <dsa_c128_commit_params*>self.room(OP_COMMIT)
+        cdef int64_t n = len(states) if isinstance(states, (list, tuple)) else 0
+        layers = bytearray(max(1, n) * sizeof(void*))  # a copying commit's layer pointers, alive with the call
+        self.keep.append(layers)
+        _commit(p, layers=<void**><char*>layers, capacity=n, seq_lens=seq_lens, accepted=accepted, indices=indices,
+                bank_indices=bank_indices, num_drafts=num_drafts, bank_stride=bank_stride, verify_lens=verify_lens,
+                load_indices=load_indices, num_slots=num_slots, states=states, pdl=pdl, error_count=error_count,
+                keep=self.keep)
+        self.bound(p.device)
 
 
-cdef object _commit(seq_lens, accepted, indices, bank_indices, num_drafts, bank_stride, verify_lens, load_indices,
-                    num_slots, states, stream, uint32_t flags, error_count, uintptr_t into, uintptr_t layers,
-                    int64_t capacity):
-    """The commit's one fill, either form: load_indices (the slots to resolve; num_slots bounds them) or
-    states (a list of state buffers alike). Judges, fills and launches (the library's status), or with
-    `into` fills the params there and returns (device, the views the params point into). Nothing is
-    written when an argument is wrong."""
-    cdef dsa_c128_commit_params p
-    cdef void* stack[STACK_LAYERS]
-    cdef void** table = <void**>layers
-    cdef list keep = [] if into else None
-    if not into:  # one-shot: the layer pointers on the C stack, or on the heap past STACK_LAYERS
-        table, capacity = stack, STACK_LAYERS
-        if (type(states) is list or type(states) is tuple) and len(states) > STACK_LAYERS:
-            capacity = len(states)
-            table = <void**>malloc(capacity * sizeof(void*))
-            if table == NULL:
-                raise MemoryError()
-    try:
-        _fill_commit(&p, table, capacity, seq_lens, accepted, indices, bank_indices, load_indices, states, num_slots,
-                     num_drafts, bank_stride, verify_lens, flags, error_count, keep)
-        if into:
-            (<dsa_c128_commit_params*>into)[0] = p
-            return p.device, keep
-        return launch(OP_COMMIT, &p, p.device, stream)
-    finally:
-        if table != stack and not into:
-            free(table)
+cdef int _commit(dsa_c128_commit_params* p, void** layers, int64_t capacity, seq_lens, accepted, indices,
+                 bank_indices, num_drafts, bank_stride, verify_lens, load_indices, num_slots, states, pdl,
+                 error_count, list keep) except -1:
+    """The commit's one fill, either form: load_indices (the slots to resolve; num_slots bounds them) or states
+    (a list of state buffers alike, their pointers written into layers[capacity]). Judges every argument (a
+    wrong one raises, naming it) and fills the params at `p`, appending to `keep` (a prepared call's, or None)
+    what they point into."""
+    cdef Arg sl, ac, ix, bk, ld, vl, st, first
+    cdef uint32_t* errors
+    cdef int32_t sdt = 0, first_sdt = 0
+    cdef int64_t slots = 0, d = 0, layers_n = 0, i
+    cdef uint32_t flags = pdl_flag(pdl)
+    int_arg(num_drafts, "num_drafts", 1, MAX_DRAFTS, "")
+    read(seq_lens, &sl, "seq_lens", keep)
+    if sl.ndim != 1:
+        raise ArgumentValueError("seq_lens", f"seq_lens must have shape [B] (got {[sl.shape[i] for i in range(sl.ndim)]})")
+    cdef int32_t dev = sl.dev
+    cdef int64_t b = sl.shape[0]
+    vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
+    vector(accepted, &ac, "accepted", I32, dev, b, keep, "B: the length of seq_lens")
+    vector(indices, &ix, "indices", I32, dev, b, keep, "B: the length of seq_lens")
+    vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep, "B: the length of seq_lens")
+    optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep)
+    int_arg(bank_stride, "bank_stride", 1, 2**31 - 1, "")
+    error_counter(error_count, dev, &errors, keep)
+    if (load_indices is None) == (states is None):
+        raise ArgumentValueError("load_indices" if load_indices is None else "states",
+                                 f"{'load_indices' if load_indices is None else 'states'}: give exactly one of "
+                                 f"load_indices (the slots to resolve) and states (the layers to copy)")
+    ld.data = NULL
+    if states is None:
+        vector(load_indices, &ld, "load_indices", I32, dev, b, keep)
+        int_arg(num_slots, "num_slots", 1, 2**31 - 1, " with load_indices")
+        slots = num_slots
+    else:
+        if type(states) is not list and type(states) is not tuple:
+            raise ArgumentTypeError("states", f"states must be a list of state buffers (got {type(states).__name__})")
+        layers_n = len(states)
+        if layers_n < 1:
+            raise ArgumentValueError("states", "states must hold at least one state buffer")
+        if layers_n > capacity:
+            raise ArgumentValueError("states", f"states holds {layers_n} buffers but this call has room for {capacity}")
+        for i in range(layers_n):
+            state_arg(states[i], &st, &sdt, f"states[{i}]", keep)
+            if st.dev != dev:
+                raise ArgumentValueError("states", f"states[{i}] is on {states[i].device} but seq_lens is on {seq_lens.device}")
+            if i == 0:
+                slots, d, first_sdt = st.shape[0], st.shape[2] // 3, sdt
+            elif st.shape[0] != slots or st.shape[2] != 3 * d or sdt != first_sdt:
+                shapes = sorted({str((tuple(t.shape), t.dtype)) for t in states})
+                raise ValueError(f"every state buffer in states must have one shape and dtype (got {shapes})")
+        for i in range(layers_n):  # every layer checked: now written
+            state_arg(states[i], &st, &sdt, "states", keep)
+            layers[i] = st.data
+    fill_head(p, struct_size=sizeof(dsa_c128_commit_params), flags=flags, device=dev, head_dim=d, num_slots=slots,
+              batch_size=b)
+    p.num_drafts = <int32_t>num_drafts
+    p.state_dtype = first_sdt
+    p.seq_lens = <const int32_t*>sl.data
+    p.accepted = <const int32_t*>ac.data
+    p.verify_lens = <const int32_t*>vl.data
+    p.indices = <const int32_t*>ix.data
+    p.bank_indices = <const int32_t*>bk.data
+    p.bank_stride = <int64_t>bank_stride
+    p.load_indices = <int32_t*>ld.data
+    p.num_layers = <int32_t>layers_n
+    p.reserved = 0
+    p.states = layers if layers_n > 0 else NULL
+    p.error_count = errors
+    return 0

@@ -33,6 +33,6 @@ cdef class KVCache:
 cdef int store_of(object store, int32_t dev, int64_t d, str layout, str dev_of, str d_of,
                   const void** address) except -1
 # A call's optional store and its int64 cache_slots [rows]: the descriptor's address and the slots (both null
-# without a store), or the error naming the wrong one.
+# without a store), or the error naming the wrong one; a prepared call's `keep` gets the store and the slots.
 cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,
                    const int64_t** slots, list keep) except -1

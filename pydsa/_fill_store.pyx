@@ -178,6 +178,8 @@ cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int
             raise ArgumentValueError("cache_slots", "cache_slots is given without store=")
         return 0
     store_of(store, dev, d, None, "the other tensors are on", "the op's head dim is", address)
+    if keep is not None:
+        keep.append(store)
     if cache_slots is None:
         raise ArgumentValueError("cache_slots", "cache_slots is None but store= is given: give an int64 tensor with one "
                                                 "cache slot per row")
@@ -211,8 +213,8 @@ def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=Fal
     elif type(ratio) is not int or (ratio != 4 and ratio != 128):
         raise ArgumentValueError("ratio", f"records= needs ratio=: 128 (a c128 layer's records) or 4 (a c4 layer's); "
                                           f"the records do not say which (got {ratio!r})")
-    cdef int status = _store(vectors, positions, cache_slots, cache, records, extend, ratio, stream, pdl_flag(pdl),
-                             error_count)
+    cdef int status = _store(vectors, positions=positions, cache_slots=cache_slots, cache=cache, records=records,
+                             extend=extend, ratio=ratio, stream=stream, flags=pdl_flag(pdl), error_count=error_count)
     if status:
         raise_status(status)
 

@@ -50,9 +50,9 @@ cdef struct Arg:
     bint contiguous
     int64_t dims[MAX_DIMS]  # the shape, when read through attributes
 
-# Each reader fills `a` from `obj` or raises the error naming `name` (what was expected, what it got). An
-# array that is not a framework tensor is read through a zero-copy DLPack view, appended to `keep` when
-# that is a list (a prepared call keeps its views alive).
+# Each reader fills `a` from `obj` or raises the error naming `name` (what was expected, what it got). When `keep`
+# is a list (a prepared call's), `obj` is appended to it, and so is the zero-copy DLPack view an array that is not a
+# framework tensor is read through: the prepared call keeps alive what its params point into.
 cdef int read(object obj, Arg* a, str name, list keep) except -1
 # `rows`: where a size the call expects comes from (e.g. "B: the rows of kv_score"), said when it disagrees.
 cdef int tensor(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0, int64_t d1,
@@ -96,3 +96,17 @@ cdef int raw_ring(object ring, object ape, int parts, int64_t ape_rows, int64_t 
 cdef int plan_geometry(object plan, int ratio, str ring_name, object ring_size, object num_slots,
                        object kv_score) except -1
 
+
+# A prepared call: the params of one op, filled once by its fill and launched again by launch() (CUDA-graph capture or
+# replay, a step loop over fixed buffers). Each family's prepared classes subclass it in their filler: __init__ takes
+# room() for the op's params, fills them (the fill appends to `keep` what they point into) and calls bound().
+# The signature a prepared class shows (inspect.signature): its one-shot call's, less `stream`.
+cpdef object prepared_signature(object one_shot)
+cdef class Prepared:
+    cdef void* params          # the op's params, as many bytes as its filler declared (owned)
+    cdef int op                # its row of the launch table
+    cdef int32_t dev           # the params' device: a CUDA ordinal, -1 the host
+    cdef list keep             # what the params point into: the arguments, DLPack views, the call's own buffers
+    cdef readonly object device
+    cdef void* room(self, int op) except NULL
+    cdef int bound(self, int32_t dev) except -1

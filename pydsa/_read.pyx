@@ -9,6 +9,7 @@ formatters in pydsa/_tensors.py (what was expected, what was given). An array th
 tensor (numpy, CuPy, JAX ...) is read through a zero-copy DLPack view of it; a torch whose tensor type
 lacks the exchange API is read through the tensor's attributes (the slower reader)."""
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint32_t, uint64_t, uintptr_t
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
@@ -56,6 +57,7 @@ cdef object _resolve = None      # symbol -> address in the library (bound by in
 cdef object _struct_size = None  # dsa_struct_id -> the library's size of it (bound by init)
 
 cdef Entry _entries[<int>MAX_OPS]
+cdef size_t _sizes[<int>MAX_OPS]              # each op's params size, as its filler declared it
 cdef const ExchangeAPI* _streams = NULL       # the framework's current_work_stream
 cdef PyTypeObject* _types[MAX_TYPES]           # tensor types seen, and their API (NULL: unreadable)
 cdef const ExchangeAPI* _apis[MAX_TYPES]
@@ -151,6 +153,7 @@ cpdef int declare_op(str name, str symbol, int struct_id, size_t size) except -1
     if row >= MAX_OPS:
         raise RuntimeError(f"pydsa: more than {MAX_OPS} ops declared")
     _entries[row] = NULL
+    _sizes[row] = size
     OPS[name], SYMBOLS[name], PARAMS[name], SIZES[name] = row, symbol, struct_id, size
     _num_ops += 1
     if _resolve is not None:
@@ -259,6 +262,8 @@ cdef int _read(object obj, Arg* a) except -2:
 
 
 cdef int read(object obj, Arg* a, str name, list keep) except -1:
+    if keep is not None:
+        keep.append(obj)
     if _read(obj, a) == 0:
         return 0
     view = _messages.as_tensor(obj, name)  # cold: raises naming `name`, or a zero-copy torch view
@@ -431,6 +436,52 @@ cdef int raise_status(int status) except -1:
 def launch_prepared(int op, uintptr_t address, int32_t dev, stream):
     """Launches prepared params at `address` (op: a row of OPS): the library's status."""
     return launch(op, <const void*>address, dev, stream)
+
+
+cpdef object prepared_signature(object one_shot):
+    """The signature of a one-shot call's prepared form: the one-shot's own less `stream` (launch() takes it)."""
+    import inspect
+    sig = inspect.signature(one_shot)
+    return sig.replace(parameters=[p for p in sig.parameters.values() if p.name != "stream"])
+
+
+cdef class Prepared:
+    """A validated call: its arguments judged once and its params filled (a wrong argument raises, naming it);
+    launch() runs the call again on the same buffers, whatever they hold then, with no re-validation (e.g. for
+    CUDA-graph capture or replay). `device`: where it runs."""
+
+    def __dealloc__(self):
+        PyMem_Free(self.params)
+
+    cdef void* room(self, int op) except NULL:
+        """Zeroed room for op's params (op: a row of the launch table), taken once."""
+        if self.params != NULL:
+            raise RuntimeError("pydsa: a prepared call is filled once")
+        self.params = PyMem_Calloc(1, _sizes[op])
+        if self.params == NULL:
+            raise MemoryError()
+        self.op = op
+        self.keep = []
+        return self.params
+
+    cdef int bound(self, int32_t dev) except -1:
+        """The params are filled, for `dev`."""
+        self.dev = dev
+        self.device = _messages.device_name(dev)
+        return 0
+
+    def launch(self, stream=None):
+        """Runs the prepared call on `stream` (a raw cudaStream_t handle as int) or the current stream."""
+        if self.device is None:
+            raise RuntimeError(f"pydsa: {type(self).__name__} was not filled (its construction failed)")
+        cdef int status = launch(self.op, self.params, self.dev, stream)
+        if status:
+            raise_status(status)
+
+    @property
+    def _params(self):
+        """The params as the library reads them (bytes; tests compare them)."""
+        return b"" if self.device is None else (<char*>self.params)[:_sizes[self.op]]
 
 
 # the raw rings' descriptions and their plans (C4Compressor, C128Ring): pydsa/_read_rings.pxi

@@ -19,7 +19,6 @@ import pyplan
 
 from . import _fill_c128, _fill_records, _read
 from ._abi import check as _check_status, lib
-from ._op import Prepared
 from .errors import ArgumentValueError
 
 __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePlan", "c128_decode_records",
@@ -28,39 +27,14 @@ __all__ = ["c128_decode", "c128_prefill", "C128Decode", "C128Prefill", "DevicePl
 c128_decode = _fill_c128.c128_decode  # compiled: the call goes straight to its fill (pydsa/_fill_c128.pyx)
 c128_prefill = _fill_c128.c128_prefill
 DevicePlan = _fill_c128.DevicePlan  # compiled, recognised by type where a prefill takes its plan
+# the prepared forms (compiled, over pydsa/_read.pyx's Prepared): arguments judged once, launch() runs them again
+C128Decode = _fill_c128.C128Decode
+C128Prefill = _fill_c128.C128Prefill
 # sglang's 16-byte request and segment records of an online c128 step (compiled, pydsa/_fill_records.pyx), written
 # in one launch; each returns the library's status (pydsa.check_status raises it), the launch flags are the caller's
 # (pydsa.DEFAULT_PDL_FLAG: the ops' default)
 c128_decode_records = _fill_records.decode_records
 c128_prefill_records = _fill_records.prefill_records
-
-
-class C128Decode(Prepared):
-    """A validated decode call over fixed buffers; launch() re-runs it (e.g. for CUDA-graph
-    capture or replay) with no re-validation. Contents of the buffers may change between launches."""
-
-    _op, _fill = "decode", staticmethod(_fill_c128.decode)
-
-    def __init__(self, state, kv_score, out, ape, indices, seq_lens, *, load_indices=None, store=None,
-                 cache_slots=None, pdl=None, error_count=None):
-        self._bind(state, kv_score, out, ape, indices, seq_lens, load_indices=load_indices, store=store,
-                   cache_slots=cache_slots, pdl=pdl, error_count=error_count)
-
-
-class C128Prefill(Prepared):
-    """A validated prefill call over fixed buffers (docs/spec.md, prefill); launch() re-runs it.
-
-    `plan` is a (compress, write) pair of SEGMENT_DTYPE record arrays from pyplan.plan_prefill,
-    read from host memory at every launch (re-plan into the same arrays with plan_prefill(...,
-    out=...) and launch again), or a DevicePlan (read in place on the device: re-plan, then launch
-    or replay a graph that captured this call)."""
-
-    _op, _fill = "prefill", staticmethod(_fill_c128.prefill)
-
-    def __init__(self, state, kv_score, out, ape, indices, plan, *, load_indices=None, compact=False, store=None,
-                 cache_slots=None, pdl=None, error_count=None, cooperative=True):
-        self._bind(state, kv_score, out, ape, indices, plan, load_indices=load_indices, compact=compact, store=store,
-                   cache_slots=cache_slots, pdl=pdl, error_count=error_count, cooperative=cooperative)
 
 
 class PlanParams(C.Structure):

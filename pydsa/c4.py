@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from . import _fill_c4, _fill_c4_plan
 from ._abi import lib
-from ._op import Prepared
 from .errors import ArgumentTypeError, ArgumentValueError, int_argument
 
 __all__ = ["C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_verify", "c4_max_drafts", "c4_ring_bytes",
@@ -58,24 +57,12 @@ C4Compressor = _fill_c4.C4Compressor
 c4_decode = _fill_c4.c4_decode  # compiled: each call goes straight to its fill (pydsa/_fill_c4.pyx)
 c4_extend = _fill_c4.c4_extend
 c4_verify = _fill_c4.c4_verify
+# the prepared decode (compiled, over pydsa/_read.pyx's Prepared): arguments judged once, launch() runs it again
+C4Decode = _fill_c4.C4Decode
 
 # the c4 planners over sglang's page-scoped rings (compiled, pydsa/_fill_c4_plan.pyx): a step's decode or extend
 # records from the engine's tables, written on the tables' device in one launch; each returns the library's status
 # (pydsa.check_status raises it), the launch flags are the caller's (pydsa.DEFAULT_PDL_FLAG: the ops' default)
 c4_plan_decode = _fill_c4_plan.decode_plan
 c4_plan_extend = _fill_c4_plan.extend_plan
-
-
-class C4Decode(Prepared):
-    """A c4 decode with its arguments checked once (CUDA-graph replay, or a step loop over fixed
-    buffers): launch() runs it again on the same tensors, whatever they hold then."""
-
-    _op, _fill = "c4_decode", staticmethod(_fill_c4.decode)
-
-    def __init__(self, main: C4Compressor, kv_score, *, indexer: C4Compressor | None = None, indexer_kv_score=None,
-                 records=None, seq_lens=None, slots=None, ring_size: int | None = None, out=None, indexer_out=None,
-                 cache_slots=None, pdl=None, error_count=None):
-        self._bind(main, kv_score, indexer=indexer, indexer_kv_score=indexer_kv_score, records=records,
-                   seq_lens=seq_lens, slots=slots, ring_size=ring_size, out=out, indexer_out=indexer_out,
-                   cache_slots=cache_slots, pdl=pdl, error_count=error_count)
 

@@ -52,10 +52,6 @@ def _mode_id(mode) -> int:
     raise ArgumentValueError("mode", f"mode must be one of {sorted(MODES)} (got {mode!r})")
 
 
-def _bad(name: str, why: str):
-    return ValueError(f"{name}: {why}")
-
-
 class MetadataCopy:
     """One bound set of K destination backends (1 <= K <= 8), validated once.
 
@@ -76,7 +72,7 @@ class MetadataCopy:
                 raise ArgumentTypeError("destinations", f"destinations[{k}] must be a dict of tensors (got {type(dest).__name__})")
             unknown = sorted(str(key) for key in dest if key not in known)
             if unknown:  # a misspelled key would leave its buffer never refreshed
-                raise _bad(f"destinations[{k}]", f"unknown keys {unknown}; the keys are {[f for f, _, _ in _DEST_FIELDS]}")
+                raise ArgumentValueError(f"destinations[{k}]", f"unknown keys {unknown}; the keys are {[f for f, _, _ in _DEST_FIELDS]}")
         destinations = [{key: (None if t is None else as_tensor(t, f"destinations[{k}]['{key}']"))
                          for key, t in dest.items()} for k, dest in enumerate(destinations)]
         first = destinations[0].get("cache_seqlens")
@@ -91,14 +87,14 @@ class MetadataCopy:
         for k, dest in enumerate(destinations):
             for key in _REQUIRED + (() if self.decode else ("seqlens_expanded",)):
                 if dest.get(key) is None:
-                    raise _bad(f"destinations[{k}]['{key}']", f"required in mode {mode!r} but missing")
+                    raise ArgumentValueError(f"destinations[{k}]['{key}']", f"required in mode {mode!r} but missing")
             if self.has_flashmla and (dest.get("flashmla_num_splits") is None or dest.get("flashmla_metadata") is None):
-                raise _bad(f"destinations[{k}]", "the FlashMLA group needs both flashmla_num_splits and flashmla_metadata")
+                raise ArgumentValueError(f"destinations[{k}]", "the FlashMLA group needs both flashmla_num_splits and flashmla_metadata")
             for i, (key, _, kind) in enumerate(_DEST_FIELDS):
                 t = dest.get(key)
                 wanted = key in present
                 if (t is not None) != wanted:
-                    raise _bad(f"destinations[{k}]['{key}']", "present in some destinations and not in others; "
+                    raise ArgumentValueError(f"destinations[{k}]['{key}']", "present in some destinations and not in others; "
                                "every backend must carry the same optional groups")
                 if t is None:
                     continue

@@ -17,10 +17,7 @@ accepted entries onto `indices` in every listed layer in one launch (main slots 
 """
 from __future__ import annotations
 
-import ctypes as C
-
 from . import _fill_speculative
-from ._op import Prepared
 from .errors import ArgumentValueError
 
 __all__ = ["c128_verify", "c128_commit", "C128Verify", "C128Commit", "bank_bytes"]
@@ -41,31 +38,7 @@ def bank_bytes(batch_size: int, num_drafts: int, head_dim: int = 512, state_dtyp
 
 c128_verify = _fill_speculative.c128_verify  # compiled: the call goes straight to its fill
 c128_commit = _fill_speculative.c128_commit
+# the prepared forms (compiled, over pydsa/_read.pyx's Prepared): arguments judged once, launch() runs them again
+C128Verify = _fill_speculative.C128Verify
+C128Commit = _fill_speculative.C128Commit
 
-
-class C128Verify(Prepared):
-    """A validated verify over fixed buffers; launch() re-runs it (CUDA-graph capture or replay)."""
-
-    _op, _fill = "verify", staticmethod(_fill_speculative.verify)
-
-    def __init__(self, state, kv_score, out, ape, indices, seq_lens, bank_indices, *, bank_stride=1,
-                 verify_lens=None, store=None, cache_slots=None, pdl=None, error_count=None,
-                 round_between_drafts: bool = True):
-        self._bind(state, kv_score, out, ape, indices, seq_lens, bank_indices=bank_indices, bank_stride=bank_stride,
-                   verify_lens=verify_lens, store=store, cache_slots=cache_slots, pdl=pdl, error_count=error_count,
-                   round_between_drafts=round_between_drafts)
-
-
-class C128Commit(Prepared):
-    """A validated commit over fixed buffers (c128_commit's arguments); launch() re-runs it, e.g.
-    inside the CUDA graph of a speculative step."""
-
-    _op, _fill = "commit", staticmethod(_fill_speculative.commit)
-
-    def __init__(self, seq_lens, accepted, indices, bank_indices, *, num_drafts, bank_stride=1, verify_lens=None,
-                 load_indices=None, num_slots=2**31 - 1, states=None, pdl=False, error_count=None):
-        n = len(states) if isinstance(states, (list, tuple)) else 0
-        self._layers = (C.c_void_p * max(1, n))()
-        self._bind(seq_lens, accepted, indices, bank_indices, num_drafts=num_drafts, bank_stride=bank_stride,
-                   verify_lens=verify_lens, load_indices=load_indices, num_slots=num_slots, states=states,
-                   pdl=pdl, error_count=error_count, layers=C.addressof(self._layers), capacity=n)

@@ -1,11 +1,9 @@
 """The call path's judges (pydsa/_read.pyx and the fillers, pydsa/_fill_*.pyx) and what they say.
 
 For valid arguments a filler fills, through either of its readers (the DLPack exchange API, and the
-attribute reader for a torch without it) and from DLPack views of other arrays (numpy), the same bytes.
-For an argument that is wrong in any one way the filler raises the error naming it and writes nothing
-(the params buffer stays poisoned)."""
-import ctypes as C
-
+attribute reader for a torch without it) and from DLPack views of other arrays (numpy), the same bytes (a
+prepared call's params). For an argument that is wrong in any one way the filler raises the error naming it
+(no prepared call is made)."""
 import numpy as np
 import pytest
 import torch
@@ -14,11 +12,10 @@ from hypothesis import given, settings, strategies as st
 import pydsa
 import pyplan
 from conftest import DEVICES, examples
-from pydsa import _fill_c128, _fill_metadata, _read
+from pydsa import _fill_metadata, _read
 from pydsa._op import SIZES
 from pydsa._tensors import error_counter
 
-POISON = b"\xab"
 for _dev in [-1] + list(range(torch.cuda.device_count())):
     error_counter(_dev)  # the default counters exist (the first call of a process makes them)
 
@@ -29,14 +26,14 @@ PREFILL_NAMES = ("state", "kv_score", "out", "ape", "indices", "plan", "load_ind
 
 
 def _fill(op, args):
-    """(params bytes, error or None) of the op's filler over `args` into a poisoned buffer."""
-    fill = {"decode": _fill_c128.decode, "prefill": _fill_c128.prefill}[op]
-    buf = C.create_string_buffer(POISON * SIZES[op], SIZES[op])
+    """(params bytes or None, error or None) of the op's prepared form over `args`."""
+    prepared = {"decode": pydsa.C128Decode, "prefill": pydsa.C128Prefill}[op]
     try:
-        fill(**args, into=C.addressof(buf))
+        made = prepared(**args)
     except (TypeError, ValueError) as exc:
-        return buf.raw, exc
-    return buf.raw, None
+        return None, exc
+    assert len(made._params) == SIZES[op]
+    return made._params, None
 
 
 def _every_reader(op, args):
@@ -217,7 +214,7 @@ def _variants(t, dev):
 
 
 def _judged(op, name, args):
-    """True if the filler refused the arguments (then naming `name`, the buffer untouched)."""
+    """True if the filler refused the arguments (then naming `name`, no prepared call made)."""
     raw, err = _fill(op, args)
     if err is None:
         return False
@@ -225,7 +222,7 @@ def _judged(op, name, args):
     # the changed argument, or one it no longer fits (a longer kv_score leaves out one row short)
     named = name in said or "head dim" in said or "tensors must be on" in said
     assert named or said.split(" ")[0].split("[")[0] in (DECODE_NAMES + PREFILL_NAMES), (name, said)
-    assert raw == POISON * SIZES[op], (name, said)
+    assert raw is None, (name, said)
     return True
 
 

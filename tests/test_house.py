@@ -1,6 +1,8 @@
-"""The shape of the call path, held by tests: every op's arguments cross from Python into the compiled layer by
-keyword past the documented tensors (no call with more than 6 positional arguments), and each argument has one
-name in every layer: the public function, its prepared form, the compiled call and the header's params struct."""
+"""The shape of the call path, held by tests: every op's arguments cross from Python into the compiled layer and
+from one compiled function to another by keyword past the documented tensors (no call with more than 6 positional
+arguments, the shared reader's own calls aside), each op's argument list is written once per layer (the public
+function, its prepared form, its compiled fill) and each argument has one name in every layer and in the header's
+params struct."""
 import ast
 import inspect
 import re
@@ -10,7 +12,7 @@ import pytest
 
 import c_structs
 import pydsa
-from pydsa import _fill_c4, _fill_c128, _fill_speculative
+from pydsa import _read
 
 ROOT = Path(__file__).resolve().parents[1]
 MOST_POSITIONAL = 6
@@ -42,18 +44,17 @@ def _names(fn) -> list:
     return [p.name for p in inspect.signature(fn).parameters.values() if p.name != "self"]
 
 
-# (public one-shot, prepared class or None, the prepared class's compiled fill or None, header struct, the fill's
-# prepared-call plumbing)
+# (public one-shot, its prepared class or None, its compiled fill (a cdef function of the same .pyx) or None, header
+# struct, the fill's plumbing: the params it fills, a commit's layer table, a prepared call's list of what it keeps)
 OPS = [
-    (pydsa.c128_decode, pydsa.C128Decode, _fill_c128.decode, c_structs.C128DecodeParams, {"into"}),
-    (pydsa.c128_prefill, pydsa.C128Prefill, _fill_c128.prefill, c_structs.C128PrefillParams, {"into"}),
-    (pydsa.c128_verify, pydsa.C128Verify, _fill_speculative.verify, c_structs.C128VerifyParams, {"into"}),
-    (pydsa.c128_commit, pydsa.C128Commit, _fill_speculative.commit, c_structs.C128CommitParams,
-     {"into", "layers", "capacity"}),
+    (pydsa.c128_decode, pydsa.C128Decode, "_decode", c_structs.C128DecodeParams, {"p", "keep"}),
+    (pydsa.c128_prefill, pydsa.C128Prefill, "_prefill", c_structs.C128PrefillParams, {"p", "keep"}),
+    (pydsa.c128_verify, pydsa.C128Verify, "_verify", c_structs.C128VerifyParams, {"p", "keep"}),
+    (pydsa.c128_commit, pydsa.C128Commit, "_commit", c_structs.C128CommitParams, {"p", "layers", "capacity", "keep"}),
     (pydsa.kv_store, None, None, c_structs.KvStoreParams, set()),
-    (pydsa.c4_decode, pydsa.C4Decode, _fill_c4.decode, c_structs.C4Params, {"into"}),
-    (pydsa.c4_extend, None, None, c_structs.C4Params, set()),
-    (pydsa.c4_verify, None, None, c_structs.C4Params, set()),
+    (pydsa.c4_decode, pydsa.C4Decode, "_decode", c_structs.C4Params, {"p", "keep"}),
+    (pydsa.c4_extend, None, "_extend", c_structs.C4Params, {"p"}),
+    (pydsa.c4_verify, None, "_verify", c_structs.C4Params, {"p"}),
     (pydsa.c128_offline_decode, None, None, c_structs.C128OfflineParams, set()),
     (pydsa.c128_offline_extend, None, None, c_structs.C128OfflineParams, set()),
 ]
@@ -69,9 +70,12 @@ C4_SIDES = {"main", "indexer", "kv_score", "drafts", "indexer_kv_score", "indexe
 def test_each_argument_has_one_name_in_every_layer(op):
     public, prepared, fill, struct, plumbing = op
     outer = _names(public)
+    signatures = {(name, cls): params for name, cls, params in _pyx_signatures(_filler(public))}
     if prepared is not None:
         assert _names(prepared) == [n for n in outer if n != "stream"]
-        assert [n for n in _names(fill) if n not in plumbing] == _names(prepared)
+        assert signatures["__init__", prepared.__name__] == _names(prepared)
+    if fill is not None:
+        assert [n for n in signatures[fill, None] if n not in plumbing] == [n for n in outer if n != "stream"]
     held = HELD_ELSEWHERE | (C4_SIDES if struct is c_structs.C4Params else set())
     held |= {"records"} if struct is c_structs.C128OfflineParams else set()  # the decode_records
     fields = {f[0] for f in struct._fields_}
@@ -86,6 +90,171 @@ def test_a_public_one_shot_call_is_its_compiled_fill(op):
     public = op[0]
     assert public.__module__.startswith("pydsa._fill_"), public.__module__
     assert public.__doc__ and len(public.__doc__) > 200
+
+
+# ---- the compiled layer (.pyx): read as text, strings and comments aside
+
+_STRING = re.compile(r'(?:[rbfuRBFU]{0,2})("""(?:.|\n)*?"""|\'\'\'(?:.|\n)*?\'\'\'|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')')
+
+
+def _code(text: str) -> str:
+    """Cython source with its strings emptied and its comments dropped (line numbers kept)."""
+    text = _STRING.sub(lambda m: '""' + "\n" * m[0].count("\n"), text)
+    return re.sub(r"#[^\n]*", "", text)
+
+
+def _split(args: str) -> list:
+    """Top-level comma-separated parts of a parenthesised argument text."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(args):
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(args[start:i])
+            start = i + 1
+    parts.append(args[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _closing(code: str, open_at: int) -> int:
+    depth = 0
+    for i in range(open_at, len(code)):
+        depth += code[i] in "([{"
+        depth -= code[i] in ")]}"
+        if depth == 0:
+            return i
+    raise ValueError("unbalanced")
+
+
+def _pyx_signatures(path: Path) -> list:
+    """(function name, enclosing class or None, parameter names) of every def / cdef / cpdef function."""
+    code, found, cls = _code(path.read_text()), [], None
+    for m in re.finditer(r"^([ \t]*)(?:(cdef\s+class|class)\s+(\w+)|(?:cp?def|def)\b[^=\n(]*?(\w+)\()", code, re.M):
+        if m[2]:
+            cls = m[3]
+            continue
+        if not m[1]:
+            cls = None
+        end = _closing(code, m.end() - 1)
+        names = []
+        for part in _split(code[m.end():end]):
+            part = part.split("=")[0].split(":")[0].strip()
+            if part in ("*", "/") or part.startswith("**"):
+                continue
+            names.append(re.findall(r"\w+", part)[-1])
+        found.append((m[4], cls if m[1] else None, [n for n in names if n != "self"]))
+    return found
+
+
+def _pyx_calls(path: Path) -> list:
+    """(line, callee, positional argument texts, keyword names and values) of every call in a .pyx file; a
+    function's signature is no call."""
+    code, found = _code(path.read_text()), []
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_][\w.]*)\(", code):
+        line_start = code.rfind("\n", 0, m.start()) + 1
+        if re.match(r"[ \t]*(?:cp?def|def|class|cdef\s+class)\b[^=]*$", code[line_start:m.start()]):
+            continue
+        end = _closing(code, m.end() - 1)
+        parts = _split(code[m.end():end])
+        keywords = {k.strip(): v.strip() for k, v in (p.split("=", 1) for p in parts
+                                                      if re.match(r"\w+\s*=(?!=)", p))}
+        positional = [p for p in parts if not re.match(r"\w+\s*=(?!=)", p) and not p.startswith("*")]
+        found.append((code.count("\n", 0, m.start()) + 1, m[1], positional, keywords))
+    return found
+
+
+def _readers() -> set:
+    """The shared readers' functions (declared in pydsa/_read.pxd and pydsa/_fill_store.pxd): they read one
+    argument at a time (its object, where it goes, its name, what it must be) and may take more positionals."""
+    found = set()
+    for name in ("_read.pxd", "_fill_store.pxd"):
+        found |= set(re.findall(r"^\s*c?p?def\s+[^\n(=]*?(\w+)\(", (ROOT / "pydsa" / name).read_text(), re.M))
+    return found
+
+
+def _long_pyx_calls(path: Path, readers: set, root: Path = ROOT):
+    for line, callee, positional, _ in _pyx_calls(path):
+        if len(positional) > MOST_POSITIONAL and callee not in readers:
+            yield f"{path.relative_to(root)}:{line} {callee} ({len(positional)} positional)"
+
+
+def test_no_op_level_call_in_the_compiled_layer_passes_more_than_six_positional_arguments():
+    """Outside the shared reader (pydsa/_read.pyx and what it includes) a compiled call passes an op's arguments
+    by keyword past the sixth: a fill, a side of a c4 call, a params head."""
+    files = [p for p in sorted((ROOT / "pydsa").glob("*.pyx")) + sorted((ROOT / "pydsa").glob("*.pxi"))
+             if not p.name.startswith("_read")]
+    assert len(files) >= 8
+    readers = _readers()
+    assert {"tensor", "vector", "store_arg", "state_arg"} <= readers and "_side" not in readers
+    found = [hit for path in files for hit in _long_pyx_calls(path, readers)]
+    assert not found, found
+
+
+def test_the_compiled_check_itself_finds_a_long_positional_call(tmp_path):
+    src = tmp_path / "x.pyx"
+    src.write_text('cdef int f(dsa_p* p, int a, b, c, d, e, g, h) except -1:\n    return 0\n'
+                   'def g(x):\n    """f(1, 2, 3, 4, 5, 6, 7)"""  # f(1, 2, 3, 4, 5, 6, 7)\n'
+                   '    f(&p, <int>x, (1, 2), "a,b", x[1:2], 5, 6, 7)\n    f(&p, a=1, b=2, c=3, d=4, e=5, g=6, h=7)\n'
+                   '    tensor(x, &a, "x", F32, dev, 2, ANY, ANY, keep)\n')
+    assert [h.split(" ", 1)[1] for h in _long_pyx_calls(src, {"tensor"}, tmp_path)] == ["f (8 positional)"]
+    assert _pyx_signatures(src) == [("f", None, ["p", "a", "b", "c", "d", "e", "g", "h"]), ("g", None, ["x"])]
+
+
+def _filler(public) -> Path:
+    return ROOT / "pydsa" / (public.__module__.split(".")[-1] + ".pyx")
+
+
+@pytest.mark.parametrize("op", OPS, ids=lambda op: op[0].__name__)
+def test_each_op_argument_list_is_written_once_per_layer(op):
+    """In its filler an op's arguments are written as a signature once per layer: the public one-shot function,
+    the prepared form's __init__ (a compiled class of the filler) and the one fill both fill through; the two
+    call the fill naming every argument (`name=name`)."""
+    public, prepared, fill, _, plumbing = op
+    outer = [n for n in _names(public) if n != "stream"]
+    path = _filler(public)
+    written = sorted((name, cls) for name, cls, params in _pyx_signatures(path) if set(outer) <= set(params))
+    expected = [(public.__name__, None)] + ([("__init__", prepared.__name__)] if prepared else [])
+    assert written == sorted(expected + ([(fill, None)] if fill else [])), written
+    if fill is None:
+        return
+    calls = [(line, positional, keywords) for line, callee, positional, keywords in _pyx_calls(path) if callee == fill]
+    assert len(calls) == len(expected), calls
+    for line, positional, keywords in calls:
+        assert len(positional) <= 1 and set(keywords) >= set(outer), (path.name, line)  # the params, then names
+        assert all(keywords[n] == n for n in outer), (path.name, line, keywords)
+
+
+def test_the_prepared_forms_are_compiled_classes_over_the_readers_prepared():
+    """A prepared form is its filler's class over pydsa/_read.pyx's Prepared (the params bytes, the op's row, the
+    device, what the params point into, launch()); no Python module writes one or binds one."""
+    from pydsa import _op
+    prepared = [op[1] for op in OPS if op[1] is not None]
+    assert len(prepared) == 5
+    for cls in prepared:
+        assert issubclass(cls, _read.Prepared) and cls.__module__.startswith("pydsa._fill_"), cls
+    assert not hasattr(_op, "Prepared")
+    for path in sorted((ROOT / "pydsa").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                assert "Prepared" not in [ast.unparse(b).split(".")[-1] for b in node.bases], (path.name, node.name)
+            assert not (isinstance(node, ast.Attribute) and node.attr == "_bind"), (path.name, node.lineno)
+
+
+def test_the_c128_params_begin_with_one_head():
+    """pydsa/_fill_c128.pxd's c128_head (filled by one inline function) is the first fields of every online c128
+    op's params, as the header lays them out."""
+    head = re.search(r"cdef struct c128_head:\n((?:    .*\n)+)", (ROOT / "pydsa" / "_fill_c128.pxd").read_text())[1]
+    names = [line.split()[-1] for line in head.splitlines()]
+    assert names == ["struct_size", "flags", "device", "head_dim", "num_slots", "batch_size"]
+    first = None
+    for struct in (c_structs.C128DecodeParams, c_structs.C128PrefillParams, c_structs.C128VerifyParams,
+                   c_structs.C128CommitParams):
+        fields = [(f[0], f[1], getattr(struct, f[0]).offset) for f in struct._fields_[:len(names)]]
+        assert [f[0] for f in fields] == names, struct
+        first = first or fields
+        assert fields == first, struct
 
 
 def _imports(path: Path) -> set:

@@ -328,6 +328,29 @@ def test_missing_seqlens_expanded_in_verify_modes(device):
             pydsa.MetadataCopy(dsts, mode=mode)
 
 
+def test_a_refused_destination_is_an_argument_error_naming_it(device):
+    """Each check of the destination dicts raises pydsa.ArgumentValueError (a ValueError) whose argument is the
+    destination or the entry of it that is wrong, as the message names it."""
+    cases = []
+    _, dsts = _decode_case(device)
+    dsts[0]["page_table"] = dsts[0]["page_table_1"]  # a misspelled key
+    cases.append((dsts, "decode", "destinations[0]", "unknown keys ['page_table']"))
+    _, dsts = make_case(device, "target_verify", 4, 16, 8, None, None, 1, 0, 0)
+    del dsts[0]["seqlens_expanded"]
+    cases.append((dsts, "target_verify", "destinations[0]['seqlens_expanded']", "required in mode"))
+    _, dsts = _decode_case(device, meta=10)
+    del dsts[0]["flashmla_metadata"]
+    cases.append((dsts, "decode", "destinations[0]", "the FlashMLA group needs both"))
+    _, dsts = _decode_case(device, real=5, k=2)
+    del dsts[1]["real_page_table"]
+    cases.append((dsts, "decode", "destinations[1]['real_page_table']", "present in some destinations"))
+    for dsts, mode, argument, said in cases:
+        with pytest.raises(pydsa.ArgumentValueError) as caught:
+            pydsa.MetadataCopy(dsts, mode=mode)
+        assert caught.value.argument == argument and isinstance(caught.value, ValueError)
+        assert str(caught.value).startswith(f"{argument}: ") and said in str(caught.value), str(caught.value)
+
+
 def test_inconsistent_sizes_and_bad_mode_and_k(device):
     src, dsts = _decode_case(device)
     src["cu_seqlens_k"] = src["cu_seqlens_k"][:3]

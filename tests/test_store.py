@@ -505,7 +505,7 @@ def test_fused_prefill_graph_replays_store_the_same_bytes():
 @gpu
 def test_a_storing_prefill_on_the_gpu_needs_out():
     from c_structs import PrefillParams
-    from pydsa import _fill_c128, _read
+    from pydsa import _read
     d = 512
     seq, ext = np.array([300], np.int64), np.array([300], np.int64)
     plan = pyplan.plan_prefill(seq, ext)
@@ -514,9 +514,8 @@ def test_a_storing_prefill_on_the_gpu_needs_out():
     slots = torch.arange(300, dtype=torch.int64, device="cuda")
     kvc = make_cache(d, 2, 200, 400, "cuda")
     out = torch.empty(300, d, device="cuda")
-    buf = (C.c_char * C.sizeof(PrefillParams))()
-    assert _fill_c128.prefill(state, kv, out, ape, idx, plan, store=kvc, cache_slots=slots,
-                              into=C.addressof(buf))[0] == 0
+    prepared = pydsa.C128Prefill(state, kv, out, ape, idx, plan, store=kvc, cache_slots=slots)
+    buf = (C.c_char * C.sizeof(PrefillParams)).from_buffer_copy(prepared._params)
     PrefillParams.from_buffer(buf).out = None
     status = _read.launch_prepared(_read.OPS["prefill"], C.addressof(buf), 0, None)
     with pytest.raises(pydsa.DsaError, match="out is null; a storing prefill on the GPU"):
