@@ -114,18 +114,9 @@ C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 1
       ("c4plan 1", "1 128"), ("c4plan 128", "1 128"), ("c4plan 129", "2 128"), ("c4plan 1024", "8 128"),
       ("c4plan 524288", "4096 128"), ("c4plan 600000", "4096 128")]
 
-# offline c128: D count sms -> blocks threads slices rows fits (the blocks of one closing row: a cluster; a wave
-# holds sms / slices clusters (one 512-thread block an SM), each taking ceil(count / wave) rows, 1..64)
-OFFLINE = [("offline 512 1 132", "8 512 8 1 1"),            # one row: one cluster
-           ("offline 512 16 132", "128 512 8 1 1"),         # 16 clusters a wave: a row each
-           ("offline 512 32 132", "128 512 8 2 1"),         # two rows a cluster
-           ("offline 512 34 132", "96 512 8 3 1"),          # ceil(34 / 16) = 3 rows: 12 clusters
-           ("offline 512 1024 132", "128 512 8 64 1"),      # 64 rows: 16 clusters
-           ("offline 512 1000 66", "128 512 8 64 1"),       # 8 clusters a wave: 125 rows capped at 64, 16 clusters
-           ("offline 128 3 132", "6 512 2 1 1"),            # D = 128: clusters of 2, 66 a wave
-           ("offline 256 0 132", "0 512 4 1 1"),            # nothing to close: no blocks
-           ("offline 512 5000 132", "632 512 8 64 1"),      # beyond 64 x 16 rows: more than one wave
-           ("offline 512 300000000000 132", "37500000000 512 8 64 0")]
+# offline c128: D count -> blocks threads slices (the blocks of one closing row: a cluster) fits
+OFFLINE = [("offline 512 1", "8 512 8 1"), ("offline 512 1000", "8000 512 8 1"), ("offline 128 3", "6 512 2 1"),
+           ("offline 256 0", "0 512 4 1"), ("offline 512 300000000", "2400000000 512 8 0")]
 
 
 @pytest.fixture(scope="module")

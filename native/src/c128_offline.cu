@@ -28,7 +28,7 @@ struct OfflineLaunch {
   const int32_t* slots;
   uint32_t* error_count;
   int32_t stores;           // 1: store every closed chunk
-  int32_t rows_per_cluster; // consecutive rows a cluster takes (launch_policy.h)
+  int32_t reserved;
   StoreLaunch store;
 };
 
@@ -85,179 +85,103 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 #endif
 }
 
-// The raw window rows a warp holds between their loads and their use (8 rows of its lane's two channels, value
-// and score): the next closing row's loads are issued into them as soon as the current row's are summed, so they
-// are in flight while that row is merged and stored. A decode's rows are the ring's elements (a bf16 ring widens
-// at use); a compress record mixes ring rows and input rows, held as floats.
-template <typename S, int kMode>
-struct WindowRows {
-  using E = std::conditional_t<kMode == kCompress, float, S>;
-  Pack<E, 2> kv[kOfflineBlockRows], score[kOfflineBlockRows];
-};
-
-template <typename S, int kMode>
-__device__ __forceinline__ void load_window(const OfflineLaunch& p, const OfflineRow& r, int warp, int ch,
-                                            WindowRows<S, kMode>& w) {
-  const int D = p.head_dim;
-  const S* ring = static_cast<const S*>(p.ring);
-#pragma unroll
-  for (int k = 0; k < kOfflineBlockRows; ++k) {
-    const int j = warp * kOfflineBlockRows + k;
-    if constexpr (kMode != kCompress) {
-      const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
-      w.kv[k] = *reinterpret_cast<const Pack<S, 2>*>(at), w.score[k] = *reinterpret_cast<const Pack<S, 2>*>(at + D);
-    } else if (j < r.ring_rows) {
-      const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
-      const Lanes<2> value = load_state<2, S>(at), score = load_state<2, S>(at + D);
-      w.kv[k] = Pack<float, 2>{{value.v[0], value.v[1]}}, w.score[k] = Pack<float, 2>{{score.v[0], score.v[1]}};
-    } else {
-      const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
-      const Lanes<2> value = load_lanes<2>(at), score = load_lanes<2>(at + D);
-      w.kv[k] = Pack<float, 2>{{value.v[0], value.v[1]}}, w.score[k] = Pack<float, 2>{{score.v[0], score.v[1]}};
-    }
-  }
-}
-
 // Why the store is finished by the cluster's first block: the store's RMSNorm needs all D channels, each slice's
 // block holds 64. A second launch would need `out` (optional here) or a scratch buffer; a last-block counter a
 // scratch buffer that is zeroed and reset. The cluster needs neither: the first block reads the other blocks'
 // slices from their shared memory and runs the standalone store's epilogue (store.cuh) over the whole vector,
-// so fused and standalone stores stay one code. Two cluster barriers a row: the slices written, then read.
-// A cluster takes `rows` consecutive rows (launch_policy.h): first a warp a row writes the new ring rows of its
-// slice and judges the row (every block of the cluster judges alike: the same records), then the closing rows
-// in order, the next one's window loads issued before the current one is merged and stored. The store's
-// operands of a row (its cache slot, its rotary pair) are loaded a row ahead too.
+// so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
 template <typename S, int kMode>
-__global__ void __launch_bounds__(kOfflineThreads, kOfflineBlocksPerSm)
-    offline_close_kernel(const __grid_constant__ OfflineLaunch p) {
-  __shared__ __align__(16) float bias[kOfflineWindow][kOfflineSlice];  // ape's rows of this slice
+__global__ void __launch_bounds__(kOfflineThreads) offline_close_kernel(const __grid_constant__ OfflineLaunch p) {
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_num[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_den[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float slice[kOfflineSlice];
-  __shared__ OfflineRow closing[kOfflineMaxRows];  // the cluster's closing rows, in order
-  __shared__ int64_t closing_at[kOfflineMaxRows];   // ... their rows in the launch
-  __shared__ int closing_flag[kOfflineMaxRows];
-  __shared__ int num_closing;
   const int D = p.head_dim, slices = D / kOfflineSlice;
   const unsigned rank = blockIdx.x % (unsigned)slices;  // clusters run along x: a row's slices are its blocks
-  const int64_t first_row = (int64_t)(blockIdx.x / (unsigned)slices) * p.rows_per_cluster;
-  const int64_t left = p.count - first_row;
-  const int rows = left < p.rows_per_cluster ? (int)left : p.rows_per_cluster;
+  const int64_t i = blockIdx.x / (unsigned)slices;
   const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
   const int ch = (int)rank * kOfflineSlice + 2 * lane;
   wait_for_producers();
   allow_dependents();
-  // The rows: a warp a row writes the new ring row's slice (a decode) and flags whether the row closes.
-  for (int t = warp; t < rows; t += kOfflineThreads / 32) {
-    const int64_t i = first_row + t;
-    const bool counts = rank == 0 && lane == 0;  // a skipped row is counted once
-    OfflineRow r;
-    int flag = 0;
-    if (offline_row<kMode>(p, i, &r)) {
-      if constexpr (kMode != kCompress) {
-        if (r.write_row < 0 || r.write_row >= p.ring_rows) {
-          if (counts) count_error(p.error_count);
-        } else {
-          const float* in = p.kv_score + i * 2 * D + ch;
-          const Lanes<2> half[2] = {load_lanes<2>(in), load_lanes<2>(in + D)};
-          ring_store<S, 2, 2>(static_cast<S*>(p.ring), r.write_row, D, ch, half);
-          if (closes_chunk(r.seq_len)) {
-            flag = page_ok(r.page, p.ring_rows);
-            if (!flag && counts) count_error(p.error_count);
-          }
-        }
-      } else {
-        flag = offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows);
-        if (!flag && counts) count_error(p.error_count);
-      }
+  OfflineRow r;
+  if (!offline_row<kMode>(p, i, &r)) return;
+  const bool first = rank == 0 && threadIdx.x == 0;  // counts a skipped row once
+  S* ring = static_cast<S*>(p.ring);
+  if constexpr (kMode != kCompress) {
+    if (r.write_row < 0 || r.write_row >= p.ring_rows) {
+      if (first) count_error(p.error_count);
+      return;
     }
-    if (lane == 0) {
-      closing_flag[t] = flag;
-      if (flag) closing[t] = r, closing_at[t] = i;
+    if (warp == kOfflineBlocks - 1) {  // the new row's slice, by one warp
+      const float* in = p.kv_score + i * 2 * D + ch;
+      const Lanes<2> half[2] = {load_lanes<2>(in), load_lanes<2>(in + D)};
+      ring_store<S, 2, 2>(ring, r.write_row, D, ch, half);
     }
+    if (!closes_chunk(r.seq_len)) return;
+    if (!page_ok(r.page, p.ring_rows)) {
+      if (first) count_error(p.error_count);
+      return;
+    }
+    __syncthreads();  // the new row as written (a bf16 ring rounds it) is read below, by whichever warp holds it
+  } else if (!offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows)) {
+    if (first) count_error(p.error_count);
+    return;
   }
-  for (int e = (int)threadIdx.x; e < kOfflineWindow * kOfflineSlice / 4; e += kOfflineThreads) {
-    const int j = e / (kOfflineSlice / 4), c = e % (kOfflineSlice / 4) * 4;
-    reinterpret_cast<float4*>(&bias[j][0])[c / 4] = __ldg(reinterpret_cast<const float4*>(p.ape + j * D + rank * kOfflineSlice + c));
+  // warp w sums window rows 8w .. 8w+7 of its lane's two channels (window_math.h's block)
+  float kv[2][kOfflineBlockRows], z[2][kOfflineBlockRows];
+#pragma unroll
+  for (int k = 0; k < kOfflineBlockRows; ++k) {
+    const int j = warp * kOfflineBlockRows + k;
+    const Lanes<2> bias = load_lanes<2>(p.ape + j * D + ch);
+    Lanes<2> value, score;
+    if (kMode != kCompress || j < r.ring_rows) {
+      const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+      value = load_state<2, S>(at), score = load_state<2, S>(at + D);
+    } else {
+      const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+      value = load_lanes<2>(at), score = load_lanes<2>(at + D);
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
   }
-  __syncthreads();  // the new rows as written (a bf16 ring rounds them) are read below, by whichever warp holds them
-  if (threadIdx.x == 0) {  // the closing rows packed in order
-    int n = 0;
-    for (int t = 0; t < rows; ++t)
-      if (closing_flag[t]) closing[n] = closing[t], closing_at[n] = closing_at[t], ++n;
-    num_closing = n;
+#pragma unroll
+  for (int c = 0; c < 2; ++c) {
+    const WindowSum w = window_sum(kv[c], z[c], 0);
+    block_max[warp][2 * lane + c] = w.max, block_num[warp][2 * lane + c] = w.num, block_den[warp][2 * lane + c] = w.den;
   }
   __syncthreads();
-  const int n = num_closing;  // alike in every block of the cluster: none waits at a barrier below alone
-  if (n == 0) return;
-  const bool storing = p.stores && rank == 0 && (int)threadIdx.x < D / 2;
-  const int sc = 2 * (int)threadIdx.x;  // a storing thread's channels
-  StoreOperands<2> o;
-  int64_t loc = 0;
-  float rot[2] = {};
-  if (storing) {
-    load_weights<2>(o, p.store, sc);
-    loc = __ldg(p.store.cache_slots + (kMode == kCompress ? closing[0].ragged : closing_at[0]));
-    load_rotary<2>(o, p.store, D, sc, (int64_t)closing[0].seq_len - kOfflineWindow);
-    rot[0] = o.rot[0], rot[1] = o.rot[1];
-  }
-  WindowRows<S, kMode> w;
-  load_window<S, kMode>(p, closing[0], warp, ch, w);
-  for (int t = 0; t < n; ++t) {
-    const OfflineRow r = closing[t];
-    const int64_t i = closing_at[t];
-    // warp w sums window rows 8w .. 8w+7 of its lane's two channels (window_math.h's block)
+  if (warp == 0) {
+    Lanes<2> x;
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      float kv[kOfflineBlockRows], z[kOfflineBlockRows];
+      WindowSum blocks[kOfflineBlocks];
 #pragma unroll
-      for (int k = 0; k < kOfflineBlockRows; ++k)
-        kv[k] = widen(w.kv[k].e[c]), z[k] = widen(w.score[k].e[c]) + bias[warp * kOfflineBlockRows + k][2 * lane + c];
-      const WindowSum sum = window_sum(kv, z, 0);
-      block_max[warp][2 * lane + c] = sum.max, block_num[warp][2 * lane + c] = sum.num;
-      block_den[warp][2 * lane + c] = sum.den;
+      for (int b = 0; b < kOfflineBlocks; ++b)
+        blocks[b] = WindowSum{block_max[b][2 * lane + c], block_num[b][2 * lane + c], block_den[b][2 * lane + c]};
+      x.v[c] = window_value(merge_windows(blocks));
+      slice[2 * lane + c] = x.v[c];
     }
-    if (t + 1 < n) load_window<S, kMode>(p, closing[t + 1], warp, ch, w);  // in flight through the rest
-    __syncthreads();
-    if (warp == 0) {
-      Lanes<2> x;
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        WindowSum blocks[kOfflineBlocks];
-#pragma unroll
-        for (int b = 0; b < kOfflineBlocks; ++b)
-          blocks[b] = WindowSum{block_max[b][2 * lane + c], block_num[b][2 * lane + c], block_den[b][2 * lane + c]};
-        x.v[c] = window_value(merge_windows(blocks));
-        slice[2 * lane + c] = x.v[c];
-      }
-      if (p.out != nullptr) store_lanes<2>(p.out + i * D + ch, x);
-    }
-    if (!p.stores) {
-      __syncthreads();  // the block sums read: the next row may write them
-      continue;
-    }
-    cluster_sync();
-    float x[2];
-    if (storing) {
-      const float* from = cluster_shared(slice, (unsigned)(sc / kOfflineSlice)) + sc % kOfflineSlice;
-      x[0] = from[0], x[1] = from[1];
-    }
-    cluster_sync();  // every slice read: the next row may write them, the other blocks may leave
-    if (storing) {
-      const int64_t pos = (int64_t)r.seq_len - kOfflineWindow;
-      o.rot[0] = rot[0], o.rot[1] = rot[1];
-      aim_store<2>(o, p.store, loc, pos, D);
-      if (t + 1 < n) {  // the next row's slot and rotary pair, in flight through its window
-        const OfflineRow& next = closing[t + 1];
-        loc = __ldg(p.store.cache_slots + (kMode == kCompress ? next.ragged : closing_at[t + 1]));
-        StoreOperands<2> ahead;
-        load_rotary<2>(ahead, p.store, D, sc, (int64_t)next.seq_len - kOfflineWindow);
-        rot[0] = ahead.rot[0], rot[1] = ahead.rot[1];
-      }
-      store_vector<2>(p.store, x, o, D, sc, D / 2, p.error_count, 1);
-    }
+    if (p.out != nullptr) store_lanes<2>(p.out + i * D + ch, x);
   }
+  if (!p.stores) return;  // the same for every block of the cluster: none waits at a barrier below
+  cluster_sync();
+  const bool storing = rank == 0 && (int)threadIdx.x < D / 2;
+  float x[2];
+  if (storing) {
+    const int c = 2 * (int)threadIdx.x;
+    const float* from = cluster_shared(slice, (unsigned)(c / kOfflineSlice)) + c % kOfflineSlice;
+    x[0] = from[0], x[1] = from[1];
+  }
+  cluster_sync();  // every slice read: the other blocks may leave
+  if (!storing) return;
+  const int c = 2 * (int)threadIdx.x;
+  const int64_t loc = __ldg(p.store.cache_slots + (kMode == kCompress ? r.ragged : i));
+  const int64_t pos = (int64_t)r.seq_len - kOfflineWindow;
+  StoreOperands<2> o;
+  load_weights<2>(o, p.store, c);
+  load_rotary<2>(o, p.store, D, c, pos);
+  aim_store<2>(o, p.store, loc, pos, D);
+  store_vector<2>(p.store, x, o, D, c, D / 2, p.error_count, 0);
 }
 
 // ---- checks and launches ----------------------------------------------------------------------------
@@ -343,8 +267,7 @@ dsa_status check_offline(const dsa_c128_offline_params& p, OfflineOp kind, const
     DSA_TRY(check_extend_lists(p.num_tokens, p.num_compress, p.num_write, p.compress, p.write, p.flags, gpu, op));
     DSA_TRY(check_offline_host_plan(p, op));
   }
-  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size, 1).shape.fits)
-    return too_large(op);
+  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size).fits) return too_large(op);
   checked->nothing = nothing;
   return DSA_STATUS_OK;
 }
@@ -378,10 +301,9 @@ OfflineLaunch offline_launch(const dsa_c128_offline_params& p, const OfflineChec
 // The closing kernel over `count` rows in clusters of D / 64 blocks.
 template <typename S, int kMode>
 dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int64_t count, const void* records,
-                          int sms, cudaStream_t stream, const char* op) {
-  const OfflineShape o = offline_shape(p.head_dim, count, sms);
-  const Shape& shape = o.shape;
-  a.count = count, a.records = records, a.rows_per_cluster = o.rows;
+                          cudaStream_t stream, const char* op) {
+  a.count = count, a.records = records;
+  const Shape shape = offline_shape(p.head_dim, count);
   cudaLaunchAttribute attributes[2];
   unsigned n = 0;
   attributes[n].id = cudaLaunchAttributeClusterDimension;
@@ -410,23 +332,20 @@ dsa_status launch_writes(const dsa_c128_offline_params& p, cudaStream_t stream, 
 }
 
 template <typename S>
-dsa_status offline_decode(const dsa_c128_offline_params& p, const OfflineLaunch& a, int sms, cudaStream_t s,
-                          const char* op) {
-  if (p.decode_records != nullptr)
-    return launch_closing<S, kDecodeRecords>(p, a, p.batch_size, p.decode_records, sms, s, op);
-  return launch_closing<S, kDecodeRequests>(p, a, p.batch_size, nullptr, sms, s, op);
+dsa_status offline_decode(const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s, const char* op) {
+  if (p.decode_records != nullptr) return launch_closing<S, kDecodeRecords>(p, a, p.batch_size, p.decode_records, s, op);
+  return launch_closing<S, kDecodeRequests>(p, a, p.batch_size, nullptr, s, op);
 }
 
 // The compress pass, then the write pass, in stream order.
 template <typename S>
-dsa_status offline_extend(const dsa_c128_offline_params& p, const OfflineLaunch& a, int sms, cudaStream_t s,
-                          const char* op) {
-  if (p.num_compress > 0) DSA_TRY((launch_closing<S, kCompress>(p, a, p.num_compress, p.compress, sms, s, op)));
+dsa_status offline_extend(const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s, const char* op) {
+  if (p.num_compress > 0) DSA_TRY((launch_closing<S, kCompress>(p, a, p.num_compress, p.compress, s, op)));
   if (p.num_write > 0) DSA_TRY(launch_writes<S>(p, s, op));
   return DSA_STATUS_OK;
 }
 
-// Both entry points: dispatch (check, then host or device) with the op's kind; `device(p, launch, sms, stream)` runs
+// Both entry points: dispatch (check, then host or device) with the op's kind; `device(p, launch, stream)` runs
 // the launches with the ring's element type.
 template <typename Device>
 dsa_status offline_entry(const dsa_c128_offline_params* params, void* stream, OfflineOp kind, const char* op,
@@ -437,9 +356,9 @@ dsa_status offline_entry(const dsa_c128_offline_params* params, void* stream, Of
         return check_offline(p, kind, name, c);
       },
       host,
-      [&device](const dsa_c128_offline_params& p, const OfflineChecked& c, int sms, cudaStream_t s, const char* name) {
+      [&device](const dsa_c128_offline_params& p, const OfflineChecked& c, int, cudaStream_t s, const char* name) {
         DSA_TRY(check_clusters(p.device, name));
-        return device(p, offline_launch(p, c), sms, s);
+        return device(p, offline_launch(p, c), s);
       });
 }
 
@@ -450,9 +369,9 @@ extern "C" dsa_status dsa_c128_offline_decode(const dsa_c128_offline_params* par
   using namespace dsa;
   const char* op = "dsa_c128_offline_decode";
   return offline_entry(params, stream, kOpDecode, op, host_c128_offline_decode,
-                       [op](const dsa_c128_offline_params& p, const OfflineLaunch& a, int sms, cudaStream_t s) {
-                         if (p.ring_dtype == DSA_STATE_BFLOAT16) return offline_decode<Bf16>(p, a, sms, s, op);
-                         return offline_decode<float>(p, a, sms, s, op);
+                       [op](const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s) {
+                         if (p.ring_dtype == DSA_STATE_BFLOAT16) return offline_decode<Bf16>(p, a, s, op);
+                         return offline_decode<float>(p, a, s, op);
                        });
 }
 
@@ -460,8 +379,8 @@ extern "C" dsa_status dsa_c128_offline_extend(const dsa_c128_offline_params* par
   using namespace dsa;
   const char* op = "dsa_c128_offline_extend";
   return offline_entry(params, stream, kOpExtend, op, host_c128_offline_extend,
-                       [op](const dsa_c128_offline_params& p, const OfflineLaunch& a, int sms, cudaStream_t s) {
-                         if (p.ring_dtype == DSA_STATE_BFLOAT16) return offline_extend<Bf16>(p, a, sms, s, op);
-                         return offline_extend<float>(p, a, sms, s, op);
+                       [op](const dsa_c128_offline_params& p, const OfflineLaunch& a, cudaStream_t s) {
+                         if (p.ring_dtype == DSA_STATE_BFLOAT16) return offline_extend<Bf16>(p, a, s, op);
+                         return offline_extend<float>(p, a, s, op);
                        });
 }

@@ -311,37 +311,19 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 // the slice, 2 channels per lane: coalesced 256-byte row slices, 64 KiB per block), so a lone closing row is
 // spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block gathers the
 // vector from the others' shared memory for the store (its RMSNorm needs all D channels).
-// A cluster takes `rows` consecutive rows of the launch: it writes their new ring rows first (a warp a row),
-// then closes the ones that close in order, the next one's window loads in flight while the current one is
-// reduced and stored (the held loads take ~110 registers a thread: one 512-thread block an SM, 64 KiB of loads
-// in flight on each). Rows are spread over the clusters one wave holds (SMs / slices) and no more: a decode
-// step where few rows close costs one wave of blocks, not a block per request and slice (8192 blocks at
-// B = 1024; docs/performance.md, "The offline c128 ops").
-constexpr int kOfflineSlice = 64;       // channels per block (one store group)
-constexpr int kOfflineThreads = 512;    // 16 warps: one block of 8 rows each
-constexpr int kOfflineLanes = 32;       // lanes of a row slice: 2 channels each
-constexpr int kOfflineBlocksPerSm = 1;  // the kernel's launch bounds
-constexpr int kOfflineMaxRows = 64;     // rows of one cluster, at most
+constexpr int kOfflineSlice = 64;     // channels per block (one store group)
+constexpr int kOfflineThreads = 512;  // 16 warps: one block of 8 rows each
+constexpr int kOfflineLanes = 32;     // lanes of a row slice: 2 channels each
 
 inline int offline_slices(int head_dim) { return head_dim / kOfflineSlice; }
 
-// A closing launch over `count` rows on `sms` SMs: clusters of offline_slices(D) blocks along x, each taking
-// `rows` consecutive rows; shape.fits false: too many.
-struct OfflineShape {
-  Shape shape;
-  int rows = 0;
-};
-
-inline OfflineShape offline_shape(int head_dim, int64_t count, int sms) {
-  OfflineShape o;
-  const int64_t slices = offline_slices(head_dim);
-  const int64_t wave = std::max<int64_t>(1, (int64_t)sms * kOfflineBlocksPerSm / slices);
-  o.rows = (int)std::clamp<int64_t>((count + wave - 1) / wave, 1, kOfflineMaxRows);
-  Shape& s = o.shape;
-  s.grid_x = (count + o.rows - 1) / o.rows * slices;
+// Blocks of a closing launch over `count` rows (clusters of offline_slices(D) blocks); fits false: too many.
+inline Shape offline_shape(int head_dim, int64_t count) {
+  Shape s;
+  s.grid_x = count * offline_slices(head_dim);
   s.grid_y = s.grid_z = 1, s.block_x = kOfflineThreads, s.block_y = 1;
   s.fits = s.grid_x <= INT32_MAX;
-  return o;
+  return s;
 }
 
 }  // namespace dsa

@@ -79,13 +79,12 @@ int main() {
       long long b;
       in >> b;
       std::printf("%lld %d\n", (long long)c4_plan_decode_blocks(b), kC4PlanThreads);
-    } else if (what == "offline") {  // D count sms
+    } else if (what == "offline") {  // D count
       long long n;
-      int d, sms;
-      in >> d >> n >> sms;
-      const OfflineShape o = offline_shape(d, n, sms);
-      std::printf("%lld %d %d %d %d\n", (long long)o.shape.grid_x, o.shape.block_x, offline_slices(d), o.rows,
-                  o.shape.fits ? 1 : 0);
+      int d;
+      in >> d >> n;
+      const Shape s = offline_shape(d, n);
+      std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_slices(d), s.fits ? 1 : 0);
     } else if (what == "commit") {  // layers alignment bf16
       int layers, align, bf16;
       in >> layers >> align >> bf16;
