@@ -29,6 +29,7 @@ free bytes within a floor and their own measured noise, so that a leak fails and
 """
 from __future__ import annotations
 
+import gc
 import sys
 import time
 
@@ -91,6 +92,7 @@ def run(steps=1_000_000, device=None, seed=0, checkpoint=10_000, fault=None, pro
     c4 = C4Soak(device, loop.staging, loop.errors, rot, w, drafts=DRAFTS, pool_rows=pool_rows, seed=seed, fault=fault,
                 steps=steps)
     loop.observers += [check, c4]
+    gc.collect()  # what earlier work in this process left for the collector is freed now, not during the run
     memory, marks = MemoryTrace(steps, device), []  # marks: the checkpoints (_mark)
     started = time.perf_counter()
     tty = progress and sys.stderr.isatty()
