@@ -125,6 +125,7 @@ def main():
     import pydsa
     found, stand_ins = {}, enter()
     os.environ["SGLANG_PLUGINS"] = "pydsa"
+    os.environ["PYDSA_SGLANG_OFFLINE"] = "1"  # sglang's offline c128 layers on pydsa (off by default)
     os.environ.pop("SGLANG_OPT_USE_ONLINE_COMPRESS", None)
     compress, v2, layout_mod = import_all(("sglang.kernels.ops.attention.dsv4.compress",
                                            "sglang.srt.layers.attention.dsv4.compressor_v2",
@@ -155,6 +156,8 @@ def main():
     os.environ.pop("SGLANG_OPT_USE_ONLINE_COMPRESS")
     found["pydsa_ops"], found["sglang_kernels_before_hand_back"] = dict(ran), list(asked)
     found["handed_back_reached_sglang"] = _handed_back(compress, ours, mixin, v4, asked)
+    os.environ["PYDSA_SGLANG_OFFLINE"] = "0"
+    found["offline_switched_off_reached_sglang"] = _handed_back(compress, ours, mixin, v4, asked, bf16_store=False)
     found["stand_ins"] = sorted(stand_ins.names)
     print("FINDINGS " + json.dumps(found))
 
@@ -223,10 +226,11 @@ def _online(compress, ours, pydsa, mixin, v4):
             "online_decode_equal": _same(state, mine, start[0]) and _same(cache, own, start[1])}
 
 
-def _handed_back(compress, ours, mixin, v4, asked) -> bool:
+def _handed_back(compress, ours, mixin, v4, asked, bf16_store=True) -> bool:
     """An offline c128 layer with a configuration that is not pydsa's (a bf16 store) runs sglang's own path: its
     store kernel's loader is asked for (pydsa's compress_forward serves its first call, as it serves any offline
-    c128 compress_forward)."""
+    c128 compress_forward). With PYDSA_SGLANG_OFFLINE=0 (bf16_store False) the whole layer is sglang's: its
+    compress kernel's loader is the first asked for."""
     before = len(asked)
     plan = compress.CompressorDecodePlan(128, ours.CompressorDecodePlan.generate(
         128, torch.tensor([0]), torch.zeros(1, 8, dtype=torch.int32), torch.zeros(4, dtype=torch.int64),
@@ -241,9 +245,10 @@ def _handed_back(compress, ours, mixin, v4, asked) -> bool:
             kv_score_buffer=torch.randn(2 * 128, 2 * D), kv_score_input=torch.randn(1, 2 * D), ape=torch.randn(128, D),
             head_dim=D, norm=norm, freqs_cis_cache=torch.polar(torch.ones(256, 32), torch.ones(256, 32)),
             kv_cache=torch.zeros(2, 1728, dtype=torch.uint8), is_indexer=False, rotate=False, compress_ratio=128,
-            page_size=2, out_loc=torch.zeros(1, dtype=torch.int64), bf16_store=True)
+            page_size=2, out_loc=torch.zeros(1, dtype=torch.int64), bf16_store=bf16_store)
     except RuntimeError as exc:
-        return "_jit_compress_norm_rope_module" in str(exc) and asked[before:] == ["_jit_compress_norm_rope_module"]
+        want = "_jit_compress_norm_rope_module" if bf16_store else "_jit_compress_module"
+        return want in str(exc) and asked[before:] == [want]
     return False
 
 

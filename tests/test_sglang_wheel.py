@@ -41,10 +41,11 @@ def test_sglangs_loader_applies_the_plugin_and_its_compressor_calls_reach_pydsa(
 @pytest.mark.skipif(_sglang_version() != "0.5.23", reason="sglang 0.5.23's wheel is not installed")
 def test_sglangs_compressor_call_site_runs_every_layer_kind_on_pydsa(tmp_path):
     """sglang's own loader applies the plugin; sglang's compressor call site (forward_unified) then runs an offline
-    c128 layer (decode and extend), a c4 layer and an online c128 layer on pydsa's ops (each once, compress and
+    c128 layer (decode and extend; PYDSA_SGLANG_OFFLINE=1), a c4 layer and an online c128 layer on pydsa's ops (each once, compress and
     store fused: no standalone store), leaving the ring or state and cache bytes of pydsa's own ops on the same
     inputs, with no sglang kernel asked for; a configuration that is not pydsa's (a bf16 store) still reaches
-    sglang's kernel. The plugin logs one start-up line naming what it hands back."""
+    sglang's kernel, as does an offline c128 layer with PYDSA_SGLANG_OFFLINE=0 (the default). The plugin logs one
+    start-up line naming what it hands back."""
     from pydsa.sglang import compress as sglang_v2
     script = pathlib.Path(__file__).with_name("sglang_wheel_layers.py")
     r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -55,7 +56,7 @@ def test_sglangs_compressor_call_site_runs_every_layer_kind_on_pydsa(tmp_path):
                                   "c128_decode": 1}, found["pydsa_ops"]
     assert found["sglang_kernels_before_hand_back"] == []
     for key in ("offline_decode_equal", "offline_extend_equal", "c4_decode_equal", "online_plan_is_pydsas",
-                "online_decode_equal", "handed_back_reached_sglang"):
+                "online_decode_equal", "handed_back_reached_sglang", "offline_switched_off_reached_sglang"):
         assert found[key] is True, key
     assert len(found["startup_lines"]) == 1 and "c128 offline" in found["startup_lines"][0]
     assert all(words in found["startup_lines"][0] for words in sglang_v2.HANDED_BACK)

@@ -42,6 +42,7 @@ them.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 
@@ -54,6 +55,24 @@ _BACKEND = "sglang.srt.layers.attention.dsv4.compressor_v2.CompressorBackendMixi
 _MIXIN = f"{_BACKEND}._forward_compress_all_in_one"
 _LAYER = "sglang.srt.models.deepseek_v4.MQALayer.forward"
 _C4_RATIO, _MAIN_DIM, _INDEXER_DIM = 4, 512, 128
+
+# sglang's offline c128 layers (its default c128 path) run on pydsa only when asked: measured beside sglang's
+# own offline kernels, pydsa's offline ops are slower in most cells (docs/performance.md, "The offline c128
+# compressor"), so an install keeps them sglang's unless this is set to 1.
+OFFLINE_SWITCH = "PYDSA_SGLANG_OFFLINE"
+_SWITCH_WORDS = {"1": True, "on": True, "true": True, "yes": True, "0": False, "off": False, "false": False,
+                 "no": False, "": False}
+
+
+def serves_offline() -> bool:
+    """Whether sglang's offline c128 layers run on pydsa (PYDSA_SGLANG_OFFLINE=1; off by default). Any other
+    value than 1/on/true/yes or 0/off/false/no is refused, naming the variable."""
+    value = os.environ.get(OFFLINE_SWITCH, "")
+    try:
+        return _SWITCH_WORDS[value.strip().lower()]
+    except KeyError:
+        raise ValueError(f"{OFFLINE_SWITCH} is {value!r}; expected 1 (sglang's offline c128 layers on pydsa) or "
+                         f"0 (sglang's own, the default)") from None
 
 # .step: the c4 layer step running on this thread (_LayerStep); .held: the _forward_compress_all_in_one calls
 # held back while sglang's forward_unified runs for the layer's one call
@@ -94,7 +113,7 @@ def _prefill_plan(original, *args, **kwargs):
 def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kwargs):
     from . import compress as sglang_v2
     online = kwargs.get("is_online", False)
-    readable = _c4(plan) or (_ours(plan) if online is True else _c128(plan))
+    readable = _c4(plan) or (_ours(plan) if online is True else _c128(plan) and serves_offline())
     if readable and sglang_v2.outside_pydsa(kwargs.get("head_dim"), kwargs.get("compress_ratio"), online,
                                             input_dtype=getattr(kv_score_input, "dtype", None)) is None:
         return sglang_v2.compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
@@ -103,7 +122,8 @@ def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kw
 
 def _norm_rope_store(original, kv, plan, **kwargs):
     from . import compress as sglang_v2
-    if _c128(plan) or _c4(plan):  # the store reads plan[1]'s seq_len and ragged row, alike in every plan
+    # the store reads plan[1]'s seq_len and ragged row, alike in every plan; an offline layer's only when switched on
+    if _c4(plan) or _ours(plan) or (_c128(plan) and serves_offline()):
         try:
             return sglang_v2.compress_norm_rope_store(kv, plan, **kwargs)
         except NotImplementedError:
@@ -135,7 +155,8 @@ def _compress_all_in_one(original, self, **kw):
     plan = self._get_paged_compress_metadata(ratio)
     reason = _reason(kw)
     online = reason is None and ratio == 128 and _online(ratio)
-    if reason is None and ((ratio == 4 and _c4(plan)) or (ratio == 128 and not online and _c128(plan))):
+    if reason is None and ((ratio == 4 and _c4(plan)) or
+                           (ratio == 128 and not online and _c128(plan) and serves_offline())):
         d, norm = kw["head_dim"], kw["norm"]
         sglang_v2.compress_forward_and_store(
             kw["kv_score_buffer"], kw["kv_score_input"], kw["ape"].view(-1, d), plan, norm_weight=norm.weight,
@@ -309,21 +330,27 @@ def hooks() -> list:
 
 
 def startup_line() -> str:
-    """The plugin's one start-up log line: what runs on pydsa, and what stays sglang's (compress.HANDED_BACK)."""
+    """The plugin's one start-up log line: what runs on pydsa, and what stays sglang's (compress.HANDED_BACK, and
+    the offline c128 layers unless PYDSA_SGLANG_OFFLINE=1)."""
     from .. import __version__
     from .compress import HANDED_BACK
-    return (f"pydsa {__version__} serves sglang's compressor layers: c128 offline (sglang's default) and online, c4 "
+    offline = serves_offline()
+    c128 = "c128 offline (sglang's default) and online" if offline else "c128 online"
+    kept = [] if offline else [f"c128 offline layers (sglang's default c128 path; {OFFLINE_SWITCH}=1 runs them on "
+                               f"pydsa, slower than sglang's in most measured cases)"]
+    return (f"pydsa {__version__} serves sglang's compressor layers: {c128}, c4 "
             f"layers (main and indexer compressors in one call, decode: one launch), fp32 or bf16 ring or state, "
             f"into V4 caches; the online c128 plans, the "
             f"MTP calls and the fused metadata copy. Handed back to sglang's own kernels: "
-            f"{', '.join(HANDED_BACK)}; the per-step c4 and offline c128 plans stay sglang's (pydsa reads their "
-            f"records in place)")
+            f"{', '.join(kept + list(HANDED_BACK))}; the per-step c4"
+            f"{' and offline c128' if offline else ''} plans stay sglang's (pydsa reads their records in place)")
 
 
 def register() -> None:
     """The entry point's function: registers the hooks with sglang's HookRegistry (sglang applies them) and logs
     the plugin's one start-up line."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    serves_offline()  # a mistyped switch is refused at start-up, not at the first offline layer
     for target, hook, kind in hooks():
         HookRegistry.register(target, hook, HookType.AROUND if kind == "around" else HookType.REPLACE)
     logger.info(startup_line())
