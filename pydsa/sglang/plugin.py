@@ -1,7 +1,8 @@
 """The sglang plugin: `pip install dsa-kernels` and sglang 0.5.23 loads this through its `sglang.srt.plugins`
-entry point (`register`), which makes a running sglang use pydsa for every compressor layer of its default
-deployment: the c128 layers (offline, sglang's default, and online), the c4 layers (main and indexer
-compressors, one call for both), fp32 or bf16 ring or state; the MTP calls and the fused metadata copy. Restrict
+entry point (`register`), which makes a running sglang use pydsa for its compressor layers: the online c128
+layers, the c4 layers (main and indexer compressors, one call for both), fp32 or bf16 ring or state; the MTP
+calls and the fused metadata copy; and, with PYDSA_SGLANG_OFFLINE=1, the offline c128 layers (sglang's default
+c128 path: off by default, as pydsa's offline ops are slower than sglang's own in most measured cases). Restrict
 sglang's plugins with SGLANG_PLUGINS=pydsa. register() says in one log line what runs on pydsa and what stays
 sglang's.
 
