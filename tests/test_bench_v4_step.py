@@ -116,3 +116,21 @@ def test_the_recorded_check_sees_one_step_flips_and_anything_more():
     off[:, v.C4_PAGE * 128:].view(torch.float32)[0, 3] = 0.5001
     assert not v.within_tolerance(v.cache_diff(off, idx, "indexer"))
     assert not v.within_tolerance({"plan_bytes_equal": False})
+
+
+def test_the_default_same_step_runs_pydsas_offline_ops_over_sglangs_default_plan():
+    """config default-same on the host: sglang's offline c128 plan of the step (pydsa.sglang's planner stands in for
+    sglang's plan kernel, with its signature), pydsa's offline decode + store over each c128 layer's ring: every
+    request's new row lands in its ring at position % 128 and the closing rows' entries are stored; the c4 layers
+    run as in the plain pydsa step."""
+    import types
+    import pydsa.sglang as sglang
+    geo = v.Geometry(v.step_lengths(3, True, 0, CPU), max_len=1024)
+    step = v.StepSet(geo, "m", torch.float32, torch.Generator().manual_seed(1), True, {"m": (2, 1)})
+    ref = types.SimpleNamespace(compress=sglang)
+    step.pydsa_default_same(ref)
+    for layer in step.c128:
+        rows = (geo.seq64 - 1) % v.CHUNK
+        assert torch.equal(layer.ring[torch.arange(geo.b), rows], layer.kv.view(geo.b, 2 * v.D))
+        assert int((layer.cache != 0).sum()) > 0  # every row closes: entries stored
+    assert all(int((layer.caches[1] != 0).sum()) > 0 for layer in step.c4)

@@ -13,7 +13,9 @@ spin before each replay), PDL as each side ships it. Targets in docs/performance
   its two plans of the step as its compressor makes them (CompressorDecodePlan.generate(128, ...) over a
   request-scoped ring of 128 raw rows, generate(4, ...) over its page-scoped c4 ring), then per c128 layer its
   offline compress + store, per c4 layer compress + store per compressor (4 launches); config "online": its
-  online c128 plan and decode + store instead. Where a step moves less than three L2s, sets of layers take turns
+  online c128 plan and decode + store instead; config "default-same": pydsa in sglang's default numerics (sglang's
+  offline c128 plan of the step, pydsa's offline decode + store reading it in place over the same rings, pydsa's
+  c4 layers) beside sglang's default. Where a step moves less than three L2s, sets of layers take turns
   (each replay's steps cycle through them: L2-cold). Beside each row the floor: the bytes the step must move at
   copy bandwidth.
 - P35: one c4 layer's decode, B = 1 / 32 / 256 / 1024, fp32, sglang's plan read by both sides: the plugin's route
@@ -141,6 +143,8 @@ class C128Layer:
         self.freq = torch.polar(torch.ones_like(angles), angles)
         self.store = pydsa.KVCache(self.cache, self.w, self.freq, page_size=PAGE, eps=EPS)
         self.ring = torch.randn(b, CHUNK, 2 * D, device=dev, generator=gen).to(dtype) if ring else None
+        # pydsa's offline ops over the same ring, reading sglang's default plan in place (config default-same)
+        self.offline = pydsa.C128Ring(self.ring.view(b * CHUNK, 2 * D), self.ape, store=self.store) if ring else None
         self.op = pydsa.C128Decode(self.state, self.kv, None, self.ape, geo.slots, geo.seq32, store=self.store,
                                    cache_slots=self.loc)
 
@@ -190,6 +194,11 @@ def sglang_c128(ref, layer, plan, config):
     ref.store(layer.out, plan, layer.w, EPS, layer.freq, layer.loc, layer.cache, PAGE)
 
 
+def pydsa_offline_c128(layer, plan):
+    """pydsa's offline c128 decode + store of a layer over its ring, sglang's default plan's records read in place."""
+    pydsa.c128_offline_decode(layer.offline, layer.kv, records=plan.plan_d, cache_slots=layer.loc)
+
+
 class StepSet:
     """One decode step's layers of a model, in model order, each its own buffers."""
 
@@ -203,6 +212,17 @@ class StepSet:
     def pydsa(self):
         for layer in self.layers:
             layer.op.launch()
+
+    def pydsa_default_same(self, ref):
+        """pydsa in sglang's default numerics: sglang's offline c128 plan of the step (its plan kernel, which the
+        plugin keeps), pydsa's offline decode + store over each c128 layer's ring reading it in place, pydsa's c4
+        layers as in pydsa()."""
+        plan128 = sglang_c128_plan(ref, self.geo, "default")
+        for layer in self.layers:
+            if isinstance(layer, C4Layer):
+                layer.op.launch()
+            else:
+                pydsa_offline_c128(layer, plan128)
 
     def sglang(self, ref, config):
         geo = self.geo
@@ -313,6 +333,11 @@ def check_step(ref, step, configs):
         checks[config] = {**base, **cache_diff(mine[0], theirs[0], "v4", PAGE, "c128_cache_")}
         if config == "online":
             checks[config]["c128_state_values_differing"] = int((mine[1] != theirs[1]).sum())
+        if config == "default":  # default-same: pydsa's offline ops over sglang's default plan, the same ring
+            (theirs, _), (mine, _) = same_start([c128.cache, c128.ring], partial(sglang_c128, ref, c128, plan, config),
+                                                partial(pydsa_offline_c128, c128, plan))
+            checks["default-same"] = {**base, **cache_diff(mine[0], theirs[0], "v4", PAGE, "c128_cache_"),
+                                      "c128_ring_bit_equal": bool(torch.equal(mine[1], theirs[1]))}
     return checks
 
 
@@ -333,14 +358,17 @@ def step_group(ref, model, b, closing, dtype, rounds, env):
     cases = {"pydsa": [Turns(steps, StepSet.pydsa)]}
     for config in configs:
         cases[config] = [Turns(steps, partial(StepSet.sglang, ref=ref, config=config))]
+    if "default" in configs:
+        cases["pydsa default-same"] = [Turns(steps, partial(StepSet.pydsa_default_same, ref=ref))]
     t = median_graph_us(cases, rounds)
     floor = nbytes / (env["copy_tbps"] * 1e12) * 1e6
     rows = []
-    for config in configs:
-        speedup, over = t[config] / t["pydsa"], t["pydsa"] / floor
+    for config in configs + (["default-same"] if "default" in configs else []):
+        theirs, mine = (t["default"], t["pydsa default-same"]) if config == "default-same" else (t[config], t["pydsa"])
+        speedup, over = theirs / mine, mine / floor
         rows.append({"key": "P31 step speedup", "model": model, "config": config, "b": b,
                      "lengths": "closing" if closing else "random", "state": STATE[dtype],
-                     "layers": f"{n128} c128 + {n4} c4", "sglang_us": t[config], "pydsa_us": t["pydsa"],
+                     "layers": f"{n128} c128 + {n4} c4", "sglang_us": theirs, "pydsa_us": mine,
                      "speedup": speedup, "floor_us": floor, "pydsa_over_floor": over, "step_MB": nbytes / 1e6,
                      "sets": sets, "target": ">= 2x; pydsa within 1.25x of the floor at B >= 256",
                      "met": speedup >= 2.0 and (b < 256 or over <= 1.25), "check": checks[config],
