@@ -52,14 +52,16 @@ def bucket(n: int) -> int:
 
 class Staging:
     """The step's index data, built in numpy and sent in one int32 and one int64 copy. The ops' host-known
-    index buffers sit at fixed offsets (`i32` and `i64` name them); observers append after them."""
+    index buffers sit at fixed offsets (`i32` and `i64` name them); observers append after them. Without a
+    workload (a c4 layer served alone, pydsa/_serving_c4.py) there are no fixed buffers."""
 
-    def __init__(self, device, w: Workload):
-        r, v = w.max_running, w.drafts
-        self.i32 = dict(zip(("prefill_slots", "prefill_loads", "decode_slots", "decode_seq", "verify_seq",
-                             "verify_bank", "verify_lens", "verify_accepted"), range(0, 8 * r, r)))
-        self.i64 = dict(prefill_cache=0, decode_cache=w.token_budget, verify_cache=w.token_budget + r)
-        self.fixed32, self.fixed64 = 8 * r, w.token_budget + r * (1 + v)
+    def __init__(self, device, w: Workload | None = None):
+        r, v, budget = (w.max_running, w.drafts, w.token_budget) if w else (0, 0, 0)
+        names = ("prefill_slots", "prefill_loads", "decode_slots", "decode_seq", "verify_seq", "verify_bank",
+                 "verify_lens", "verify_accepted")
+        self.i32 = {name: i * r for i, name in enumerate(names)} if w else {}
+        self.i64 = dict(prefill_cache=0, decode_cache=budget, verify_cache=budget + r) if w else {}
+        self.fixed32, self.fixed64 = 8 * r, budget + r * (1 + v)
         self.h32 = np.zeros(self.fixed32 + 16384, np.int32)
         self.h64 = np.zeros(self.fixed64 + 131072, np.int64)
         self.t32, self.t64 = torch.from_numpy(self.h32), torch.from_numpy(self.h64)

@@ -75,7 +75,7 @@ def test_tour_runs_as_written(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_the_c4_layer_of_the_demo_checks_every_committed_entry(device):
     from pydsa import demo_c4
-    r = demo_c4.run(40, 6, torch.device(device), seed=3)
+    r = demo_c4.run(40, 6, torch.device(device), seed=3, progress=False)
     assert r["c4_ok"] and r["c4_entries_checked"] > 100 and r["c4_max_relative_error"] < 1e-5
     assert r["c4_extends"] > 0 and r["c4_decodes"] > 0 and r["c4_verifies"] > 0 and r["c4_drafts_rejected"] > 0
 
@@ -84,9 +84,21 @@ def test_a_c4_entry_that_differs_from_float64_fails_the_demo(monkeypatch):
     """A test double perturbs the float64 reference: the c4 checks must count the failures."""
     from pydsa import demo_c4
     original = demo_c4.entry64
-    monkeypatch.setattr(demo_c4, "entry64", lambda rows, ape, n: original(rows, ape, n) * 1.001)
-    r = demo_c4.run(20, 4, torch.device("cpu"), seed=1)
+    monkeypatch.setattr(demo_c4, "entry64", lambda rows, ape: original(rows, ape) * 1.001)
+    r = demo_c4.run(20, 4, torch.device("cpu"), seed=1, progress=False)
     assert not r["c4_ok"] and r["c4_failures"] == r["c4_entries_checked"] > 0
+
+
+@pytest.mark.parametrize("fault", ["c4ring", "c4cache"])
+def test_a_broken_c4_layer_fails_the_demo(fault):
+    """The soak's faults, halfway through: c4ring (every main ring row off by 1, a stale state) makes the entries
+    committed after it differ from float64, c4cache flips a byte of a committed main cache entry; the demo's c4
+    checks count them, the entries before pass."""
+    from pydsa import demo_c4
+    r = demo_c4.run(40, 6, torch.device("cpu"), seed=3, progress=False, fault=fault)
+    assert not r["c4_ok"] and 0 < r["c4_failures"] < r["c4_entries_checked"]
+    if fault == "c4ring":
+        assert r["c4_max_relative_error"] > demo_c4.TOLERANCE
 
 
 def test_soak_keeps_requests_arriving_and_counts_busy_steps():
