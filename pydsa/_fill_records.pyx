@@ -81,7 +81,9 @@ cdef int _head(dsa_request_records_params* p, int kind, req_pool_indices, object
 
 def decode_records(seq_lens, req_pool_indices, *, state_slot_offset, plan_d, stream=None, uint32_t flags=0):
     """Request records [B, 16] {seq_len, slot, load slot, -1} of a decode, in one launch: the library's
-    status. A seq_len outside 0..2^31-1 becomes a padding record and is counted."""
+    status. seq_lens and req_pool_indices int64 [B] on one device; slot = req_pool_indices[b] +
+    state_slot_offset; plan_d uint8 [B, 16] on their device. A seq_len outside 0..2^31-1 becomes a padding
+    record and is counted."""
     cdef dsa_request_records_params p
     cdef Arg rid, sq, pd
     _int64_vector(seq_lens, &sq, "seq_lens", OTHER_DEVICE, ANY)

@@ -57,13 +57,31 @@ OPS = [
     (pydsa.c4_verify, None, "_verify", c_structs.C4Params, {"p"}),
     (pydsa.c128_offline_decode, None, None, c_structs.C128OfflineParams, set()),
     (pydsa.c128_offline_extend, None, None, c_structs.C128OfflineParams, set()),
+    (pydsa.c4_plan_decode, None, None, c_structs.C4PlanParams, set()),
+    (pydsa.c4_plan_extend, None, None, c_structs.C4PlanParams, set()),
+    (pydsa.c128_decode_records, None, None, c_structs.RequestRecordsParams, set()),
+    (pydsa.c128_prefill_records, None, None, c_structs.RequestRecordsParams, set()),
 ]
+# public calls of the compiled layer that launch no op: sizes of a caller's buffers
+NOT_OPS = {pydsa.kv_page_bytes, pydsa.indexer_page_bytes}
 # public arguments that the params struct holds in another form (a plan as its record pointers, compact as the
 # output layout, extend and the flag arguments as flags); a c4 call's per-compressor arguments are the fields of
 # its compressors' sides (dsa_c4_compressor), its records the decode_records
 HELD_ELSEWHERE = {"plan", "compact", "extend", "stream", "pdl", "cooperative", "round_between_drafts", "reject_all"}
 C4_SIDES = {"main", "indexer", "kv_score", "drafts", "indexer_kv_score", "indexer_drafts", "out", "indexer_out",
             "records"}
+
+
+def test_every_public_call_of_the_compiled_layer_is_held_by_the_rules_below():
+    """Each public one-shot call a filler defines, and each prepared class over the reader's Prepared, has its row in
+    OPS: a new op's calls are held to one name per argument, one argument list per layer and the compiled call
+    from their first commit, without a count or a list here to remember."""
+    public = [getattr(pydsa, name) for name in pydsa.__all__]
+    compiled = {obj for obj in public if callable(obj) and not isinstance(obj, type)
+                and getattr(obj, "__module__", "").startswith("pydsa._fill_")}
+    assert compiled - NOT_OPS - {op[0] for op in OPS} == set()
+    prepared = {obj for obj in public if isinstance(obj, type) and issubclass(obj, _read.Prepared)}
+    assert prepared and prepared == {op[1] for op in OPS if op[1] is not None}
 
 
 @pytest.mark.parametrize("op", OPS, ids=lambda op: op[0].__name__)
@@ -231,7 +249,7 @@ def test_the_prepared_forms_are_compiled_classes_over_the_readers_prepared():
     device, what the params point into, launch()); no Python module writes one or binds one."""
     from pydsa import _op
     prepared = [op[1] for op in OPS if op[1] is not None]
-    assert len(prepared) == 5
+    assert prepared
     for cls in prepared:
         assert issubclass(cls, _read.Prepared) and cls.__module__.startswith("pydsa._fill_"), cls
     assert not hasattr(_op, "Prepared")
