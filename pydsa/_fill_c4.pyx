@@ -116,10 +116,12 @@ cdef object _device(int32_t dev):
     return "cpu" if dev < 0 else f"cuda:{dev}"
 
 
-cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv_name, out, str out_name,
-               int64_t rows, int64_t out_rows, list keep, str rows_of, str out_rows_of, object p_main) except -1:
+cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const Arg* input, str kv_name, out,
+               str out_name, int64_t rows, int64_t out_rows, list keep, str rows_of, str out_rows_of,
+               object p_main) except -1:
     """Compressor k of the call (`name`: main or indexer): its described ring, ape and store, and this call's
-    input and output (which must not share memory with the input or the ring)."""
+    input and output (which must not share memory with the input or the ring). `input`: the input as the call
+    already read and judged it (main's, by _begin), or NULL: kv_score is read here."""
     cdef Arg kv, o, ring_arg
     cdef int32_t dev = p.device
     if type(comp_) is not C4Compressor:
@@ -137,11 +139,13 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
     if k == 1 and comp.rows_per_slot != (<C4Compressor>p_main).rows_per_slot:
         raise ArgumentValueError("indexer", f"indexer.ring_size is {comp.ring_size} but main.ring_size is "
                                             f"{(<C4Compressor>p_main).ring_size}: both rings serve the same requests")
-    tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep, rows_of)
+    if input == NULL:
+        tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep, rows_of)
+        input = &kv
     o.data = NULL
     if out is not None:
         tensor(out, &o, out_name, F32, dev, 2, out_rows, comp.head_dim, keep, out_rows_of)
-        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &kv, rows * 4 * comp.head_dim * 4, kv_name)
+        disjoint(&o, out_rows * comp.head_dim * 4, out_name, input, rows * 4 * comp.head_dim * 4, kv_name)
         ring_arg.data = <char*>comp.ring_data
         ring_arg.dev = comp.dev
         disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg,
@@ -151,7 +155,7 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, str kv
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data
     p.compressors[k].ring_rows = comp.ring_rows
-    p.compressors[k].kv_score = <const float*>kv.data
+    p.compressors[k].kv_score = <const float*>input.data
     p.compressors[k].ape = comp.ape_data
     p.compressors[k].out = <float*>o.data
     p.compressors[k].store = comp.store_address
@@ -170,13 +174,8 @@ cdef int32_t _request_ring(object main, object ring_size, str op) except -1:
     return m.rows_per_slot
 
 
-cdef inline int64_t _begin(dsa_c4_params* p, int kind, main, kv_score, indexer, indexer_kv_score, indexer_out,
-                           list keep) except -1:
-    """The call's compressors and main's input: main a C4Compressor, the indexer and its input given together
-    (indexer_out only with them), kv_score (drafts for a verify) fp32 [rows, 4D] on main's device; its rows."""
-    cdef Arg kv
-    memset(p, 0, sizeof(dsa_c4_params))
-    p.struct_size = sizeof(dsa_c4_params)
+cdef int _refuse_compressors(int kind, main, indexer, indexer_kv_score, indexer_out) except -1:
+    """Cold: the error naming what _begin refuses (kept apart so that _begin stays small enough to inline)."""
     if type(main) is not C4Compressor:
         raise ArgumentTypeError("main", f"main must be a pydsa.C4Compressor (got {type(main).__name__})")
     if (indexer is None) != (indexer_kv_score is None):
@@ -184,40 +183,59 @@ cdef inline int64_t _begin(dsa_c4_params* p, int kind, main, kv_score, indexer, 
         missing, other = (given, "indexer") if indexer_kv_score is None else ("indexer", given)
         raise ArgumentValueError(missing, f"{missing} is None but {other} is given: the indexer and its input go "
                                           f"together, give both or neither")
-    if indexer is None and indexer_out is not None:
-        raise ArgumentValueError("indexer_out", "indexer_out is given without indexer=")
+    raise ArgumentValueError("indexer_out", "indexer_out is given without indexer=")
+
+
+cdef inline int64_t _begin(dsa_c4_params* p, int kind, main, kv_score, Arg* kv, indexer, indexer_kv_score,
+                           indexer_out, list keep) except -1:
+    """The call's compressors and main's input: main a C4Compressor, the indexer and its input given together
+    (indexer_out only with them), kv_score (drafts for a verify) fp32 [rows, 4D] on main's device, read into `kv`
+    (main's side takes it from there); its rows."""
+    memset(p, 0, sizeof(dsa_c4_params))
+    p.struct_size = sizeof(dsa_c4_params)
+    if (type(main) is not C4Compressor or (indexer is None) != (indexer_kv_score is None)
+            or (indexer is None and indexer_out is not None)):
+        return _refuse_compressors(kind, main, indexer, indexer_kv_score, indexer_out)
     p.device = (<C4Compressor>main).dev
-    tensor(kv_score, &kv, "kv_score" if kind != VERIFY else "drafts", F32, p.device, 2, ANY,
+    tensor(kv_score, kv, "kv_score" if kind != VERIFY else "drafts", F32, p.device, 2, ANY,
            4 * (<C4Compressor>main).head_dim, keep)
     return kv.shape[0]
 
 
-cdef inline int _sides(dsa_c4_params* p, int kind, main, kv_score, out, indexer, indexer_kv_score, indexer_out,
-                       cache_slots, int64_t rows, int64_t out_rows, list keep) except -1:
-    """Both sides of the call (main's, and the indexer's when given) over `rows` input rows and `out_rows` output
-    rows, and the cache slots every stored row takes (given exactly when a compressor has a store)."""
+cdef int _refuse_cache_slots(bint stored) except -1:
+    """Cold: the error naming cache_slots, given when no compressor has a store (`stored` false) or missing
+    when one has (kept apart so that _sides stays small enough to inline)."""
+    if stored:
+        raise ArgumentValueError("cache_slots", "cache_slots is None but a compressor has a store: give an int64 "
+                                                "tensor with one cache slot per row")
+    raise ArgumentValueError("cache_slots", "cache_slots is given but neither compressor has a store")
+
+
+cdef inline int _sides(dsa_c4_params* p, int kind, main, kv_score, const Arg* kv, out, indexer, indexer_kv_score,
+                       indexer_out, cache_slots, int64_t rows, int64_t out_rows, list keep) except -1:
+    """Both sides of the call (main's, its input `kv` as _begin read it, and the indexer's when given) over `rows`
+    input rows and `out_rows` output rows, and the cache slots every stored row takes (given exactly when a
+    compressor has a store)."""
     cdef Arg cs
     # where each size comes from, for the messages of a size that disagrees (plain literals: no work per call)
     rows_of = "the rows of drafts" if kind == VERIFY else "the rows of kv_score"
     out_rows_of = "the rows of plan[0], one per compress record" if kind == EXTEND else rows_of
-    _side(p, k=0, comp_=main, name="main", kv_score=kv_score, kv_name="kv_score" if kind != VERIFY else "drafts",
-          out=out, out_name="out", rows=rows, out_rows=out_rows, keep=keep, rows_of=rows_of, out_rows_of=out_rows_of,
-          p_main=main)
+    _side(p, k=0, comp_=main, name="main", kv_score=kv_score, input=kv,
+          kv_name="kv_score" if kind != VERIFY else "drafts", out=out, out_name="out", rows=rows, out_rows=out_rows,
+          keep=keep, rows_of=rows_of, out_rows_of=out_rows_of, p_main=main)
     p.num_compressors = 1
     if indexer is not None:
-        _side(p, k=1, comp_=indexer, name="indexer", kv_score=indexer_kv_score,
+        _side(p, k=1, comp_=indexer, name="indexer", kv_score=indexer_kv_score, input=NULL,
               kv_name="indexer_kv_score" if kind != VERIFY else "indexer_drafts", out=indexer_out,
               out_name="indexer_out", rows=rows, out_rows=out_rows, keep=keep, rows_of=rows_of,
               out_rows_of=out_rows_of, p_main=main)
         p.num_compressors = 2
-    if p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL):
-        if cache_slots is None:
-            raise ArgumentValueError("cache_slots", "cache_slots is None but a compressor has a store: give an int64 tensor "
-                                                    "with one cache slot per row")
+    cdef bint stored = p.compressors[0].store != NULL or (indexer is not None and p.compressors[1].store != NULL)
+    if stored != (cache_slots is not None):
+        return _refuse_cache_slots(stored)
+    if stored:
         vector(cache_slots, &cs, "cache_slots", I64, p.device, rows, keep, "one cache slot per row of kv_score")
         p.cache_slots = <const int64_t*>cs.data
-    elif cache_slots is not None:
-        raise ArgumentValueError("cache_slots", "cache_slots is given but neither compressor has a store")
     return 0
 
 
@@ -234,9 +252,9 @@ cdef int _decode(dsa_c4_params* p, main, kv_score, indexer, indexer_kv_score, re
                  out, indexer_out, cache_slots, pdl, error_count, list keep) except -1:
     """The decode's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`,
     appending to `keep` (a prepared call's, or None) what they point into."""
-    cdef Arg rc, sl, sx
+    cdef Arg kv, rc, sl, sx
     cdef uint32_t flags = pdl_flag(pdl)
-    cdef int64_t rows = _begin(p, kind=DECODE, main=main, kv_score=kv_score, indexer=indexer,
+    cdef int64_t rows = _begin(p, kind=DECODE, main=main, kv_score=kv_score, kv=&kv, indexer=indexer,
                                indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, keep=keep)
     if records is None:
         if seq_lens is None or slots is None:
@@ -248,8 +266,9 @@ cdef int _decode(dsa_c4_params* p, main, kv_score, indexer, indexer_kv_score, re
         raise ArgumentValueError("records", "records= and seq_lens=/slots= are two ways to give the rows: pass one")
     elif ring_size is not None:
         raise ArgumentValueError("ring_size", "ring_size is given with records=: records carry their ring rows")
-    _sides(p, kind=DECODE, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
-           indexer_out=indexer_out, cache_slots=cache_slots, rows=rows, out_rows=rows, keep=keep)
+    _sides(p, kind=DECODE, main=main, kv_score=kv_score, kv=&kv, out=out, indexer=indexer,
+           indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, cache_slots=cache_slots, rows=rows,
+           out_rows=rows, keep=keep)
     p.batch_size = rows
     if records is not None:
         tensor(records, &rc, "records", U8, p.device, 2, rows, 16, keep)
@@ -266,7 +285,7 @@ cdef int _decode(dsa_c4_params* p, main, kv_score, indexer, indexer_kv_score, re
 cdef int _extend(dsa_c4_params* p, main, kv_score, plan, indexer, indexer_kv_score, out, indexer_out, cache_slots,
                  pdl, error_count) except -1:
     """The extend's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`."""
-    cdef Arg rc, wr
+    cdef Arg kv, rc, wr
     try:
         compress, write = plan
     except (TypeError, ValueError):
@@ -277,7 +296,7 @@ cdef int _extend(dsa_c4_params* p, main, kv_score, plan, indexer, indexer_kv_sco
     # numpy records are pyplan's host plan: checked by the library before anything runs (one that does not
     # fit fails the call, naming it); record tensors are data, skipped and counted
     cdef uint32_t flags = pdl_flag(pdl) | (DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0)
-    cdef int64_t rows = _begin(p, kind=EXTEND, main=main, kv_score=kv_score, indexer=indexer,
+    cdef int64_t rows = _begin(p, kind=EXTEND, main=main, kv_score=kv_score, kv=&kv, indexer=indexer,
                                indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, keep=None)
     tensor(compress, &rc, "plan[0]", U8, p.device, 2, ANY, 16, None)
     tensor(write, &wr, "plan[1]", U8, p.device, 2, ANY, 8, None)
@@ -286,37 +305,41 @@ cdef int _extend(dsa_c4_params* p, main, kv_score, plan, indexer, indexer_kv_sco
     p.num_compress = rc.shape[0]
     p.num_write = wr.shape[0]
     p.num_tokens = rows
-    _sides(p, kind=EXTEND, main=main, kv_score=kv_score, out=out, indexer=indexer, indexer_kv_score=indexer_kv_score,
-           indexer_out=indexer_out, cache_slots=cache_slots, rows=rows, out_rows=p.num_compress, keep=None)
+    _sides(p, kind=EXTEND, main=main, kv_score=kv_score, kv=&kv, out=out, indexer=indexer,
+           indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, cache_slots=cache_slots, rows=rows,
+           out_rows=p.num_compress, keep=None)
     return _end(p, flags, error_count, None)
 
 
 cdef int _verify(dsa_c4_params* p, main, drafts, seq_lens, slots, num_drafts, ring_size, indexer, indexer_drafts,
                  out, indexer_out, cache_slots, reject_all, pdl, error_count) except -1:
     """The verify's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`."""
-    cdef Arg sl, sx
+    cdef Arg kv, sl, sx
+    cdef int64_t b
     if reject_all is not True and reject_all is not False:
         raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
     cdef uint32_t flags = pdl_flag(pdl) | (DSA_FLAG_C4_REJECT_ALL if reject_all else 0)
-    cdef int64_t rows = _begin(p, kind=VERIFY, main=main, kv_score=drafts, indexer=indexer,
+    cdef int64_t rows = _begin(p, kind=VERIFY, main=main, kv_score=drafts, kv=&kv, indexer=indexer,
                                indexer_kv_score=indexer_drafts, indexer_out=indexer_out, keep=None)
     int_arg(num_drafts, "num_drafts", 1, 16, "")
+    p.num_drafts = num_drafts
     p.ring_size = _request_ring(main, ring_size, "c4_verify")
-    _sides(p, kind=VERIFY, main=main, kv_score=drafts, out=out, indexer=indexer, indexer_kv_score=indexer_drafts,
-           indexer_out=indexer_out, cache_slots=cache_slots, rows=rows, out_rows=rows, keep=None)
+    _sides(p, kind=VERIFY, main=main, kv_score=drafts, kv=&kv, out=out, indexer=indexer,
+           indexer_kv_score=indexer_drafts, indexer_out=indexer_out, cache_slots=cache_slots, rows=rows,
+           out_rows=rows, keep=None)
+    # seq_lens' rows are the batch the drafts' rows must fill; read once, judged once those agree
     read(seq_lens, &sl, "seq_lens", None)
     b = sl.shape[0] if sl.ndim == 1 else -1
-    if b < 0 or rows != b * num_drafts:
+    if b < 0 or rows != b * p.num_drafts:
         raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = "
                          f"{'?' if b < 0 else b} * {num_drafts} (batch_size: the rows of seq_lens, one committed "
                          f"length per request)")
-    vector(seq_lens, &sl, "seq_lens", I32, p.device, b, None)
+    judge(seq_lens, &sl, name="seq_lens", dtype=I32, dev=p.device, ndim=1, d0=b, d1=ANY)
     vector(slots, &sx, "slots", I32, p.device, b, None)
     distinct_slots(&sl, &sx, b, 0)
     p.batch_size = b
     p.seq_lens = <const int32_t*>sl.data
     p.slots = <const int32_t*>sx.data
-    p.num_drafts = num_drafts
     return _end(p, flags, error_count, None)
 
 

@@ -57,6 +57,9 @@ cdef int read(object obj, Arg* a, str name, list keep) except -1
 # `rows`: where a size the call expects comes from (e.g. "B: the rows of kv_score"), said when it disagrees.
 cdef int tensor(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0, int64_t d1,
                 list keep, str rows=*) except -1
+# tensor()'s judgement alone, of an argument already read into `a` (a call that needed its shape first).
+cdef int judge(object obj, const Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0, int64_t d1,
+               str rows=*) except -1
 cdef int vector(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int64_t n, list keep, str rows=*) except -1
 cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, list keep, str rows=*) except -1
 cdef int state_arg(object obj, Arg* a, int32_t* state_dtype, str name, list keep) except -1

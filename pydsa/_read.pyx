@@ -304,6 +304,12 @@ cdef int tensor(object obj, Arg* a, str name, uint32_t dtype, int32_t dev, int32
                 list keep, str rows=None) except -1:
     """A contiguous tensor of `dtype` on `dev` with `ndim` dimensions, the first two d0, d1 (ANY: any)."""
     read(obj, a, name, keep)
+    return judge(obj, a, name, dtype, dev, ndim, d0, d1, rows)
+
+
+cdef int judge(object obj, const Arg* a, str name, uint32_t dtype, int32_t dev, int32_t ndim, int64_t d0, int64_t d1,
+               str rows=None) except -1:
+    """tensor()'s judgement of `obj`, already read into `a`."""
     if (a.dtype != dtype or a.dev != dev or a.ndim != ndim or not a.contiguous
             or (ndim > 0 and d0 != ANY and a.shape[0] != d0) or (ndim > 1 and d1 != ANY and a.shape[1] != d1)):
         return _refuse(obj, a, name, dtype, dev, ndim, d0, d1, rows)
