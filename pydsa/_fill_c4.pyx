@@ -136,6 +136,9 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const 
     elif comp.ring_dtype != p.ring_dtype:
         raise ArgumentValueError("indexer", f"indexer.ring is {comp.ring.dtype}; both compressors' rings must have "
                                             f"one dtype (main.ring's)")
+    if k == 1 and comp_ is p_main:
+        raise ArgumentValueError("indexer", "indexer is main: one compressor cannot be both sides of a call (its "
+                                            "ring and cache would be written twice, a race on the GPU)")
     if k == 1 and comp.rows_per_slot != (<C4Compressor>p_main).rows_per_slot:
         raise ArgumentValueError("indexer", f"indexer.ring_size is {comp.ring_size} but main.ring_size is "
                                             f"{(<C4Compressor>p_main).ring_size}: both rings serve the same requests")

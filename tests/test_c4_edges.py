@@ -41,6 +41,24 @@ def test_the_compressor_owns_its_ring_geometry():
         assert e.value.argument == "ring_size"
 
 
+def test_one_compressor_as_both_sides_is_refused_by_name():
+    """The same C4Compressor passed as main and indexer (its ring and cache written twice by one launch: a race on
+    the GPU) is refused naming indexer, by the one-shot calls and the prepared decode; nothing is written."""
+    layer = Layer(torch.device("cpu"), seed=4, dims=(128,), ring_size=8, store=False)
+    main = layer.compressors[0]
+    before = _ring_bytes(layer)
+    kv = torch.randn(1, 512)
+    calls = (lambda: pydsa.c4_decode(main, kv, indexer=main, indexer_kv_score=kv, seq_lens=_i32(4), slots=_i32(0)),
+             lambda: pydsa.C4Decode(main, kv, indexer=main, indexer_kv_score=kv, seq_lens=_i32(4), slots=_i32(0)),
+             lambda: pydsa.c4_verify(main, torch.randn(2, 512), _i32(5), _i32(0), num_drafts=2, indexer=main,
+                                     indexer_drafts=torch.randn(2, 512)))
+    for call in calls:
+        with pytest.raises(pydsa.ArgumentValueError, match="indexer is main") as e:
+            call()
+        assert e.value.argument == "indexer"
+    assert _unchanged(layer, before)
+
+
 def test_a_call_for_another_geometry_is_refused_by_name():
     """A decode or verify that claims another R than the ring's, a plan made for another R, more slots or
     another input, and a request-scoped call on a ring without a geometry are refused; nothing is written."""

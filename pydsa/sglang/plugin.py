@@ -293,6 +293,8 @@ def _compressor_call(original, backend, *args, **kwargs):
     plan = backend._get_paged_compress_metadata(_C4_RATIO)
     if kw["compress_ratio"] != _C4_RATIO or _reason(kw) is not None or not _c4(plan):
         return _compress_all_in_one(own, backend, **kw)
+    if call.get("x") is not step.x:  # the indexer's x cut to its queries: apart this step, the other's GEMM not run
+        return _compress_all_in_one(own, backend, **kw)
     other = step.indexer if compressor is step.main else step.main
     that = _held(original, backend, (step.x, step.batch, step.layer_id, other), {})
     if that is not None:
@@ -351,7 +353,7 @@ def register() -> None:
     """The entry point's function: registers the hooks with sglang's HookRegistry (sglang applies them) and logs
     the plugin's one start-up line."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    serves_offline()  # a mistyped switch is refused at start-up, not at the first offline layer
+    serves_offline()  # a mistyped switch fails register() (sglang logs it and runs without the plugin), not a layer
     for target, hook, kind in hooks():
         HookRegistry.register(target, hook, HookType.AROUND if kind == "around" else HookType.REPLACE)
     logger.info(startup_line())
