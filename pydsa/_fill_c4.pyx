@@ -330,14 +330,14 @@ cdef int _verify(dsa_c4_params* p, main, drafts, seq_lens, slots, num_drafts, ri
     _sides(p, kind=VERIFY, main=main, kv_score=drafts, kv=&kv, out=out, indexer=indexer,
            indexer_kv_score=indexer_drafts, indexer_out=indexer_out, cache_slots=cache_slots, rows=rows,
            out_rows=rows, keep=None)
-    # seq_lens' rows are the batch the drafts' rows must fill; read once, judged once those agree
+    # seq_lens' rows are the batch the drafts' rows must fill; read and judged once, before the drafts are held to it
     read(seq_lens, &sl, "seq_lens", None)
-    b = sl.shape[0] if sl.ndim == 1 else -1
-    if b < 0 or rows != b * p.num_drafts:
-        raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = "
-                         f"{'?' if b < 0 else b} * {num_drafts} (batch_size: the rows of seq_lens, one committed "
-                         f"length per request)")
-    judge(seq_lens, &sl, name="seq_lens", dtype=I32, dev=p.device, ndim=1, d0=b, d1=ANY)
+    judge(seq_lens, &sl, name="seq_lens", dtype=I32, dev=p.device, ndim=1, d0=ANY, d1=ANY)
+    b = sl.shape[0]
+    if rows != b * p.num_drafts:
+        raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = {b} * "
+                                           f"{num_drafts} (batch_size: the rows of seq_lens, one committed length per "
+                                           f"request)")
     vector(slots, &sx, "slots", I32, p.device, b, None)
     distinct_slots(&sl, &sx, b, 0)
     p.batch_size = b

@@ -59,6 +59,21 @@ def test_one_compressor_as_both_sides_is_refused_by_name():
     assert _unchanged(layer, before)
 
 
+def test_a_verify_names_seq_lens_when_seq_lens_is_what_is_wrong():
+    """A seq_lens of the wrong shape or dtype is named as seq_lens, not as the drafts it would size."""
+    layer = Layer(torch.device("cpu"), seed=5, dims=(128,), ring_size=8, store=False)
+    main = layer.compressors[0]
+    drafts = torch.randn(2, 512)
+    for bad in (_i32(5, 6).view(1, 2), torch.tensor(5, dtype=torch.int32), torch.tensor([5], dtype=torch.int64)):
+        with pytest.raises(pydsa.ArgumentError) as e:
+            pydsa.c4_verify(main, drafts, bad, _i32(0), num_drafts=2)
+        assert e.value.argument == "seq_lens", str(e.value)
+    with pytest.raises(pydsa.ArgumentValueError, match="drafts has 2 rows; expected batch_size \\* num_drafts = "
+                                                       "2 \\* 2") as e:
+        pydsa.c4_verify(main, drafts, _i32(5, 6), _i32(0, 1), num_drafts=2)
+    assert e.value.argument == "drafts"
+
+
 def test_a_call_for_another_geometry_is_refused_by_name():
     """A decode or verify that claims another R than the ring's, a plan made for another R, more slots or
     another input, and a request-scoped call on a ring without a geometry are refused; nothing is written."""
