@@ -212,6 +212,33 @@ def main():
         found["other_x_refused"] = ""
     except RuntimeError as exc:
         found["other_x_refused"] = str(exc)
+
+    class Lone(model.MQALayer):  # a prepare that never makes the main compressor's own call
+        def _forward_prepare(self, x, positions, forward_batch, attn_backend, **kwargs):
+            self.indexer(x=x, q_lora=x, forward_batch=forward_batch, attn_backend=attn_backend)
+
+    class Broken(model.MQALayer):  # a prepare that raises between the two calls
+        def _forward_prepare(self, x, positions, forward_batch, attn_backend, **kwargs):
+            self.indexer(x=x, q_lora=x, forward_batch=forward_batch, attn_backend=attn_backend)
+            raise ValueError("the layer's own failure")
+    for name, cls in (("lone", Lone), ("broken", Broken)):
+        built = _layers(torch, model, v2, v4, pydsa, 1, 6, layer_class=cls)
+        built[0].forward_metadata = types.SimpleNamespace(c4_compress_metadata=plan,
+                                                          core_metadata=types.SimpleNamespace(c4_out_loc=loc))
+        try:
+            built[1][0].forward(torch.randn(n, 16), None, _batch("decode"))
+            found[f"{name}_raised"] = ""
+        except (RuntimeError, ValueError) as exc:
+            found[f"{name}_raised"] = f"{type(exc).__name__}: {exc}"
+        found[f"{name}_state_left"] = getattr(plugin._running, "step", None) is not None or \
+            getattr(plugin._running, "held", None) is not None
+    # after both, a plain layer's step is still one call for both compressors
+    before = dict(ops)
+    again = _layers(torch, model, v2, v4, pydsa, 1, 7)
+    again[0].forward_metadata = types.SimpleNamespace(c4_compress_metadata=plan,
+                                                      core_metadata=types.SimpleNamespace(c4_out_loc=loc))
+    again[1][0].forward(torch.randn(n, 16), None, _batch("decode"))
+    found["after_failures_ops"] = {k: v - before.get(k, 0) for k, v in ops.items() if v != before.get(k, 0)}
     found["stand_ins"] = sorted(stand_ins.names)
     print("FINDINGS " + json.dumps(found))
 
@@ -263,6 +290,17 @@ def test_a_hisparse_layer_runs_per_compressor_and_is_remembered(found):
     assert all(r["kv_score"] == {"main": 2, "indexer": 1} for r in rounds[:2])
     assert all(r["kv_score"] == {"main": 1, "indexer": 1} for r in rounds[2:])
     assert found["hisparse_equal"]
+
+
+def test_a_layer_that_never_makes_its_second_call_or_fails_between_them_leaves_nothing_behind(found):
+    """A layer forward that never makes the main compressor's own call raises, naming the layer and the compressor
+    that ran ahead; one that raises between the two calls passes its own error through; neither leaves the
+    plugin's per-thread step or held calls set, and the next layer's step is one pydsa call again."""
+    assert found["lone_raised"].startswith("RuntimeError: layer 0's main compressor ran with the indexer")
+    assert "made no call of its own" in found["lone_raised"]
+    assert found["broken_raised"] == "ValueError: the layer's own failure"
+    assert not found["lone_state_left"] and not found["broken_state_left"]
+    assert found["after_failures_ops"] == {"c4_decode": 1}
 
 
 def test_a_second_call_with_another_x_is_refused_by_name(found):
