@@ -461,8 +461,9 @@ cdef class Prepared:
 
     cdef void* room(self, int op) except NULL:
         """Zeroed room for op's params (op: a row of the launch table), taken once."""
-        if self.params != NULL:
+        if self.params != NULL and self.device is not None:
             raise RuntimeError("pydsa: a prepared call is filled once")
+        PyMem_Free(self.params)  # a construction that failed before filling may be retried
         self.params = PyMem_Calloc(1, _sizes[op])
         if self.params == NULL:
             raise MemoryError()
@@ -483,6 +484,10 @@ cdef class Prepared:
         cdef int status = launch(self.op, self.params, self.dev, stream)
         if status:
             raise_status(status)
+
+    def __reduce__(self):
+        raise TypeError(f"pydsa: a {type(self).__name__} points into its arguments' memory and cannot be copied or "
+                        f"pickled; make another from the same arguments")
 
     @property
     def _params(self):

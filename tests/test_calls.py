@@ -291,3 +291,28 @@ def test_metadata_judges_every_changed_source(device, mode, name):
             assert name in said or said.split(":")[0].split(" ")[0] in _SOURCE_ORDER + ("num_splits/flashmla_metadata",), said
             rejected += 1
     assert rejected >= min(3, len(variants))
+
+
+
+def test_a_prepared_call_cannot_be_copied_or_pickled_and_a_failed_one_may_be_retried():
+    """A prepared call points into its arguments' memory: copy and pickle refuse it with pydsa's words; a
+    construction that failed (nothing filled) may run __init__ again, and then launches; a filled one may not."""
+    import copy
+    import pickle
+    d = 128
+    state, kv, ape = torch.randn(2, 1, 3 * d), torch.randn(1, 2 * d), torch.randn(128, d)
+    idx, seq = torch.tensor([0], dtype=torch.int32), torch.tensor([5], dtype=torch.int32)
+    made = pydsa.C128Decode(state, kv, torch.empty(1, d), ape, idx, seq)
+    for how in (copy.copy, copy.deepcopy, pickle.dumps):
+        with pytest.raises(TypeError, match="C128Decode points into its arguments' memory"):
+            how(made)
+    fresh = pydsa.C128Decode.__new__(pydsa.C128Decode)
+    with pytest.raises(pydsa.ArgumentError):
+        fresh.__init__(state, None, torch.empty(1, d), ape, idx, seq)
+    out = torch.full((1, d), float("nan"))
+    fresh.__init__(state, kv, out, ape, idx, seq)
+    before = state.clone()
+    fresh.launch()
+    assert not torch.equal(state, before)  # the decode ran: the slot's state moved
+    with pytest.raises(RuntimeError, match="filled once"):
+        fresh.__init__(state, kv, out, ape, idx, seq)
