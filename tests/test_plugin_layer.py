@@ -232,6 +232,18 @@ def main():
             found[f"{name}_raised"] = f"{type(exc).__name__}: {exc}"
         found[f"{name}_state_left"] = getattr(plugin._running, "step", None) is not None or \
             getattr(plugin._running, "held", None) is not None
+
+    class Cut(model.MQALayer):  # the indexer given x cut to its queries (a new tensor), as sglang's indexer may cut it
+        def _forward_prepare(self, x, positions, forward_batch, attn_backend, **kwargs):
+            self.indexer(x=x[:x.shape[0]], q_lora=x, forward_batch=forward_batch, attn_backend=attn_backend)
+            attn_backend.forward_core_compressor(x, forward_batch, self.layer_id, self.compressor)
+    cut = _layers(torch, model, v2, v4, pydsa, 1, 8, layer_class=Cut)
+    cut[0].forward_metadata = types.SimpleNamespace(c4_compress_metadata=plan,
+                                                    core_metadata=types.SimpleNamespace(c4_out_loc=loc))
+    before, seen = dict(ops), dict(cut[3])
+    cut[1][0].forward(torch.randn(n, 16), None, _batch("decode"))
+    found["cut_ops"] = {k: v - before.get(k, 0) for k, v in ops.items() if v != before.get(k, 0)}
+    found["cut_kv_score"] = {k.split()[1]: v - seen.get(k, 0) for k, v in cut[3].items() if v != seen.get(k, 0)}
     # after both, a plain layer's step is still one call for both compressors
     before = dict(ops)
     again = _layers(torch, model, v2, v4, pydsa, 1, 7)
@@ -301,6 +313,13 @@ def test_a_layer_that_never_makes_its_second_call_or_fails_between_them_leaves_n
     assert found["broken_raised"] == "ValueError: the layer's own failure"
     assert not found["lone_state_left"] and not found["broken_state_left"]
     assert found["after_failures_ops"] == {"c4_decode": 1}
+
+
+def test_an_indexer_given_a_cut_x_runs_per_compressor_each_input_computed_once(found):
+    """When the indexer's call carries another x than the layer's (sglang cuts it to its queries), the two
+    compressors run apart, each at its own call, and neither's input GEMM runs twice."""
+    assert found["cut_ops"] == {"c4_decode": 2}
+    assert found["cut_kv_score"] == {"main": 1, "indexer": 1}
 
 
 def test_a_second_call_with_another_x_is_refused_by_name(found):
