@@ -120,6 +120,25 @@ CARELESS = {
     "a bool": lambda t: True,
     "negative": lambda t: -1 if isinstance(t, int) and not isinstance(t, bool) else None,
 }
+# sglang's compress_forward (c4 and offline c128 branches): mutations taken as valid. A ring one row short (its
+# records are data: skipped and counted); ape of another float dtype (cast, as sglang casts it); another int
+# head_dim or compress_ratio is another configuration, handed back to sglang (NotImplementedError, by design);
+# no out (one is made).
+COMPRESS_FORWARD_VALID = {("kv_score_buffer", "one row short"), ("ape", "float64"), ("head_dim", "negative"),
+                          ("compress_ratio", "negative"), ("out", "None")}
+
+
+def compress_forward_cases(call):
+    """(mode, argument, mutation) of every careless compress_forward call `call(mode)`'s arguments give that
+    must be refused."""
+    for mode in ("decode", "extend"):
+        for arg, value in call(mode).items():
+            for how, bad in CARELESS.items():
+                if (arg, how) in COMPRESS_FORWARD_VALID or (how != "None" and bad(value) is None):
+                    continue
+                yield mode, arg, how
+
+
 # Arguments that may be None, and mutations a call may take as valid.
 OPTIONAL = {("plan_prefill", "num_tokens"), ("KVCache", "eps"),
             ("c4_decode", "out"), ("c4_decode", "cache_slots"), ("c4_extend", "out"), ("c4_extend", "cache_slots"),

@@ -14,7 +14,7 @@ import pydsa
 from pydsa import sglang
 from pydsa.sglang import compress as sglang_v2
 from conftest import DEVICES
-from test_careless import CARELESS
+from test_careless import CARELESS, compress_forward_cases
 from test_sglang_c4 import SWA, _context
 
 # pydsa.ArgumentError, or sglang's RuntimeError where its planners raise one
@@ -50,20 +50,10 @@ def _compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kw):
     return sglang.compress_forward(kv_score_buffer, kv_score_input, ape, plan, is_online=False, **kw)
 
 
-# valid calls: fewer ring rows (the records are data: skipped and counted); ape of another float dtype (cast, as
-# sglang casts it); another int head_dim or compress_ratio is another configuration, handed back to sglang
-# (NotImplementedError, by design)
-_VALID = {("kv_score_buffer", "one row short"), ("ape", "float64"), ("head_dim", "negative"),
-          ("compress_ratio", "negative"), ("out", "None")}
 
 
 def _compress_cases():
-    for mode in ("decode", "extend"):
-        for arg, value in _compress_call(mode).items():
-            for how, bad in CARELESS.items():
-                if (arg, how) in _VALID or (how != "None" and bad(value) is None):
-                    continue
-                yield mode, arg, how
+    return compress_forward_cases(_compress_call)
 
 
 @pytest.mark.parametrize("mode,arg,how", list(_compress_cases()))

@@ -13,7 +13,7 @@ import pydsa
 from pydsa import sglang
 from pydsa.sglang import compress as sglang_v2, plugin as sglang_plugin
 from sglang_offline_reference import CHUNK, D, Layer, tables
-from test_careless import CARELESS
+from test_careless import CARELESS, COMPRESS_FORWARD_VALID, compress_forward_cases
 
 REFUSED = (TypeError, ValueError, RuntimeError)
 
@@ -42,20 +42,10 @@ def _compress_call(mode: str):
                 ape=layer.ape, plan=plan, head_dim=D, compress_ratio=CHUNK, out=torch.full((plan[1].shape[0], D), 7.0))
 
 
-# valid calls: a ring of one page fewer (records are data: skipped and counted); ape of another float dtype (cast,
-# as sglang casts it); another int head_dim or compress_ratio is another configuration, handed back to sglang
-# (NotImplementedError, by design); no out (one is made)
-_VALID = {("kv_score_buffer", "one row short"), ("ape", "float64"), ("head_dim", "negative"),
-          ("compress_ratio", "negative"), ("out", "None")}
 
 
 def _compress_cases():
-    for mode in ("decode", "extend"):
-        for arg, value in _compress_call(mode).items():
-            for how, bad in CARELESS.items():
-                if (arg, how) in _VALID or (how != "None" and bad(value) is None):
-                    continue
-                yield mode, arg, how
+    return compress_forward_cases(_compress_call)
 
 
 @pytest.mark.parametrize("mode,arg,how", list(_compress_cases()))
@@ -75,7 +65,7 @@ def test_a_careless_offline_compress_forward_argument_is_refused_in_sglangs_word
 
 
 @pytest.mark.parametrize("mode", ["decode", "extend"])
-@pytest.mark.parametrize("arg,how", sorted(_VALID))
+@pytest.mark.parametrize("arg,how", sorted(COMPRESS_FORWARD_VALID))
 def test_what_the_trial_takes_as_valid_is_taken(mode, arg, how):
     """The mutations the trial leaves out are not refused: the call runs, or (another head_dim or compress_ratio:
     another configuration) is handed back to sglang with NotImplementedError."""
