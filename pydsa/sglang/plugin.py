@@ -91,8 +91,9 @@ def _c4(plan) -> bool:
 
 
 def _c128(plan) -> bool:
-    """A c128 plan of any maker: the offline path and the store read its records in place."""
-    return getattr(plan, "compress_ratio", None) == 128 and hasattr(plan, "is_decode")
+    """A c128 plan of any maker (the offline path and the store read its records in place) whose layer pydsa serves:
+    only with PYDSA_SGLANG_OFFLINE=1."""
+    return getattr(plan, "compress_ratio", None) == 128 and hasattr(plan, "is_decode") and serves_offline()
 
 
 def _online(ratio: int) -> bool:
@@ -114,7 +115,7 @@ def _prefill_plan(original, *args, **kwargs):
 def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kwargs):
     from . import compress as sglang_v2
     online = kwargs.get("is_online", False)
-    readable = _c4(plan) or (_ours(plan) if online is True else _c128(plan) and serves_offline())
+    readable = _c4(plan) or (_ours(plan) if online is True else _c128(plan))
     if readable and sglang_v2.outside_pydsa(kwargs.get("head_dim"), kwargs.get("compress_ratio"), online,
                                             input_dtype=getattr(kv_score_input, "dtype", None)) is None:
         return sglang_v2.compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kwargs)
@@ -124,7 +125,7 @@ def _compress_forward(original, kv_score_buffer, kv_score_input, ape, plan, **kw
 def _norm_rope_store(original, kv, plan, **kwargs):
     from . import compress as sglang_v2
     # the store reads plan[1]'s seq_len and ragged row, alike in every plan; an offline layer's only when switched on
-    if _c4(plan) or _ours(plan) or (_c128(plan) and serves_offline()):
+    if _c4(plan) or _ours(plan) or _c128(plan):
         try:
             return sglang_v2.compress_norm_rope_store(kv, plan, **kwargs)
         except NotImplementedError:
@@ -157,7 +158,7 @@ def _compress_all_in_one(original, self, **kw):
     reason = _reason(kw)
     online = reason is None and ratio == 128 and _online(ratio)
     if reason is None and ((ratio == 4 and _c4(plan)) or
-                           (ratio == 128 and not online and _c128(plan) and serves_offline())):
+                           (ratio == 128 and not online and _c128(plan))):
         d, norm = kw["head_dim"], kw["norm"]
         sglang_v2.compress_forward_and_store(
             kw["kv_score_buffer"], kw["kv_score_input"], kw["ape"].view(-1, d), plan, norm_weight=norm.weight,
