@@ -50,12 +50,17 @@ VERIFY = [
     ("verify 1024 32 0 1 8", "2 32 1 512 1 1 1 8"),     # storing D = 1024 at 8 bytes: 512 threads still fit
     ("verify 2048 32 0 1 8", "2 0 0 0 0 0 0 8"),        # ... 1024 do not
 ]
-# copying commit: layers, alignment of the last layer's state (the others 16), bf16 -> channels per thread
+# copying commit: layers, alignment of the last layer's state (the others 16), bf16 -> channels per thread;
+# slot-resolving commit: B -> blocks threads (one request per thread, 128 a block)
 COMMIT = [
     ("commit 2 16 0", "4"),   # every layer 16-byte aligned: 4 channels
     ("commit 2 8 0", "2"),    # one fp32 layer 8-byte aligned: 2 for all
     ("commit 2 8 1", "4"),    # bf16: 4 channels are 8 bytes
     ("commit 2 4 1", "2"),
+    ("commitslots 1", "1 128"), ("commitslots 128", "1 128"), ("commitslots 129", "2 128"),
+    ("commitslots 1024", "8 128"),            # a step of 1024 requests on 8 SMs
+    ("commitslots 0", "0 128"),               # (a batch of 0 never launches)
+    ("commitslots 2147483647", "16777216 128"),  # the largest batch the check takes
 ]
 # metadata copy: small tiles sms -> large tiles (from 2 x 8 small tiles per SM);
 # tiles destinations (0: any count) large sms -> form grid block
@@ -79,6 +84,15 @@ STORE = [
     ("store 512 10 8", "2 10 256 1 1"),
     ("store 128 10 16", "4 3 32 4 1"),
     ("store 512 10 4", "0 0 0 0 0"),
+]
+# plan upload: records in the launch -> blocks threads (one record per thread, 128 a block; at least one block, whose
+# first thread writes the counts); request records: items -> blocks threads (one item per thread, 128 a block, at
+# least one block and at most 4096, threads then looping over the items)
+PLANS = [
+    ("upload 0", "1 128"), ("upload 1", "1 128"), ("upload 128", "1 128"), ("upload 129", "2 128"),
+    ("upload 1024", "8 128"),                                  # DSA_UPLOAD_RECORDS, a launch's most
+    ("records 0", "1 128"), ("records 1", "1 128"), ("records 128", "1 128"), ("records 129", "2 128"),
+    ("records 524288", "4096 128"), ("records 524289", "4096 128"), ("records 3000000000", "4096 128"),
 ]
 # prefill lanes: records D sms -> lanes_log2 (tiny 1, narrow 2, mid 4, wide 5), at-once lanes (-1: does not fit)
 LANES = [
@@ -138,9 +152,9 @@ def driver(tmp_path_factory):
     return ask
 
 
-@pytest.mark.parametrize("table", [DECODE, VERIFY, COMMIT, STORE, LANES, ROUTE, C4, OFFLINE, COPY],
-                         ids=["decode", "verify", "commit", "store", "prefill lanes", "prefill route", "c4",
-                              "offline c128", "metadata copy"])
+@pytest.mark.parametrize("table", [DECODE, VERIFY, COMMIT, STORE, LANES, ROUTE, PLANS, C4, OFFLINE, COPY],
+                         ids=["decode", "verify", "commit", "store", "prefill lanes", "prefill route",
+                              "plan upload and records", "c4", "offline c128", "metadata copy"])
 def test_launch_shapes_follow_the_policy_table(driver, table):
     got = driver([q for q, _ in table])
     assert len(got) == len(table)

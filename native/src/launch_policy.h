@@ -24,7 +24,6 @@ constexpr int kStoringEarlyDependentsBlocksPerSm = 9;
 constexpr int kC4MaxDim = 512;       // c4 kernels: a block is one D = 512 row, kC4MaxDim / VEC threads
 constexpr int kC4WriteChannels = 4;  // VEC of the c4 write kernel (an extend's ring writes)
 constexpr int64_t kC4NarrowRows = 128;  // c4 decode / compress rows up to which a thread holds 2 channels
-constexpr int kCommitThreads = 128;  // the slot-resolving commit: one request per thread
 constexpr int kPrefillBlocksPerSm = 4;
 constexpr int kPrefillVec = 4;       // prefill channels per thread: one 16-byte access
 // Prefill tile layouts: lanes_log2 of the threads sharing one segment's channels.
@@ -150,6 +149,16 @@ inline VerifyShape verify_shape(const dsa_c128_verify_params& p) {
 constexpr int verify_draft_batch(int vec, bool store) { return vec == 1 || (store && vec == 2) ? 8 : 4; }
 
 // ---- c128 commit ----------------------------------------------------------------------------------
+// The slot-resolving commit (load_indices, no state copied): one request per thread, kCommitThreads to a block, a
+// block per kCommitThreads requests, so a step of 1024 requests spreads over 8 multiprocessors (a request is a
+// few independent table reads and one store: latency, not bandwidth). A batch of 0 launches nothing (the call
+// does nothing); check_speculative's batch_size <= INT32_MAX keeps the grid within one launch.
+constexpr int kCommitThreads = 128;
+
+inline int64_t commit_slots_blocks(int64_t batch_size) {
+  return (batch_size + kCommitThreads - 1) / kCommitThreads;
+}
+
 // The copying commit copies 4 channels per thread when every layer's state is 16-byte aligned, else 2.
 inline int commit_copy_vector_width(const dsa_c128_commit_params& p) {
   const int sb = p.state_dtype == DSA_STATE_BFLOAT16 ? 2 : 4;
@@ -222,6 +231,26 @@ inline PrefillRoute prefill_route(const dsa_c128_prefill_params& p, int64_t num_
   if (num_fresh <= num_continuing || num_continuing > DSA_INLINE_RECORDS || num_fresh + num_write > DSA_INLINE_RECORDS)
     return kPrefillPasses;
   return kPrefillSplit;
+}
+
+// ---- plan upload ----------------------------------------------------------------------------------
+// dsa_c128_upload_plan: one record per thread, kUploadThreads to a block; a launch carries at most
+// DSA_UPLOAD_RECORDS (1024) records in its parameters, so at most 8 blocks. At least one block: a call's first
+// launch writes the plan's counts even for an empty plan.
+constexpr int kUploadThreads = 128;
+
+inline int upload_blocks(int count) { return std::max(1, (count + kUploadThreads - 1) / kUploadThreads); }
+
+// ---- request and segment records ------------------------------------------------------------------
+// dsa_request_records: one item per thread (a record carried in the launch; a request's slots and decode record; a
+// padding row), kRecordsThreads to a block, at most kRecordsMaxBlocks blocks, beyond which threads loop over the
+// items (as the c4 decode plan's do). At least one block: every call launches, even one with nothing to write
+// (a batch of 0), and a grid of no blocks is not a launch.
+constexpr int kRecordsThreads = 128;
+constexpr int64_t kRecordsMaxBlocks = 4096;
+
+inline int64_t records_blocks(int64_t items) {
+  return std::clamp<int64_t>((items + kRecordsThreads - 1) / kRecordsThreads, 1, kRecordsMaxBlocks);
 }
 
 // ---- metadata copy ---------------------------------------------------------------------------------

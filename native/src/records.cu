@@ -6,6 +6,7 @@
 
 #include "cuda_launch.cuh"
 #include "inline_records.cuh"
+#include "launch_policy.h"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_RECORDS_PARAMS, dsa_request_records_params);
 
@@ -80,17 +81,18 @@ struct PlanLaunch {
   int32_t requests;          // 1: this launch also writes the per-request part
 };
 
-constexpr int kPlanThreads = 128;
-
+// One item per thread, kRecordsThreads to a block; a grid of fewer blocks than the items need strides over them (the
+// shape: launch_policy.h).
 template <int kRecords>
-__global__ void __launch_bounds__(kPlanThreads)
+__global__ void __launch_bounds__(kRecordsThreads)
     records_kernel(const __grid_constant__ PlanLaunch a, const __grid_constant__ SegmentBlock<kRecords> records) {
   wait_for_producers();
   allow_dependents();
   const dsa_request_records_params& p = a.p;
   const int64_t requests = a.requests ? request_items(p) : 0;
   const int64_t items = a.count > requests ? a.count : requests;
-  for (int64_t i = (int64_t)blockIdx.x * kPlanThreads + threadIdx.x; i < items; i += (int64_t)gridDim.x * kPlanThreads) {
+  for (int64_t i = (int64_t)blockIdx.x * kRecordsThreads + threadIdx.x; i < items;
+       i += (int64_t)gridDim.x * kRecordsThreads) {
     if (i < a.count) {
       const int64_t j = a.first + i;
       const dsa_segment& s = records.r[i];
@@ -103,7 +105,7 @@ __global__ void __launch_bounds__(kPlanThreads)
 
 cudaError_t launch_plan(const PlanLaunch& a, cudaStream_t stream, bool pdl) {
   const int64_t items = std::max<int64_t>(a.count, a.requests ? request_items(a.p) : 0);
-  const unsigned grid = (unsigned)std::clamp<int64_t>((items + kPlanThreads - 1) / kPlanThreads, 1, 4096);
+  const unsigned grid = (unsigned)records_blocks(items);
   return with_records<DSA_UPLOAD_RECORDS>(
       a.count,
       [&](int64_t i) {
@@ -112,7 +114,7 @@ cudaError_t launch_plan(const PlanLaunch& a, cudaStream_t stream, bool pdl) {
       },
       [&](const auto& records) {
         constexpr int k = std::decay_t<decltype(records)>::kSize;
-        return launch(records_kernel<k>, grid, kPlanThreads, stream, pdl ? kLaunchPdl : 0u, a, records);
+        return launch(records_kernel<k>, grid, kRecordsThreads, stream, pdl ? kLaunchPdl : 0u, a, records);
       });
 }
 

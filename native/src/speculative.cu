@@ -314,7 +314,7 @@ dsa_status commit_device(const dsa_c128_commit_params& p, const CommitChecked&, 
   a.load_indices = p.load_indices, a.error_count = p.error_count;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   if (p.num_layers == 0) {
-    const unsigned blocks = (unsigned)((p.batch_size + kCommitThreads - 1) / kCommitThreads);
+    const unsigned blocks = (unsigned)commit_slots_blocks(p.batch_size);  // the grid: launch_policy.h
     return launch_status(launch(c128_commit_slots_kernel, blocks, kCommitThreads, s, mode, a), op);
   }
   const int vec = commit_copy_vector_width(p);

@@ -6,6 +6,7 @@
 
 #include "cuda_launch.cuh"
 #include "inline_records.cuh"
+#include "launch_policy.h"
 
 DSA_DECLARE_STRUCT(DSA_STRUCT_PLAN_UPLOAD_PARAMS, dsa_plan_upload_params);
 
@@ -26,8 +27,7 @@ struct UploadLaunch {
   int32_t count;          // records in this launch
 };
 
-constexpr int kUploadThreads = 128;
-
+// One record per thread, kUploadThreads to a block (the shape: launch_policy.h).
 template <int kRecords>
 __global__ void __launch_bounds__(kUploadThreads)
     upload_plan_kernel(const __grid_constant__ UploadLaunch a, const __grid_constant__ SegmentBlock<kRecords> records) {
@@ -41,7 +41,7 @@ __global__ void __launch_bounds__(kUploadThreads)
 
 cudaError_t launch_upload(const UploadLaunch& a, const dsa_segment* compress, const dsa_segment* write,
                           cudaStream_t stream) {
-  const unsigned grid = (unsigned)std::max(1, (a.count + kUploadThreads - 1) / kUploadThreads);
+  const unsigned grid = (unsigned)upload_blocks(a.count);
   return with_records<DSA_UPLOAD_RECORDS>(
       a.count,
       [&](int64_t i) { return plan_record(compress, write, a.num_compress, a.first + i); },

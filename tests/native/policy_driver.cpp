@@ -93,6 +93,18 @@ int main() {
       dsa_c128_commit_params p = {};
       p.num_layers = layers, p.states = states, p.state_dtype = bf16 ? DSA_STATE_BFLOAT16 : DSA_STATE_FLOAT32;
       std::printf("%d\n", commit_copy_vector_width(p));
+    } else if (what == "commitslots") {  // B
+      long long b;
+      in >> b;
+      std::printf("%lld %d\n", (long long)commit_slots_blocks(b), kCommitThreads);
+    } else if (what == "upload") {  // records in the launch
+      int n;
+      in >> n;
+      std::printf("%d %d\n", upload_blocks(n), kUploadThreads);
+    } else if (what == "records") {  // items
+      long long n;
+      in >> n;
+      std::printf("%lld %d\n", (long long)records_blocks(n), kRecordsThreads);
     } else if (what == "copylarge") {  // small tiles, sms
       long long tiles;
       int sms;
