@@ -68,6 +68,63 @@ __device__ __forceinline__ bool offline_row(const OfflineLaunch& p, int64_t i, O
   }
 }
 
+// A decode writes its new row (the threads with `writes`, their VEC channels from ch), then goes on where the row
+// closes a chunk the ring holds; a compress record goes on where it fits the call. False: nothing more to do (a
+// row that does not fit is counted once, by `first`).
+template <typename S, int kMode, int VEC>
+__device__ __forceinline__ bool offline_row_fits(const OfflineLaunch& p, const OfflineRow& r, int ch, bool writes,
+                                                 bool first) {
+  bool fits;
+  if constexpr (kMode != kCompress) {
+    if (r.write_row < 0 || r.write_row >= p.ring_rows) {
+      if (first) count_error(p.error_count);
+      return false;
+    }
+    if (writes) {
+      const float* in = p.kv_score + r.ragged * 2 * p.head_dim + ch;
+      const Lanes<VEC> half[2] = {load_lanes<VEC>(in), load_lanes<VEC>(in + p.head_dim)};
+      ring_store<S, VEC, 2>(static_cast<S*>(p.ring), r.write_row, p.head_dim, ch, half);
+    }
+    if (!closes_chunk(r.seq_len)) return false;
+    fits = page_ok(r.page, p.ring_rows);
+  } else {
+    fits = offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows);
+  }
+  if (!fits && first) count_error(p.error_count);
+  return fits;
+}
+
+template <int VEC>
+struct WindowRow {
+  Lanes<VEC> value, score;
+};
+
+// Row j of a closing row's window, this thread's VEC channels from ch: from the ring's page, or (a compress
+// record's rows past ring_rows) from the call's input rows.
+template <typename S, int kMode, int VEC>
+__device__ __forceinline__ WindowRow<VEC> window_row(const OfflineLaunch& p, const OfflineRow& r, int j, int ch) {
+  const int D = p.head_dim;
+  WindowRow<VEC> w;
+  if (kMode != kCompress || j < r.ring_rows) {
+    const S* at = static_cast<const S*>(p.ring) + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+    w.value = load_state<VEC, S>(at), w.score = load_state<VEC, S>(at + D);
+  } else {
+    const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+    w.value = load_lanes<VEC>(at), w.score = load_lanes<VEC>(at + D);
+  }
+  return w;
+}
+
+// The store of the row's vector aimed (its cache slot, rotary row, norm weights and rotary pairs of this thread's
+// 2 channels from ch), the loads issued before the window's.
+__device__ __forceinline__ void aim_offline_store(const OfflineLaunch& p, const OfflineRow& r, int ch,
+                                                  StoreOperands<2>& o) {
+  const int64_t loc = __ldg(p.store.cache_slots + r.ragged), pos = (int64_t)r.seq_len - kOfflineWindow;
+  load_weights<2>(o, p.store, ch);
+  load_rotary<2>(o, p.store, p.head_dim, ch, pos);
+  aim_store<2>(o, p.store, loc, pos, p.head_dim);
+}
+
 // The blocks of one closing row form a thread-block cluster (sm_90 and later; the entry points refuse older
 // devices): a barrier over the cluster, after which every block's shared memory written before it is visible
 // to all, and another block's shared memory.
@@ -91,7 +148,7 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 // slices from their shared memory and runs the standalone store's epilogue (store.cuh) over the whole vector,
 // so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
 template <typename S, int kMode>
-__global__ void __launch_bounds__(kOfflineThreads) offline_close_kernel(const __grid_constant__ OfflineLaunch p) {
+__global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_num[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_den[kOfflineBlocks][kOfflineSlice];
@@ -106,43 +163,17 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_close_kernel(const __
   OfflineRow r;
   if (!offline_row<kMode>(p, i, &r)) return;
   const bool first = rank == 0 && threadIdx.x == 0;  // counts a skipped row once
-  S* ring = static_cast<S*>(p.ring);
-  if constexpr (kMode != kCompress) {
-    if (r.write_row < 0 || r.write_row >= p.ring_rows) {
-      if (first) count_error(p.error_count);
-      return;
-    }
-    if (warp == kOfflineBlocks - 1) {  // the new row's slice, by one warp
-      const float* in = p.kv_score + i * 2 * D + ch;
-      const Lanes<2> half[2] = {load_lanes<2>(in), load_lanes<2>(in + D)};
-      ring_store<S, 2, 2>(ring, r.write_row, D, ch, half);
-    }
-    if (!closes_chunk(r.seq_len)) return;
-    if (!page_ok(r.page, p.ring_rows)) {
-      if (first) count_error(p.error_count);
-      return;
-    }
-    __syncthreads();  // the new row as written (a bf16 ring rounds it) is read below, by whichever warp holds it
-  } else if (!offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows)) {
-    if (first) count_error(p.error_count);
-    return;
-  }
+  if (!offline_row_fits<S, kMode, 2>(p, r, ch, warp == kOfflineBlocks - 1, first)) return;  // one warp writes
+  if constexpr (kMode != kCompress) __syncthreads();  // the new row as written (a bf16 ring rounds it) is read below
   // warp w sums window rows 8w .. 8w+7 of its lane's two channels (window_math.h's block)
   float kv[2][kOfflineBlockRows], z[2][kOfflineBlockRows];
 #pragma unroll
   for (int k = 0; k < kOfflineBlockRows; ++k) {
     const int j = warp * kOfflineBlockRows + k;
     const Lanes<2> bias = load_lanes<2>(p.ape + j * D + ch);
-    Lanes<2> value, score;
-    if (kMode != kCompress || j < r.ring_rows) {
-      const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
-      value = load_state<2, S>(at), score = load_state<2, S>(at + D);
-    } else {
-      const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
-      value = load_lanes<2>(at), score = load_lanes<2>(at + D);
-    }
+    const WindowRow<2> w = window_row<S, kMode, 2>(p, r, j, ch);
 #pragma unroll
-    for (int c = 0; c < 2; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
+    for (int c = 0; c < 2; ++c) kv[c][k] = w.value.v[c], z[c][k] = w.score.v[c] + bias.v[c];
   }
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
@@ -165,23 +196,59 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_close_kernel(const __
   }
   if (!p.stores) return;  // the same for every block of the cluster: none waits at a barrier below
   cluster_sync();
+  // the first block's D / 2 storing threads, 2 channels each (their operands loaded here: loaded before the
+  // window, they cost the slice form more registers than they saved, docs/performance.md)
   const bool storing = rank == 0 && (int)threadIdx.x < D / 2;
+  const int store_ch = 2 * (int)threadIdx.x;
   float x[2];
   if (storing) {
-    const int c = 2 * (int)threadIdx.x;
-    const float* from = cluster_shared(slice, (unsigned)(c / kOfflineSlice)) + c % kOfflineSlice;
+    const float* from = cluster_shared(slice, (unsigned)(store_ch / kOfflineSlice)) + store_ch % kOfflineSlice;
     x[0] = from[0], x[1] = from[1];
   }
   cluster_sync();  // every slice read: the other blocks may leave
   if (!storing) return;
-  const int c = 2 * (int)threadIdx.x;
-  const int64_t loc = __ldg(p.store.cache_slots + (kMode == kCompress ? r.ragged : i));
-  const int64_t pos = (int64_t)r.seq_len - kOfflineWindow;
   StoreOperands<2> o;
-  load_weights<2>(o, p.store, c);
-  load_rotary<2>(o, p.store, D, c, pos);
-  aim_store<2>(o, p.store, loc, pos, D);
-  store_vector<2>(p.store, x, o, D, c, D / 2, p.error_count, 0);
+  aim_offline_store(p, r, store_ch, o);
+  store_vector<2>(p.store, x, o, D, store_ch, D / 2, p.error_count, 0);
+}
+
+// The row form (launch_policy.h): one block of D threads per closing row, thread c summing the 16 blocks of 8
+// rows of its channel in order and merging them (the slice form's arithmetic, so both forms give the same bits);
+// the vector passes through shared memory to the D / 2 storing threads.
+template <typename S, int kMode>
+__global__ void __launch_bounds__(kOfflineMaxDim) offline_row_kernel(const __grid_constant__ OfflineLaunch p) {
+  __shared__ __align__(16) float vector[kOfflineMaxDim];
+  const int D = p.head_dim, ch = (int)threadIdx.x;
+  const int64_t i = blockIdx.x;
+  wait_for_producers();
+  allow_dependents();
+  OfflineRow r;
+  if (!offline_row<kMode>(p, i, &r)) return;
+  // every thread writes its channel of a decode's new row and reads it back below, as written
+  if (!offline_row_fits<S, kMode, 1>(p, r, ch, true, ch == 0)) return;
+  const bool storing = p.stores && ch < D / 2;
+  StoreOperands<2> o;
+  if (storing) aim_offline_store(p, r, 2 * ch, o);
+  WindowSum blocks[kOfflineBlocks];
+#pragma unroll
+  for (int b = 0; b < kOfflineBlocks; ++b) {
+    float kv[kOfflineBlockRows], z[kOfflineBlockRows];
+#pragma unroll
+    for (int k = 0; k < kOfflineBlockRows; ++k) {
+      const int j = b * kOfflineBlockRows + k;
+      const WindowRow<1> w = window_row<S, kMode, 1>(p, r, j, ch);
+      kv[k] = w.value.v[0], z[k] = w.score.v[0] + __ldg(p.ape + j * D + ch);
+    }
+    blocks[b] = window_sum(kv, z, 0);
+  }
+  const float x = window_value(merge_windows(blocks));
+  if (p.out != nullptr) p.out[i * D + ch] = x;
+  if (!p.stores) return;
+  vector[ch] = x;
+  __syncthreads();
+  if (!storing) return;
+  const float pair[2] = {vector[2 * ch], vector[2 * ch + 1]};
+  store_vector<2>(p.store, pair, o, D, 2 * ch, D / 2, p.error_count, 0);
 }
 
 // ---- checks and launches ----------------------------------------------------------------------------
@@ -298,24 +365,28 @@ OfflineLaunch offline_launch(const dsa_c128_offline_params& p, const OfflineChec
   return a;
 }
 
-// The closing kernel over `count` rows in clusters of D / 64 blocks.
+// The closing kernel over `count` rows in the form launch_policy.h picks: clusters of D / 64 blocks (the slice
+// form), or a block a row (the row form).
 template <typename S, int kMode>
 dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int64_t count, const void* records,
                           cudaStream_t stream, const char* op) {
   a.count = count, a.records = records;
   const Shape shape = offline_shape(p.head_dim, count);
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  if (offline_row_form(count))
+    return launch_status(launch(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape), stream, mode, a), op);
   cudaLaunchAttribute attributes[2];
   unsigned n = 0;
   attributes[n].id = cudaLaunchAttributeClusterDimension;
-  attributes[n++].val.clusterDim = {(unsigned)offline_slices(p.head_dim), 1, 1};
-  if (p.flags & DSA_FLAG_PDL) {
+  attributes[n++].val.clusterDim = {(unsigned)offline_cluster(p.head_dim, count), 1, 1};
+  if (mode & kLaunchPdl) {
     attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[n++].val.programmaticStreamSerializationAllowed = 1;
   }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid_of(shape), config.blockDim = block_of(shape), config.stream = stream;
   config.attrs = attributes, config.numAttrs = n;
-  return launch_status(cudaLaunchKernelEx(&config, offline_close_kernel<S, kMode>, a), op);
+  return launch_status(cudaLaunchKernelEx(&config, offline_slice_kernel<S, kMode>, a), op);
 }
 
 // The write pass: the c4 write kernel over one ring of rows [kv | score].

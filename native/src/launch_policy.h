@@ -336,21 +336,34 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 
 // ---- offline c128 ---------------------------------------------------------------------------------
 // A closing row (a decode request, a compress record) reads 128 ring or input rows of 2 D values (512 KiB at
-// D = 512 in fp32). One block per 64-channel slice of D streams it (16 warps, warp w summing rows 8w .. 8w+7 of
-// the slice, 2 channels per lane: coalesced 256-byte row slices, 64 KiB per block), so a lone closing row is
-// spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block gathers the
-// vector from the others' shared memory for the store (its RMSNorm needs all D channels).
+// D = 512 in fp32). Two forms:
+// - the slice form, for few rows: one block per 64-channel slice of D streams it (16 warps, warp w summing rows
+//   8w .. 8w+7 of the slice, 2 channels per lane: coalesced 256-byte row slices, 64 KiB per block), so a lone
+//   closing row is spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block
+//   gathers the vector from the others' shared memory for the store (its RMSNorm needs all D channels);
+// - the row form, from kOfflineRowsFrom rows: one block of D threads per row, thread c summing all 16 blocks of
+//   8 rows of its channel and finishing the store inside the block. Enough rows fill the GPU without spreading
+//   one over SMs, and a launch of D / 64-block clusters costs more to schedule than the spread gains (the slice
+//   form's decode ran 1.8x slower than sglang's compress kernel of the same grid without clusters at B = 1024).
+//   Measured both ways (docs/performance.md, "The offline c128 compressor"): the row form wins from 256 rows
+//   (decode B = 256 / 1024, an extend of 256 records) and loses below (B = 32, an extend of 155 records).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
 constexpr int kOfflineThreads = 512;  // 16 warps: one block of 8 rows each
 constexpr int kOfflineLanes = 32;     // lanes of a row slice: 2 channels each
+constexpr int kOfflineMaxDim = 512;   // the row form's largest block: a thread a channel
+constexpr int64_t kOfflineRowsFrom = 256;
 
 inline int offline_slices(int head_dim) { return head_dim / kOfflineSlice; }
+inline bool offline_row_form(int64_t count) { return count >= kOfflineRowsFrom; }
+// Blocks of one closing row's cluster: D / 64 in the slice form, 1 (no cluster) in the row form.
+inline int offline_cluster(int head_dim, int64_t count) { return offline_row_form(count) ? 1 : offline_slices(head_dim); }
 
-// Blocks of a closing launch over `count` rows (clusters of offline_slices(D) blocks); fits false: too many.
+// Blocks of a closing launch over `count` rows; fits false: too many.
 inline Shape offline_shape(int head_dim, int64_t count) {
   Shape s;
-  s.grid_x = count * offline_slices(head_dim);
-  s.grid_y = s.grid_z = 1, s.block_x = kOfflineThreads, s.block_y = 1;
+  const bool rows = offline_row_form(count);
+  s.grid_x = rows ? count : count * offline_slices(head_dim);
+  s.grid_y = s.grid_z = 1, s.block_x = rows ? head_dim : kOfflineThreads, s.block_y = 1;
   s.fits = s.grid_x <= INT32_MAX;
   return s;
 }

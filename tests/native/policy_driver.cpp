@@ -84,7 +84,7 @@ int main() {
       int d;
       in >> d >> n;
       const Shape s = offline_shape(d, n);
-      std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_slices(d), s.fits ? 1 : 0);
+      std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_cluster(d, n), s.fits ? 1 : 0);
     } else if (what == "commit") {  // layers alignment bf16
       int layers, align, bf16;
       in >> layers >> align >> bf16;
