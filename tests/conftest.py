@@ -65,11 +65,18 @@ def examples(n: int) -> int:
     return {"thorough": 10 * n, "sanitize": min(n, 8)}.get(PROFILE, n)
 
 HAS_GPU = torch.cuda.is_available()
-gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+_needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+
+
+def gpu(test):
+    """A test that runs on the GPU only: marked `gpu` (the GPU suite, pytest -m gpu, selects it) and skipped
+    where there is no GPU."""
+    return pytest.mark.gpu(_needs_gpu(test))
+
 
 # The same tests run on the host backend everywhere and on the GPU where there is one.
 DEVICES = [pytest.param("cpu", id="host"),
-           pytest.param("cuda", id="gpu", marks=[pytest.mark.gpu, gpu])]
+           pytest.param("cuda", id="gpu", marks=[pytest.mark.gpu, _needs_gpu])]
 
 
 @pytest.fixture(params=DEVICES)

@@ -68,23 +68,20 @@ __device__ __forceinline__ bool offline_row(const OfflineLaunch& p, int64_t i, O
   }
 }
 
-// A decode writes its new row (the threads with `writes`, their VEC channels from ch), then goes on where the row
-// closes a chunk the ring holds; a compress record goes on where it fits the call. False: nothing more to do (a
-// row that does not fit is counted once, by `first`).
+// The row form's helpers. A decode writes its new row (this thread's VEC channels from ch), then goes on where the
+// row closes a chunk the ring holds; a compress record goes on where it fits the call. False: nothing more to do
+// (a row that does not fit is counted once, by `first`).
 template <typename S, int kMode, int VEC>
-__device__ __forceinline__ bool offline_row_fits(const OfflineLaunch& p, const OfflineRow& r, int ch, bool writes,
-                                                 bool first) {
+__device__ __forceinline__ bool offline_row_fits(const OfflineLaunch& p, const OfflineRow& r, int ch, bool first) {
   bool fits;
   if constexpr (kMode != kCompress) {
     if (r.write_row < 0 || r.write_row >= p.ring_rows) {
       if (first) count_error(p.error_count);
       return false;
     }
-    if (writes) {
-      const float* in = p.kv_score + r.ragged * 2 * p.head_dim + ch;
-      const Lanes<VEC> half[2] = {load_lanes<VEC>(in), load_lanes<VEC>(in + p.head_dim)};
-      ring_store<S, VEC, 2>(static_cast<S*>(p.ring), r.write_row, p.head_dim, ch, half);
-    }
+    const float* in = p.kv_score + r.ragged * 2 * p.head_dim + ch;
+    const Lanes<VEC> half[2] = {load_lanes<VEC>(in), load_lanes<VEC>(in + p.head_dim)};
+    ring_store<S, VEC, 2>(static_cast<S*>(p.ring), r.write_row, p.head_dim, ch, half);
     if (!closes_chunk(r.seq_len)) return false;
     fits = page_ok(r.page, p.ring_rows);
   } else {
@@ -147,6 +144,8 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 // scratch buffer that is zeroed and reset. The cluster needs neither: the first block reads the other blocks'
 // slices from their shared memory and runs the standalone store's epilogue (store.cuh) over the whole vector,
 // so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
+// The slice form reads its window and writes its row in its own lines, not through the row form's helpers above:
+// written through them its code grew and it ran 5-15 % slower in the same-run A/B (docs/performance.md).
 template <typename S, int kMode>
 __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
@@ -163,17 +162,43 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
   OfflineRow r;
   if (!offline_row<kMode>(p, i, &r)) return;
   const bool first = rank == 0 && threadIdx.x == 0;  // counts a skipped row once
-  if (!offline_row_fits<S, kMode, 2>(p, r, ch, warp == kOfflineBlocks - 1, first)) return;  // one warp writes
-  if constexpr (kMode != kCompress) __syncthreads();  // the new row as written (a bf16 ring rounds it) is read below
+  S* ring = static_cast<S*>(p.ring);
+  if constexpr (kMode != kCompress) {
+    if (r.write_row < 0 || r.write_row >= p.ring_rows) {
+      if (first) count_error(p.error_count);
+      return;
+    }
+    if (warp == kOfflineBlocks - 1) {  // the new row's slice, by one warp
+      const float* in = p.kv_score + i * 2 * D + ch;
+      const Lanes<2> half[2] = {load_lanes<2>(in), load_lanes<2>(in + D)};
+      ring_store<S, 2, 2>(ring, r.write_row, D, ch, half);
+    }
+    if (!closes_chunk(r.seq_len)) return;
+    if (!page_ok(r.page, p.ring_rows)) {
+      if (first) count_error(p.error_count);
+      return;
+    }
+    __syncthreads();  // the new row as written (a bf16 ring rounds it) is read below, by whichever warp holds it
+  } else if (!offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows)) {
+    if (first) count_error(p.error_count);
+    return;
+  }
   // warp w sums window rows 8w .. 8w+7 of its lane's two channels (window_math.h's block)
   float kv[2][kOfflineBlockRows], z[2][kOfflineBlockRows];
 #pragma unroll
   for (int k = 0; k < kOfflineBlockRows; ++k) {
     const int j = warp * kOfflineBlockRows + k;
     const Lanes<2> bias = load_lanes<2>(p.ape + j * D + ch);
-    const WindowRow<2> w = window_row<S, kMode, 2>(p, r, j, ch);
+    Lanes<2> value, score;
+    if (kMode != kCompress || j < r.ring_rows) {
+      const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+      value = load_state<2, S>(at), score = load_state<2, S>(at + D);
+    } else {
+      const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+      value = load_lanes<2>(at), score = load_lanes<2>(at + D);
+    }
 #pragma unroll
-    for (int c = 0; c < 2; ++c) kv[c][k] = w.value.v[c], z[c][k] = w.score.v[c] + bias.v[c];
+    for (int c = 0; c < 2; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
   }
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
@@ -196,20 +221,23 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
   }
   if (!p.stores) return;  // the same for every block of the cluster: none waits at a barrier below
   cluster_sync();
-  // the first block's D / 2 storing threads, 2 channels each (their operands loaded here: loaded before the
-  // window, they cost the slice form more registers than they saved, docs/performance.md)
   const bool storing = rank == 0 && (int)threadIdx.x < D / 2;
-  const int store_ch = 2 * (int)threadIdx.x;
   float x[2];
   if (storing) {
-    const float* from = cluster_shared(slice, (unsigned)(store_ch / kOfflineSlice)) + store_ch % kOfflineSlice;
+    const int c = 2 * (int)threadIdx.x;
+    const float* from = cluster_shared(slice, (unsigned)(c / kOfflineSlice)) + c % kOfflineSlice;
     x[0] = from[0], x[1] = from[1];
   }
   cluster_sync();  // every slice read: the other blocks may leave
   if (!storing) return;
+  const int c = 2 * (int)threadIdx.x;
+  const int64_t loc = __ldg(p.store.cache_slots + (kMode == kCompress ? r.ragged : i));
+  const int64_t pos = (int64_t)r.seq_len - kOfflineWindow;
   StoreOperands<2> o;
-  aim_offline_store(p, r, store_ch, o);
-  store_vector<2>(p.store, x, o, D, store_ch, D / 2, p.error_count, 0);
+  load_weights<2>(o, p.store, c);
+  load_rotary<2>(o, p.store, D, c, pos);
+  aim_store<2>(o, p.store, loc, pos, D);
+  store_vector<2>(p.store, x, o, D, c, D / 2, p.error_count, 0);
 }
 
 // The row form (launch_policy.h): one block of D threads per closing row, thread c summing the 16 blocks of 8
@@ -225,7 +253,7 @@ __global__ void __launch_bounds__(kOfflineMaxDim) offline_row_kernel(const __gri
   OfflineRow r;
   if (!offline_row<kMode>(p, i, &r)) return;
   // every thread writes its channel of a decode's new row and reads it back below, as written
-  if (!offline_row_fits<S, kMode, 1>(p, r, ch, true, ch == 0)) return;
+  if (!offline_row_fits<S, kMode, 1>(p, r, ch, ch == 0)) return;
   const bool storing = p.stores && ch < D / 2;
   StoreOperands<2> o;
   if (storing) aim_offline_store(p, r, 2 * ch, o);
