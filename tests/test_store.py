@@ -504,7 +504,7 @@ def test_fused_prefill_graph_replays_store_the_same_bytes():
 
 @gpu
 def test_a_storing_prefill_on_the_gpu_needs_out():
-    from c_structs import PrefillParams
+    from c_structs import C128PrefillParams as PrefillParams
     from pydsa import _read
     d = 512
     seq, ext = np.array([300], np.int64), np.array([300], np.int64)
