@@ -445,3 +445,27 @@ def test_c_structs_is_read_from_the_header_not_written_by_hand():
     header = c_structs.HEADER.read_text()
     declared = set(re.findall(r"typedef\s+struct\s+(\w+)\s*\{", header))
     assert declared and set(c_structs._structs) == declared
+
+
+# A launch shape written where it is used, not named in native/src/launch_policy.h (where every shape sits with
+# why): a numeric launch bound, a block or grid size defined from a number, a launch with numeric grid and block.
+_SHAPE_IN_PLACE = [re.compile(r"__launch_bounds__\(\s*\d"),
+                   re.compile(r"constexpr\s+(?:int|int64_t|unsigned)\s+k\w*(?:Threads|Warps|Blocks|BlocksPerSm)\s*=\s*\d"),
+                   re.compile(r"\blaunch\([^;]*?,\s*\d+\s*,\s*\d+\s*,")]
+
+
+def _shapes_in_place(text: str) -> list:
+    return [m.group(0) for pattern in _SHAPE_IN_PLACE for m in pattern.finditer(text)]
+
+
+def test_every_launch_shape_lives_in_the_launch_policy():
+    found = {p.name: _shapes_in_place(p.read_text()) for p in sorted((ROOT / "native" / "src").iterdir())
+             if p.suffix in (".cu", ".cuh", ".h", ".cpp") and p.name != "launch_policy.h"}
+    assert not {k: v for k, v in found.items() if v}
+
+
+@pytest.mark.parametrize("line", ["__global__ void __launch_bounds__(1024) kernel()",
+                                  "constexpr int kCopyThreads = 256;",
+                                  "return launch(empty_kernel, 1, 32, stream, 0u);"])
+def test_the_shape_check_finds_a_shape_in_place(line):
+    assert _shapes_in_place(line)

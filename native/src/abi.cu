@@ -6,6 +6,7 @@
 
 #include "common.h"
 #include "cuda_launch.cuh"
+#include "launch_policy.h"
 
 #ifndef DSA_VERSION_STRING
 #define DSA_VERSION_STRING "0.0.0"
@@ -85,7 +86,7 @@ dsa_status dsa_empty_launch(int32_t device, void* stream) {
   int sms = 0;
   DSA_TRY(dsa::check_device(device, "dsa_empty_launch", &sms));
   dsa::DeviceGuard guard(device);
-  DSA_TRY(dsa::launch_status(dsa::launch(dsa::empty_kernel, 1, 32, (cudaStream_t)stream, 0u), "dsa_empty_launch"));
+  DSA_TRY(dsa::launch_status(dsa::launch(dsa::empty_kernel, 1, dsa::kProbeThreads, (cudaStream_t)stream, 0u), "dsa_empty_launch"));
   return dsa::ok();
 }
 

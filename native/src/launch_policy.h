@@ -24,10 +24,14 @@ constexpr int kStoringEarlyDependentsBlocksPerSm = 9;
 constexpr int kC4MaxDim = 512;       // c4 kernels: a block is one D = 512 row, kC4MaxDim / VEC threads
 constexpr int kC4WriteChannels = 4;  // VEC of the c4 write kernel (an extend's ring writes)
 constexpr int64_t kC4NarrowRows = 128;  // c4 decode / compress rows up to which a thread holds 2 channels
+constexpr int kPrefillThreads = 256;  // a prefill block: `lanes` threads across a tile by 256 / lanes token rows
 constexpr int kPrefillBlocksPerSm = 4;
 constexpr int kPrefillVec = 4;       // prefill channels per thread: one 16-byte access
 // Prefill tile layouts: lanes_log2 of the threads sharing one segment's channels.
 constexpr int kTiny = 1, kNarrow = 2, kMid = 4, kWide = 5;
+
+// The empty kernel that measures a launch (dsa_empty_launch): one warp.
+constexpr int kProbeThreads = 32;
 
 // A launch's grid (x, y, z) and block (x, y); fits false: too large for one launch.
 struct Shape {
@@ -168,7 +172,9 @@ inline int commit_copy_vector_width(const dsa_c128_commit_params& p) {
 }
 
 // ---- the standalone store -------------------------------------------------------------------------
-// One request row per D / vec threads; fits false: the vectors are not 8-byte aligned.
+// One request row per D / vec threads; fits false: the vectors are not 8-byte aligned. The largest block is one
+// request row of the largest D (4096 at 4 channels a thread): the kernel's launch bound.
+constexpr int kStoreMaxThreads = 1024;
 inline Shape store_shape(int head_dim, const float* vectors, int64_t count, int* vec) {
   *vec = store_vector_width(head_dim, aligned(vectors, 16) ? 4 : aligned(vectors, 8) ? 2 : 0);
   if (*vec == 0) return Shape{};

@@ -17,7 +17,6 @@ namespace {
 
 namespace cg = cooperative_groups;
 
-constexpr int kPrefillThreads = 256;
 constexpr int kPrefillWarps = kPrefillThreads / 32;
 constexpr int kVec = kPrefillVec;  // prefill channels per thread: one 16-byte access (launch_policy.h)
 constexpr int kBatch = 4;          // prefill tokens per thread whose loads are in flight together

@@ -99,7 +99,7 @@ __device__ __forceinline__ bool prefill_vector(const StoreOpLaunch& p, const dsa
 // `out` may be read at once, `out` after the wait. Every thread waits (on every path), so the grid
 // completes only after the prefill.
 template <int VEC, bool kSegments, int kInline>
-__global__ void __launch_bounds__(1024)
+__global__ void __launch_bounds__(kStoreMaxThreads)
     kv_store_kernel(const __grid_constant__ StoreOpLaunch p, const __grid_constant__ SegmentBlock<kInline> list) {
   const int D = p.head_dim;
   const uint32_t v = blockIdx.x * blockDim.y + threadIdx.y;
