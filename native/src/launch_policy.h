@@ -350,7 +350,8 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 // - the row form, from kOfflineRowsFrom rows: one block of D threads per row, thread c summing all 16 blocks of
 //   8 rows of its channel and finishing the store inside the block. Enough rows fill the GPU without spreading
 //   one over SMs, and a launch of D / 64-block clusters costs more to schedule than the spread gains (the slice
-//   form's decode ran 1.8x slower than sglang's compress kernel of the same grid without clusters at B = 1024).
+//   form's decode ran 1.8x slower than another kernel of the same grid, block and registers without clusters at
+//   B = 1024).
 //   Measured both ways (docs/performance.md, "The offline c128 compressor"): the row form wins from 256 rows
 //   (decode B = 256 / 1024, an extend of 256 records) and loses below (B = 32, an extend of 155 records).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
