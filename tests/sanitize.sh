@@ -3,14 +3,17 @@
 # SANITIZE_TOOLS pick fewer), one test
 # module per process and tool, all in parallel, with the caching allocator off so that overruns
 # cannot hide inside cached blocks. Writes one log per run and a summary to $1 (default
-# sanitizer-summary.txt); exits non-zero if any run reported an error or failed.
+# sanitizer-summary.txt); exits non-zero if any run reported an error or failed. The tests run from
+# outside the clone, so they import the installed pydsa (a wheel or an editable install), never the
+# source tree's.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-summary=${1:-sanitizer-summary.txt}
-logs=${SANITIZE_LOGS:-sanitizer-logs}
+root=$(cd "$(dirname "$0")/.." && pwd)
+summary=$(realpath -m "${1:-sanitizer-summary.txt}")
+logs=$(realpath -m "${SANITIZE_LOGS:-sanitizer-logs}")
 mkdir -p "$logs"
+cd "$(mktemp -d)"
 export PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYDSA_HYPOTHESIS_PROFILE=${PYDSA_HYPOTHESIS_PROFILE:-sanitize}
-modules=${SANITIZE_MODULES:-"test_c128_decode test_c128_prefill test_c128_plan test_speculative test_store test_dcp test_metadata test_reliability test_sglang test_calls test_c4_plan"}
+modules=${SANITIZE_MODULES:-"test_c128_decode test_c128_prefill test_c128_plan test_speculative test_store test_dcp test_metadata test_reliability test_sglang test_calls test_c4 test_c4_edges test_c4_plan test_sglang_c4 test_c128_offline test_sglang_offline"}
 tools=${SANITIZE_TOOLS:-"memcheck racecheck initcheck synccheck"}
 if [ -z "${SANITIZE_SKIP_RUN:-}" ]; then
   for m in $modules; do
@@ -19,7 +22,7 @@ if [ -z "${SANITIZE_SKIP_RUN:-}" ]; then
       # So are the tests that list launched kernels with the torch profiler: CUPTI takes one
       # subscriber, and the sanitizer is it.
       compute-sanitizer --tool "$t" --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -x -m gpu "tests/$m.py" -k "not beyond_32_bits and not several_threads and not takes_the_launches and not takes_the_plain_launches" \
+        python3 -m pytest -q -x -p no:cacheprovider -m gpu "$root/tests/$m.py" -k "not beyond_32_bits and not several_threads and not takes_the_launches and not takes_the_plain_launches" \
         > "$logs/$m.$t.log" 2>&1 &
     done
   done
