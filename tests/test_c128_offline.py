@@ -4,6 +4,9 @@ and caches, awkward batch sizes, fp32 and bf16 rings, records (sglang's and the 
 schedule of extends and decodes, records out of range counted, bad arguments named, empty calls."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -461,7 +464,7 @@ def test_the_gpu_agrees_with_the_host_backend(bf16_ring):
 
 @gpu
 @pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
-def test_more_rows_than_a_wave_of_clusters_takes(bf16_ring):
+def test_more_rows_than_a_wave_of_blocks_takes(bf16_ring):
     """1100 requests (the row form: a block a row, more blocks than one wave holds): extends whose closing chunks
     fall on many rows, then decodes where a few requests close beside many that do not; every out within 1e-5 of
     float64, the ring the host backend's byte for byte, and the cache the standalone store's."""
@@ -479,21 +482,31 @@ def test_more_rows_than_a_wave_of_clusters_takes(bf16_ring):
     assert torch.equal(rings[0], rings[1])
 
 
+def _rows_from() -> int:
+    """The launch policy's threshold of the row form (native/src/launch_policy.h)."""
+    text = (Path(__file__).resolve().parents[1] / "native" / "src" / "launch_policy.h").read_text()
+    return int(re.search(r"kOfflineRowsFrom = (\d+);", text).group(1))
+
+
 @gpu
+@pytest.mark.parametrize("d", [512, 128])
 @pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
-def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring):
-    """The closing launch's two forms (launch_policy.h: from 256 rows a block a row, below a cluster of 64-channel
-    slices a row) on the same step: 280 requests' extend (a record per chunk closed: 256 or more) and decode (a
-    third or more closing) in one call each, and the same split into two calls of 140 (fewer than 256 records
-    each); entries, ring and cache bytes equal."""
+def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring, d):
+    """The closing launch's two forms (launch_policy.h: from kOfflineRowsFrom rows a block a row, below a cluster
+    of 64-channel slices a row) on the same step: 280 requests' extend (a record per chunk closed: more than the
+    threshold) and decode in one call each, and the same split into two calls of 140 (each under it); entries,
+    ring and cache bytes equal."""
     g = np.random.default_rng(7)
     batch = 280
     slots = [int(s) for s in g.permutation(batch)]
     exts = [int(e) for e in g.choice([130, 255, 255, 257], batch)]  # 1, 1, 1 and 2 chunks closed
     seqs = [e + 1 for e in exts]  # the decodes after 255 close a chunk
+    rows_from, half = _rows_from(), batch // 2
+    records = [sum(1 + (e == 257) for e in exts[h * half:(h + 1) * half]) for h in range(2)]
+    assert max(records) < rows_from <= sum(records) and half < rows_from <= batch  # one form each way
     runs = []
     for halves in (1, 2):
-        layer = Layer("cuda", slots=batch, bf16_ring=bf16_ring, max_len=400, seed=29)
+        layer = Layer("cuda", slots=batch, bf16_ring=bf16_ring, d=d, max_len=400, seed=29)
         part = batch // halves
         cut = [slice(h * part, (h + 1) * part) for h in range(halves)]
         ext_out = [layer.extend(exts[c], exts[c], slots[c])[0] for c in cut]
@@ -502,7 +515,7 @@ def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring):
         runs.append((np.concatenate(ext_out), np.concatenate(dec_out), layer.ring.ring.cpu().view(torch.uint8),
                      layer.cache.cache.cpu()))
     (e1, d1, r1, c1), (e2, d2, r2, c2) = runs
-    assert e1.shape[0] == batch + exts.count(257) >= 256 > max(len(e) for e in ext_out) and np.isfinite(e1).all()
+    assert e1.shape[0] == sum(records) and np.isfinite(e1).all()
     assert np.isfinite(d1).all(axis=1).sum() == exts.count(255) > batch // 3
     assert np.array_equal(e1.view(np.uint32), e2.view(np.uint32))
     assert np.array_equal(d1.view(np.uint32), d2.view(np.uint32))

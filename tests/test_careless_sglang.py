@@ -13,7 +13,7 @@ import torch
 import pydsa
 from pydsa import sglang
 from pydsa.sglang import compress as sglang_v2
-from conftest import DEVICES
+from conftest import DEVICES, gpu
 from test_careless import CARELESS, compress_forward_cases
 from test_sglang_c4 import SWA, _context
 
@@ -248,7 +248,7 @@ def test_a_length_past_32_bits_is_refused_in_a_host_tensor():
     assert "seq_lens" in str(err), str(err)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@gpu
 def test_a_length_past_32_bits_in_a_device_tensor_is_a_record_the_op_counts():
     """On the device (no host synchronization), as the online planner does: a record the op skips and counts, not
     a padding record that nothing counts."""

@@ -449,9 +449,12 @@ def test_c_structs_is_read_from_the_header_not_written_by_hand():
 
 # A launch shape written where it is used, not named in native/src/launch_policy.h (where every shape sits with
 # why): a numeric launch bound, a block or grid size defined from a number, a launch with numeric grid and block.
-_SHAPE_IN_PLACE = [re.compile(r"__launch_bounds__\(\s*\d"),
-                   re.compile(r"constexpr\s+(?:int|int64_t|unsigned)\s+k\w*(?:Threads|Warps|Blocks|BlocksPerSm)\s*=\s*\d"),
-                   re.compile(r"\blaunch\([^;]*?,\s*\d+\s*,\s*\d+\s*,")]
+_SHAPE_IN_PLACE = [re.compile(r"__launch_bounds__\([^)]*?\b\d{2,}"),
+                   re.compile(r"constexpr\s+(?:unsigned\s+)?(?:int|int32_t|int64_t|uint32_t|uint64_t|unsigned|size_t)\s+"
+                              r"k\w*(?:Threads|Warps|Blocks)\w*\s*=\s*\d"),
+                   re.compile(r"\blaunch\([^;]*?,\s*\d+\s*,\s*\d+\s*,"),
+                   re.compile(r"\bdim3\(\s*\d+\s*[,)]"),
+                   re.compile(r"<<<\s*\d")]
 
 
 def _shapes_in_place(text: str) -> list:
@@ -465,7 +468,16 @@ def test_every_launch_shape_lives_in_the_launch_policy():
 
 
 @pytest.mark.parametrize("line", ["__global__ void __launch_bounds__(1024) kernel()",
-                                  "constexpr int kCopyThreads = 256;",
-                                  "return launch(empty_kernel, 1, 32, stream, 0u);"])
+                                  "__global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads) kernel()",
+                                  "constexpr int kCopyThreads = 256;", "constexpr uint32_t kThreadsPerBlock = 64;",
+                                  "return launch(empty_kernel, 1, 32, stream, 0u);",
+                                  "launch(kernel, dim3(1), dim3(kThreads), s, 0u, p)", "kernel<<<4, 128>>>(p);"])
 def test_the_shape_check_finds_a_shape_in_place(line):
     assert _shapes_in_place(line)
+
+
+@pytest.mark.parametrize("line", ["__global__ void __launch_bounds__(kPrefillThreads, kPrefillBlocksPerSm) kernel()",
+                                  "constexpr int kPrefillWarps = kPrefillThreads / 32;",
+                                  "launch(kernel, grid_of(shape), block_of(shape), stream, mode, a)"])
+def test_the_shape_check_passes_a_named_shape(line):
+    assert not _shapes_in_place(line)

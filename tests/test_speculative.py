@@ -531,7 +531,7 @@ def test_verify_and_commit_replay_in_a_cuda_graph(copying, b):
         seq += acc
 
 
-@pytest.mark.skipif(not HAS_GPU, reason="needs a CUDA GPU")
+@gpu
 def test_verify_on_a_device_that_is_not_current():
     """The op runs on the device owning its tensors (device 0 here), whatever the current device."""
     a, d, b, v = _bank_case(torch.device("cuda:0"), torch.float32)

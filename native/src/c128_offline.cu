@@ -145,7 +145,7 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 // slices from their shared memory and runs the standalone store's epilogue (store.cuh) over the whole vector,
 // so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
 // The slice form reads its window and writes its row in its own lines, not through the row form's helpers above:
-// written through them its code grew and it ran 5-15 % slower in the same-run A/B (docs/performance.md).
+// written through them its code grew and its small-B cells ran 3-16 % slower (docs/performance.md).
 template <typename S, int kMode>
 __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];

@@ -187,7 +187,7 @@ dsa_status plan_decode_device(const dsa_c4_plan_params& p, const PlanChecked&, i
 }
 
 dsa_status plan_extend_device(const dsa_c4_plan_params& p, const PlanChecked&, int, cudaStream_t s, const char* op) {
-  return launch_status(launch(c4_plan_extend_kernel, dim3(1), dim3(kC4PlanExtendThreads), s, launch_mode(p), p), op);
+  return launch_status(launch(c4_plan_extend_kernel, dim3(kC4PlanExtendBlocks), dim3(kC4PlanExtendThreads), s, launch_mode(p), p), op);
 }
 
 }  // namespace

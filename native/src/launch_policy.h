@@ -122,6 +122,7 @@ inline DecodeShape decode_shape(const dsa_c128_decode_params& p, int sms) {
 // channel), large ones by requests in flight (2, or 4 with a bf16 state). A storing verify keeps a request in
 // one block (D / vec threads, at most 512). store_ok false: a storing verify needs 8-byte aligned buffers and
 // D <= 1024; fits false: too large for one launch.
+constexpr int kVerifyStoreMaxThreads = 512;  // a storing verify's block: one request's D / vec threads
 struct VerifyShape {
   int vec = 0;
   Shape shape;
@@ -136,7 +137,7 @@ inline VerifyShape verify_shape(const dsa_c128_verify_params& p) {
   v.vec = p.batch_size < 128 ? 1 : std::min(aligned_vec, bf16 ? 4 : 2);
   if (p.store != nullptr) {
     v.vec = store_vector_width(p.head_dim, p.batch_size < 128 ? std::min(aligned_vec, 2) : aligned_vec);
-    if (v.vec == 0 || p.head_dim / v.vec > 512) {
+    if (v.vec == 0 || p.head_dim / v.vec > kVerifyStoreMaxThreads) {
       v.store_ok = false;
       return v;
     }
@@ -333,6 +334,7 @@ inline int64_t c4_blocks(int head_dim, int vec, int64_t count) {
 // kC4PlanTokensPerThread consecutive rows per pass, so 65,536 rows are 16 passes.
 constexpr int kC4PlanThreads = 128;
 constexpr int kC4PlanExtendThreads = 1024;
+constexpr int kC4PlanExtendBlocks = 1;
 constexpr int kC4PlanTokensPerThread = 4;
 constexpr int64_t kC4PlanMaxBlocks = 4096;  // beyond this, threads loop over requests
 
@@ -353,7 +355,8 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 //   form's decode ran 1.8x slower than another kernel of the same grid, block and registers without clusters at
 //   B = 1024).
 //   Measured both ways (docs/performance.md, "The offline c128 compressor"): the row form wins from 256 rows
-//   (decode B = 256 / 1024, an extend of 256 records) and loses below (B = 32, an extend of 155 records).
+//   (decode B = 256 / 1024, an extend of 256 records) and loses more than it wins below (B = 32 random, an
+//   extend of 155 records; it wins B = 32 every row closing by 8 %).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
 constexpr int kOfflineThreads = 512;  // 16 warps: one block of 8 rows each
 constexpr int kOfflineLanes = 32;     // lanes of a row slice: 2 channels each

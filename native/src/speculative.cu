@@ -55,9 +55,9 @@ __device__ __forceinline__ void load_biases(Lanes<VEC> (&bias)[NB], const float*
 }
 
 // kStore: the vector a draft closes is also stored into the cache (store.cuh), with the threads of
-// a request in one block (up to 512).
+// a request in one block (up to kVerifyStoreMaxThreads).
 template <int VEC, typename S, int kDraftBatch, bool kStore>
-__global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads)
+__global__ void __launch_bounds__(kStore ? kVerifyStoreMaxThreads : kDecodeThreads)
     c128_verify_kernel(const __grid_constant__ VerifyLaunch p) {
   const int D = p.head_dim, V = p.num_drafts;
   const uint32_t b = blockIdx.x * blockDim.y + threadIdx.y;
