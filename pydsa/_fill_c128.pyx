@@ -14,18 +14,13 @@ import pyplan
 from pydsa import _tensors
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 
-cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+cdef extern from "dsa_kernels.h":  # this family's params: the fields this file touches (the header lays them out)
     int DSA_STRUCT_DECODE_PARAMS
     int DSA_STRUCT_PREFILL_PARAMS
     int DSA_STRUCT_PLAN_UPLOAD_PARAMS
     int DSA_FLAG_NO_COOPERATIVE
     ctypedef struct dsa_c128_decode_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
+        int32_t device  # of the head (c128_head in _fill_c128.pxd, written by fill_head)
         void* state
         const float* kv_score
         float* out
@@ -39,12 +34,7 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         const void* store
         const int64_t* cache_slots
     ctypedef struct dsa_c128_prefill_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
+        int32_t device  # of the head (c128_head in _fill_c128.pxd, written by fill_head)
         int64_t num_tokens
         void* state
         const float* kv_score

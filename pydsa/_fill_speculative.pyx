@@ -11,17 +11,12 @@ from pydsa._fill_store cimport store_arg
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 
-cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
+cdef extern from "dsa_kernels.h":  # this family's params: the fields this file touches (the header lays them out)
     int DSA_STRUCT_VERIFY_PARAMS
     int DSA_STRUCT_COMMIT_PARAMS
     int DSA_FLAG_VERIFY_FP32_BETWEEN_DRAFTS
     ctypedef struct dsa_c128_verify_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
+        int32_t device  # of the head (c128_head in _fill_c128.pxd, written by fill_head)
         int32_t num_drafts
         int32_t state_dtype
         void* state
@@ -37,12 +32,7 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         const void* store
         const int64_t* cache_slots
     ctypedef struct dsa_c128_commit_params:
-        uint32_t struct_size
-        uint32_t flags
-        int32_t device
-        int32_t head_dim
-        int64_t num_slots
-        int64_t batch_size
+        int32_t device  # of the head (c128_head in _fill_c128.pxd, written by fill_head)
         int32_t num_drafts
         int32_t state_dtype
         const int32_t* seq_lens
