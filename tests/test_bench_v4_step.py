@@ -121,16 +121,25 @@ def test_the_recorded_check_sees_one_step_flips_and_anything_more():
 def test_the_default_same_step_runs_pydsas_offline_ops_over_sglangs_default_plan():
     """config default-same on the host: sglang's offline c128 plan of the step (pydsa.sglang's planner stands in for
     sglang's plan kernel, with its signature), pydsa's offline decode + store over each c128 layer's ring: every
-    request's new row lands in its ring at position % 128 and the closing rows' entries are stored; the c4 layers
-    run as in the plain pydsa step."""
+    request's new row lands in its ring at position % 128 and the closing rows' entries are stored, ring and cache
+    byte-equal to the same decode run request-scoped (no plan) from the same start; the c4 layers run as in the
+    plain pydsa step."""
     import types
     import pydsa.sglang as sglang
     geo = v.Geometry(v.step_lengths(3, True, 0, CPU), max_len=1024)
     step = v.StepSet(geo, "m", torch.float32, torch.Generator().manual_seed(1), True, {"m": (2, 1)})
-    ref = types.SimpleNamespace(compress=sglang)
-    step.pydsa_default_same(ref)
-    for layer in step.c128:
+    expected = []
+    for layer in step.c128:  # the reference: the request-scoped decode (each request's slot its index) on copies
+        ring, cache = layer.ring.clone(), layer.cache.clone()
+        store = pydsa.KVCache(cache, layer.w, layer.freq, page_size=v.PAGE, eps=v.EPS)
+        own = pydsa.C128Ring(ring.view(geo.b * v.CHUNK, 2 * v.D), layer.ape, store=store, ring_size=v.CHUNK)
+        pydsa.c128_offline_decode(own, layer.kv, seq_lens=geo.seq64.to(torch.int32),
+                                  slots=torch.arange(geo.b, dtype=torch.int32), cache_slots=layer.loc)
+        expected.append((ring, cache))
+    step.pydsa_default_same(types.SimpleNamespace(compress=sglang))
+    for layer, (ring, cache) in zip(step.c128, expected):
         rows = (geo.seq64 - 1) % v.CHUNK
         assert torch.equal(layer.ring[torch.arange(geo.b), rows], layer.kv.view(geo.b, 2 * v.D))
         assert int((layer.cache != 0).sum()) > 0  # every row closes: entries stored
+        assert torch.equal(layer.ring, ring) and torch.equal(layer.cache, cache)
     assert all(int((layer.caches[1] != 0).sum()) > 0 for layer in step.c4)
