@@ -157,6 +157,8 @@ def main():
     found["pydsa_ops"], found["sglang_kernels_before_hand_back"] = dict(ran), list(asked)
     found["handed_back_reached_sglang"] = _handed_back(compress, ours, mixin, v4, asked)
     os.environ["PYDSA_SGLANG_OFFLINE"] = "0"
+    import pydsa.sglang.plugin as plugin
+    plugin.serves_offline(refresh=True)  # as a server started with it off reads it at register()
     found["offline_switched_off_reached_sglang"] = _handed_back(compress, ours, mixin, v4, asked, bf16_store=False)
     found["stand_ins"] = sorted(stand_ins.names)
     print("FINDINGS " + json.dumps(found))

@@ -180,11 +180,13 @@ def test_the_plugin_routes_an_offline_c128_layer_to_pydsa_and_hands_back_what_is
     theirs = []
     monkeypatch.setattr(sglang_plugin, "_online", lambda ratio: False)
     monkeypatch.delenv(sglang_plugin.OFFLINE_SWITCH, raising=False)  # the default: sglang's own offline layers
+    monkeypatch.setattr(sglang_plugin, "_offline", None)  # read again, as register() reads it
     sglang_plugin._compress_all_in_one(lambda self, **k: theirs.append(k), Site(), **kw)
     assert len(theirs) == 1 and torch.equal(layer.ring, ref.ring) and "c128 offline layers" in \
         sglang_plugin.startup_line().split("Handed back")[1]
     theirs.clear()
     monkeypatch.setenv(sglang_plugin.OFFLINE_SWITCH, "1")
+    assert sglang_plugin.serves_offline(refresh=True)
     assert sglang_plugin._compress_all_in_one(lambda self, **k: theirs.append(k), Site(), **kw) is None
     sglang.compress_forward_and_store(ref.ring, kv, ref.ape, plan, **ref.store_args(loc), is_online=False)
     assert not theirs and torch.equal(layer.ring, ref.ring) and torch.equal(layer.cache, ref.cache)
@@ -201,4 +203,4 @@ def test_the_plugin_routes_an_offline_c128_layer_to_pydsa_and_hands_back_what_is
     assert all(words in line for words in sglang_v2.HANDED_BACK) and "c128 offline" in line.split("Handed back")[0]
     monkeypatch.setenv(sglang_plugin.OFFLINE_SWITCH, "maybe")
     with pytest.raises(ValueError, match="PYDSA_SGLANG_OFFLINE is 'maybe'"):
-        sglang_plugin.serves_offline()
+        sglang_plugin.serves_offline(refresh=True)

@@ -65,15 +65,22 @@ _SWITCH_WORDS = {"1": True, "on": True, "true": True, "yes": True, "0": False, "
                  "no": False, "": False}
 
 
-def serves_offline() -> bool:
-    """Whether sglang's offline c128 layers run on pydsa (PYDSA_SGLANG_OFFLINE=1; off by default). Any other
+_offline = None  # the switch as register() read it (a server reads its environment once)
+
+
+def serves_offline(refresh: bool = False) -> bool:
+    """Whether sglang's offline c128 layers run on pydsa (PYDSA_SGLANG_OFFLINE=1; off by default), read from the
+    environment at register() (or the first call, or with refresh) and kept: the hooks ask it per call. Any other
     value than 1/on/true/yes or 0/off/false/no is refused, naming the variable."""
-    value = os.environ.get(OFFLINE_SWITCH, "")
-    try:
-        return _SWITCH_WORDS[value.strip().lower()]
-    except KeyError:
-        raise ValueError(f"{OFFLINE_SWITCH} is {value!r}; expected 1 (sglang's offline c128 layers on pydsa) or "
-                         f"0 (sglang's own, the default)") from None
+    global _offline
+    if _offline is None or refresh:
+        value = os.environ.get(OFFLINE_SWITCH, "")
+        try:
+            _offline = _SWITCH_WORDS[value.strip().lower()]
+        except KeyError:
+            raise ValueError(f"{OFFLINE_SWITCH} is {value!r}; expected 1 (sglang's offline c128 layers on pydsa) or "
+                             f"0 (sglang's own, the default)") from None
+    return _offline
 
 # .step: the c4 layer step running on this thread (_LayerStep); .held: the _forward_compress_all_in_one calls
 # held back while sglang's forward_unified runs for the layer's one call
@@ -190,10 +197,11 @@ def c4_layer_call(plan, main: dict, indexer: dict) -> None:
     sglang_c4.layer(side(main, "v4"), side(indexer, "indexer"), plan, main["out_loc"])
 
 
-def _apart(main, indexer):
+def _apart(main, indexer, judged):
     """Why two compressors' calls cannot be one c4_layer call, or None; and whether that holds for every step (the
-    configuration) rather than this one (the rows)."""
-    reason = _reason(main) or _reason(indexer)
+    configuration) rather than this one (the rows). `judged`: the one of the two whose configuration is known
+    to be pydsa's."""
+    reason = _reason(indexer if judged is main else main)
     if reason:
         return reason, True
     if (main["head_dim"], indexer["head_dim"]) != (_MAIN_DIM, _INDEXER_DIM):
@@ -221,6 +229,14 @@ class _LayerStep:
         return "main" if compressor is self.main else "indexer"
 
 
+def _keep_apart(layer) -> None:
+    """The layer's compressors run per compressor from now on (a configuration that is not one call's)."""
+    try:
+        _per_compressor.add(layer)
+    except TypeError:  # not weakly referable: judged again each step
+        pass
+
+
 def _joinable(layer) -> bool:
     try:
         return layer not in _per_compressor
@@ -231,10 +247,11 @@ def _joinable(layer) -> bool:
 def _layer_forward(original, layer, *args, **kwargs):
     """sglang's MQALayer.forward(x, positions, forward_batch, ...) of a DeepSeek-V4 c4 layer, with the layer's step
     known to its two compressors' calls; other layers as they are."""
+    if getattr(layer, "compress_ratio", None) != _C4_RATIO:
+        return original(layer, *args, **kwargs)
     main = getattr(layer, "compressor", None)
     indexer = getattr(getattr(layer, "indexer", None), "compressor", None)
-    if (getattr(layer, "compress_ratio", None) != _C4_RATIO or getattr(layer, "is_dsv41", False) or main is None
-            or indexer is None or not _joinable(layer)):
+    if getattr(layer, "is_dsv41", False) or main is None or indexer is None or not _joinable(layer):
         return original(layer, *args, **kwargs)
     x = args[0] if args else kwargs.get("x")
     batch = args[2] if len(args) > 2 else kwargs.get("forward_batch")
@@ -267,10 +284,13 @@ def _compressor_call(original, backend, *args, **kwargs):
     """sglang's forward_core_compressor / forward_indexer_compressor (forward_unified: x, forward_batch, layer_id,
     compressor). Within a c4 layer's step: the first of its two calls runs both compressors as one c4_layer call
     when it can (the module's docstring says when), and the second is then a no-op; anything else as it was."""
+    step = getattr(_running, "step", None)
+    if step is None:  # not inside a c4 layer's forward
+        return original(backend, *args, **kwargs)
     call = dict(zip(("x", "forward_batch", "layer_id", "compressor"), args))
     call.update(kwargs)
-    step, compressor = getattr(_running, "step", None), call.get("compressor")
-    if step is None or call.get("forward_batch") is not step.batch or not step.owns(compressor):
+    compressor = call.get("compressor")
+    if call.get("forward_batch") is not step.batch or not step.owns(compressor):
         return original(backend, *args, **kwargs)
     if step.ahead is compressor:
         if call.get("x") is not step.x or call.get("layer_id") != step.layer_id:
@@ -292,7 +312,10 @@ def _compressor_call(original, backend, *args, **kwargs):
         return None
     own, kw = this
     plan = backend._get_paged_compress_metadata(_C4_RATIO)
-    if kw["compress_ratio"] != _C4_RATIO or _reason(kw) is not None or not _c4(plan):
+    if kw["compress_ratio"] != _C4_RATIO or not _c4(plan):
+        return _compress_all_in_one(own, backend, **kw)
+    if _reason(kw) is not None:  # its configuration: the layer runs per compressor from now on
+        _keep_apart(step.layer)
         return _compress_all_in_one(own, backend, **kw)
     if call.get("x") is not step.x:  # the indexer's x cut to its queries: apart this step, the other's GEMM not run
         return _compress_all_in_one(own, backend, **kw)
@@ -300,16 +323,13 @@ def _compressor_call(original, backend, *args, **kwargs):
     that = _held(original, backend, (step.x, step.batch, step.layer_id, other), {})
     if that is not None:
         main, indexer = (that[1], kw) if kw.get("is_indexer") else (kw, that[1])
-        reason, lasting = _apart(main, indexer)
+        reason, lasting = _apart(main, indexer, kw)
         if reason is None:
             c4_layer_call(plan, main, indexer)
             step.ahead = other
             return None
         if lasting:
-            try:
-                _per_compressor.add(step.layer)
-            except TypeError:
-                pass
+            _keep_apart(step.layer)
     return _compress_all_in_one(own, backend, **kw)
 
 
@@ -354,7 +374,7 @@ def register() -> None:
     """The entry point's function: registers the hooks with sglang's HookRegistry (sglang applies them) and logs
     the plugin's one start-up line."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-    serves_offline()  # a mistyped switch fails register() (sglang logs it and runs without the plugin), not a layer
+    serves_offline(refresh=True)  # a mistyped switch fails register() (sglang logs it and runs without it), not a layer
     for target, hook, kind in hooks():
         HookRegistry.register(target, hook, HookType.AROUND if kind == "around" else HookType.REPLACE)
     logger.info(startup_line())
