@@ -144,10 +144,10 @@ cdef int _decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indices, 
             raise ArgumentTypeError("seq_lens", f"seq_lens must be an int32 [{b}] tensor; it may be None only when indices holds one "
                             f"record per request (int32 [B, 4] or uint8 [B, 16]), got indices of shape "
                             f"{[ix.shape[i] for i in range(ix.ndim)]}")
-        if ix.dtype == U8:
-            tensor(indices, &ix, "indices", U8, dev, 2, b, 16, keep, "B: the rows of kv_score")
+        if ix.dtype == U8:  # read above: judged here
+            judge(indices, &ix, "indices", U8, dev, 2, b, 16, "B: the rows of kv_score")
         else:
-            tensor(indices, &ix, "indices (records: int32 [B, 4] or uint8 [B, 16])", I32, dev, 2, b, 4, keep, "B: the rows of kv_score")
+            judge(indices, &ix, "indices (records: int32 [B, 4] or uint8 [B, 16])", I32, dev, 2, b, 4, "B: the rows of kv_score")
         flags |= DSA_FLAG_DECODE_RECORDS
     else:
         vector(indices, &ix, "indices", I32, dev, b, keep, "B: the rows of kv_score")
@@ -194,7 +194,7 @@ cdef int _plan(object plan, int32_t dev, uint32_t* flags, uintptr_t* cp, int64_t
         if pc.dev != dev and pc.dev != -1:
             raise ArgumentValueError("plan", f"plan tensors are on {compress.device} but the other tensors are on "
                              f"{_device(dev)}")
-        tensor(compress, &pc, "plan[0] (compress)", U8, where, 2, ANY, ANY, keep)
+        judge(compress, &pc, "plan[0] (compress)", U8, where, 2, ANY, ANY)  # read above
         tensor(write, &pw, "plan[1] (write)", U8, where, 2, ANY, ANY, keep)
         if pc.shape[1] != 16 or pw.shape[1] != 16:
             raise ArgumentValueError("plan", f"plan tensors must have shape [M, 16] (got {[pc.shape[0], pc.shape[1]]} and "

@@ -295,7 +295,7 @@ cdef int _extend(dsa_c4_params* p, main, kv_score, plan, indexer, indexer_kv_sco
         raise ArgumentTypeError("plan", f"plan must be a pair (compress uint8 [C, 16], write uint8 [W, 8]) (got "
                                         f"{type(plan).__name__})") from None
     if type(main) is C4Compressor:
-        plan_geometry(plan, 4, "main", main.ring_size, main.num_slots, kv_score)
+        plan_geometry(plan, 4, "main", (<C4Compressor>main).ring_size, (<C4Compressor>main).num_slots, kv_score)
     # numpy records are pyplan's host plan: checked by the library before anything runs (one that does not
     # fit fails the call, naming it); record tensors are data, skipped and counted
     cdef uint32_t flags = pdl_flag(pdl) | (DSA_FLAG_HOST_PLAN if is_ndarray(compress) and is_ndarray(write) else 0)

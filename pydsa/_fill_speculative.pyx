@@ -230,7 +230,7 @@ cdef int _commit(dsa_c128_commit_params* p, void** layers, int64_t capacity, seq
         raise ArgumentValueError("seq_lens", f"seq_lens must have shape [B] (got {[sl.shape[i] for i in range(sl.ndim)]})")
     cdef int32_t dev = sl.dev
     cdef int64_t b = sl.shape[0]
-    vector(seq_lens, &sl, "seq_lens", I32, dev, b, keep)
+    judge(seq_lens, &sl, "seq_lens", I32, dev, 1, b, ANY)  # read above
     vector(accepted, &ac, "accepted", I32, dev, b, keep, "B: the length of seq_lens")
     vector(indices, &ix, "indices", I32, dev, b, keep, "B: the length of seq_lens")
     vector(bank_indices, &bk, "bank_indices", I32, dev, b, keep, "B: the length of seq_lens")
@@ -263,9 +263,7 @@ cdef int _commit(dsa_c128_commit_params* p, void** layers, int64_t capacity, seq
             elif st.shape[0] != slots or st.shape[2] != 3 * d or sdt != first_sdt:
                 shapes = sorted({str((tuple(t.shape), t.dtype)) for t in states})
                 raise ValueError(f"every state buffer in states must have one shape and dtype (got {shapes})")
-        for i in range(layers_n):  # every layer checked: now written
-            state_arg(states[i], &st, &sdt, "states", keep)
-            layers[i] = st.data
+            layers[i] = st.data  # the call's own table (nothing launches from it after an error)
     fill_head(p, struct_size=sizeof(dsa_c128_commit_params), flags=flags, device=dev, head_dim=d, num_slots=slots,
               batch_size=b)
     p.num_drafts = <int32_t>num_drafts
