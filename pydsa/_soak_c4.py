@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._serving_c4 import DIMS, PAGE, RING, TOLERANCE, C4Serving, C4Workload
+from ._serving_c4 import DIMS, FAULTS, PAGE, RING, TOLERANCE, C4Serving, C4Workload
 from .store import KVCache, kv_store
 
 C4_SLOTS, C4_EVERY = 8, 8  # request slots; loop steps per c4 serving step
@@ -36,7 +36,7 @@ class C4Soak(C4Serving):
                  steps: int, fault: str | None = None):
         w = C4Workload(C4_SLOTS, (1, 3000), (20, 300), MAX_EXTEND, TOKEN_BUDGET, drafts=drafts, every=C4_EVERY)
         super().__init__(w, device, staging, errors, rotary, weight, pool_rows=pool_rows, seed=seed, steps=steps,
-                         fault=fault if fault in ("c4ring", "c4cache") else None)
+                         fault=fault if fault in FAULTS else None)
         self.check = C4Check(self)
         self.observers.append(self.check)
 

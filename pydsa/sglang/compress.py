@@ -156,6 +156,16 @@ def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout="v4") 
     return memo(_caches, key, make, 4096)
 
 
+def layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout) -> KVCache:
+    """One compressor's store (its layer's cache, norm and rotary table; layout "v4" or "indexer"), judged once
+    and named in sglang's words: compress_forward_and_store's, and the plugin's one call for a c4 layer."""
+    _check_eps(norm_eps)
+    try:
+        return _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout)
+    except (TypeError, ValueError) as exc:
+        raise _caller_words(exc, _STORE_NAMES) from None
+
+
 def _check_store_config(kv, *, use_fp4, bf16_store, kvcache_scale, rope_cache, fp4_k_write_metadata, layout,
                         fp8_2buff, kvcache_rope):
     reason = outside_pydsa(indexer=bool(use_fp4) or fp4_k_write_metadata is not None or kvcache_scale is not None
@@ -213,11 +223,8 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     _check_eps(norm_eps)
     # c4 and offline plans are read in place, whoever made them; the online path reads pydsa's own plan
     plan = _plan_of(plan, compress_ratio) if online and not c4 else sglang_c4.plan_of(plan, compress_ratio)
-    try:
-        cache = _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size,
-                          "indexer" if c4 and head_dim == 128 else "v4")
-    except (TypeError, ValueError) as exc:
-        raise _caller_words(exc, _STORE_NAMES) from None
+    cache = layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size,
+                        "indexer" if c4 and head_dim == 128 else "v4")
     if c4 or not online:
         step = sglang_c4.compress if c4 else sglang_offline.compress
         try:

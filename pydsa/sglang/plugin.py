@@ -186,15 +186,18 @@ def c4_layer_call(plan, main: dict, indexer: dict) -> None:
     """One c4 layer's two compressors and both stores as one pydsa.sglang.c4_layer call (decode: one launch), from
     the keywords sglang's forward_unified gives `_forward_compress_all_in_one` for its main and its indexer
     compressor (both pydsa's configuration, one out_loc)."""
-    from . import c4 as sglang_c4, compress as sglang_v2
+    from . import c4 as sglang_c4
+    sglang_c4.layer(_layer_side(main, "v4"), _layer_side(indexer, "indexer"), plan, main["out_loc"])
 
-    def side(kw, layout):
-        d, norm = kw["head_dim"], kw["norm"]
-        store = sglang_v2._kv_cache(kw["kv_cache"], norm.weight, norm.variance_epsilon, kw["freqs_cis_cache"],
-                                    kw["page_size"], layout)
-        return {"kv_score_buffer": kw["kv_score_buffer"], "kv_score_input": kw["kv_score_input"],
-                "ape": kw["ape"].view(-1, d), "store": store}
-    sglang_c4.layer(side(main, "v4"), side(indexer, "indexer"), plan, main["out_loc"])
+
+def _layer_side(kw, layout) -> dict:
+    """c4_layer's dict of one compressor, from its _forward_compress_all_in_one keywords."""
+    from .compress import layer_store
+    norm = kw["norm"]
+    store = layer_store(kw["kv_cache"], norm.weight, norm.variance_epsilon, kw["freqs_cis_cache"], kw["page_size"],
+                        layout)
+    return {"kv_score_buffer": kw["kv_score_buffer"], "kv_score_input": kw["kv_score_input"],
+            "ape": kw["ape"].view(-1, kw["head_dim"]), "store": store}
 
 
 def _apart(main, indexer, judged):
