@@ -136,7 +136,10 @@ def test_the_default_same_step_runs_pydsas_offline_ops_over_sglangs_default_plan
         pydsa.c128_offline_decode(own, layer.kv, seq_lens=geo.seq64.to(torch.int32),
                                   slots=torch.arange(geo.b, dtype=torch.int32), cache_slots=layer.loc)
         expected.append((ring, cache))
-    step.pydsa_default_same(types.SimpleNamespace(compress=sglang))
+    from pydsa.bench.reference import Reference
+    planner = types.SimpleNamespace(compress=sglang)  # pydsa.sglang's planners stand in for sglang's plan kernels
+    planner.plan_decode_c4 = lambda *args: Reference.plan_decode_c4(planner, *args)
+    step.pydsa_default_same(planner)
     for layer, (ring, cache) in zip(step.c128, expected):
         rows = (geo.seq64 - 1) % v.CHUNK
         assert torch.equal(layer.ring[torch.arange(geo.b), rows], layer.kv.view(geo.b, 2 * v.D))

@@ -14,8 +14,8 @@ spin before each replay), PDL as each side ships it. Targets in docs/performance
   request-scoped ring of 128 raw rows, generate(4, ...) over its page-scoped c4 ring), then per c128 layer its
   offline compress + store, per c4 layer compress + store per compressor (4 launches); config "online": its
   online c128 plan and decode + store instead; config "default-same": pydsa in sglang's default numerics (sglang's
-  offline c128 plan of the step, pydsa's offline decode + store reading it in place over the same rings, pydsa's
-  c4 layers) beside sglang's default. Where a step moves less than three L2s, sets of layers take turns
+  offline c128 and c4 plans of the step, which the plugin keeps, pydsa's offline decode + store reading the c128
+  plan in place over the same rings, pydsa's c4 layers) beside sglang's default. Where a step moves less than three L2s, sets of layers take turns
   (each replay's steps cycle through them: L2-cold). Beside each row the floor: the bytes the step must move at
   copy bandwidth.
 - P35: one c4 layer's decode, B = 1 / 32 / 256 / 1024, fp32, sglang's plan read by both sides: the plugin's route
@@ -216,8 +216,11 @@ class StepSet:
     def pydsa_default_same(self, ref):
         """pydsa in sglang's default numerics: sglang's offline c128 plan of the step (its plan kernel, which the
         plugin keeps), pydsa's offline decode + store over each c128 layer's ring reading it in place, pydsa's c4
-        layers as in pydsa()."""
-        plan128 = sglang_c128_plan(ref, self.geo, "default")
+        layers as in pydsa(). The plugin keeps sglang's c4 plan kernel too, so its launch is part of the step
+        (the request-scoped c4 decodes here do not read its records; the plugin's c4 layers do)."""
+        geo = self.geo
+        ref.plan_decode_c4(geo.rpi, geo.r2t, geo.f2s, geo.seq64, RING)
+        plan128 = sglang_c128_plan(ref, geo, "default")
         for layer in self.layers:
             if isinstance(layer, C4Layer):
                 layer.op.launch()
