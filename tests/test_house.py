@@ -449,12 +449,13 @@ def test_c_structs_is_read_from_the_header_not_written_by_hand():
 
 # A launch shape written where it is used, not named in native/src/launch_policy.h (where every shape sits with
 # why): a numeric launch bound, a block or grid size defined from a number, a launch with numeric grid and block.
-_SHAPE_IN_PLACE = [re.compile(r"__launch_bounds__\([^)]*?\b\d{2,}"),
+_SHAPE_IN_PLACE = [re.compile(r"__launch_bounds__\([^)]*?\b\d+"),
                    re.compile(r"constexpr\s+(?:unsigned\s+)?(?:int|int32_t|int64_t|uint32_t|uint64_t|unsigned|size_t)\s+"
-                              r"k\w*(?:Threads|Warps|Blocks)\w*\s*=\s*\d"),
-                   re.compile(r"\blaunch\([^;]*?,\s*\d+\s*,\s*\d+\s*,"),
+                              r"k\w*(?:Threads|Warps|Blocks|Block)\s*[={]\s*\d"),
+                   re.compile(r"\blaunch\([^;]*?,\s*\d+u?\s*,\s*\d+u?\s*,"),
+                   re.compile(r"\blaunch\([^,;()]*(?:<[^;]*?>)?,\s*[^,;]+,\s*\d+u?\s*,"),
                    re.compile(r"\bdim3\(\s*\d+\s*[,)]"),
-                   re.compile(r"<<<\s*\d")]
+                   re.compile(r"<<<[^>]*?\d")]
 
 
 def _shapes_in_place(text: str) -> list:
@@ -464,6 +465,7 @@ def _shapes_in_place(text: str) -> list:
 def test_every_launch_shape_lives_in_the_launch_policy():
     found = {p.name: _shapes_in_place(p.read_text()) for p in sorted((ROOT / "native" / "src").iterdir())
              if p.suffix in (".cu", ".cuh", ".h", ".cpp") and p.name != "launch_policy.h"}
+    assert len(found) >= 10 and "c4.cu" in found  # the kernels' sources were read
     assert not {k: v for k, v in found.items() if v}
 
 
@@ -471,7 +473,10 @@ def test_every_launch_shape_lives_in_the_launch_policy():
                                   "__global__ void __launch_bounds__(kStore ? 512 : kDecodeThreads) kernel()",
                                   "constexpr int kCopyThreads = 256;", "constexpr uint32_t kThreadsPerBlock = 64;",
                                   "return launch(empty_kernel, 1, 32, stream, 0u);",
-                                  "launch(kernel, dim3(1), dim3(kThreads), s, 0u, p)", "kernel<<<4, 128>>>(p);"])
+                                  "launch(kernel, dim3(1), dim3(kThreads), s, 0u, p)", "kernel<<<4, 128>>>(p);",
+                                  "launch(kernel, dim3(blocks), 256, stream, 0u, p)", "launch(kernel, blocks, 128u, s, 0u)",
+                                  "kernel<<<grid, 256>>>(p);", "constexpr int kBlock = 256;",
+                                  "__global__ void __launch_bounds__(8) kernel()"])
 def test_the_shape_check_finds_a_shape_in_place(line):
     assert _shapes_in_place(line)
 

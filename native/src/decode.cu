@@ -48,7 +48,7 @@ enum RowSource { kPacked, kLoad, kRecords };
 // into the cache (store.cuh); `out` may then be null.
 // kD: the head size as a constant (kCompiledHeadDim), or 0 to read it from the launch.
 template <int VEC, typename S, int kRows, bool kStore, int kD>
-__global__ void __launch_bounds__(kStore ? 2 * kDecodeThreads : kDecodeThreads)
+__global__ void __launch_bounds__(kStore ? kStoringDecodeMaxThreads : kDecodeThreads)
     c128_decode_kernel(const __grid_constant__ DecodeLaunch p) {
   constexpr bool kLoadSlots = kRows != kPacked;
   const uint32_t D = kD != 0 ? (uint32_t)kD : p.head_dim;

@@ -85,6 +85,7 @@ int vector_width(const P& p) {
 // thread, or 2 (D / 2 threads per request) for a batch that leaves the GPU half idle (more warps per SM
 // for the same bytes). store_ok false: a storing decode needs 16-byte aligned buffers and D <= 512;
 // fits false: too large for one launch.
+constexpr int kStoringDecodeMaxThreads = 2 * kDecodeThreads;  // one request's D / 2 threads, D <= 512
 struct DecodeShape {
   int vec = 0;
   Shape shape;
@@ -102,12 +103,12 @@ inline DecodeShape decode_shape(const dsa_c128_decode_params& p, int sms) {
   if (p.store != nullptr) {
     const bool wide = p.batch_size < (int64_t)kLateDependentsBlocksPerSm * sms;
     d.vec = store_vector_width(p.head_dim, vec4);
-    if (wide && d.vec == 4 && p.head_dim / 2 <= 2 * kDecodeThreads) d.vec = 2;
-    if (d.vec == 0 || p.head_dim / d.vec > (d.vec == 2 ? 2 : 1) * kDecodeThreads) {
+    if (wide && d.vec == 4 && p.head_dim / 2 <= kStoringDecodeMaxThreads) d.vec = 2;
+    if (d.vec == 0 || p.head_dim / d.vec > (d.vec == 2 ? kStoringDecodeMaxThreads : kDecodeThreads)) {
       d.store_ok = false;
       return d;
     }
-    if (d.vec == 2) max_lanes = 2 * kDecodeThreads;
+    if (d.vec == 2) max_lanes = kStoringDecodeMaxThreads;
   }
   if (d.vec == 0) return d;
   d.shape = request_grid(p.head_dim, d.vec, p.batch_size, 1, max_lanes);
