@@ -1,7 +1,9 @@
-"""Kernel by kernel under ncu (run it as ncu ... python3 benchmarks/ncu_kernels.py REFERENCE_BUILD, from outside the clone):
-the P35 c4 calls (each pydsa.sglang call and the plugin route beside sglang 0.5.23's) and the offline c128 decode + store
-(B = 1 / 32 / 1024), both sides, each call 3 times inside an NVTX range naming the case."""
-import sys
+"""Kernel by kernel under ncu (run it as ncu ... python3 benchmarks/ncu_kernels.py REFERENCE_BUILD [--only REGEX]
+[--times N], from outside the clone): the P35 c4 calls (each pydsa.sglang call and the plugin route beside sglang
+0.5.23's) and the offline c128 decode + store (B = 1 / 32 / 1024), both sides, each call N times (3) inside an NVTX
+range naming the case; --only keeps the cases whose name matches."""
+import argparse
+import re
 
 import torch
 
@@ -10,8 +12,11 @@ from pydsa.bench.c4_paths import path_cases
 from pydsa.bench.v4_step import RING, C4Layer, Geometry, step_lengths
 
 
-def profiled(name, calls, times=3):
-    """The calls run `times` times inside the NVTX range `name` (ncu --nvtx names each kernel's case by it)."""
+def profiled(name, calls, times=3, only=None):
+    """The calls run `times` times inside the NVTX range `name` (ncu --nvtx names each kernel's case by it), unless
+    `only` (a regular expression) does not match the name."""
+    if only is not None and not re.search(only, name):
+        return
     torch.cuda.synchronize()
     torch.cuda.nvtx.range_push(name)
     for _ in range(times):
@@ -21,7 +26,7 @@ def profiled(name, calls, times=3):
     torch.cuda.nvtx.range_pop()
 
 
-def main(reference_build, dev="cuda"):
+def main(reference_build, only=None, times=3, dev="cuda"):
     ref = reference.load(reference_build)
     for b in (1, 256):
         for closing in (False, True):
@@ -31,13 +36,18 @@ def main(reference_build, dev="cuda"):
             for (path, comp), (theirs, mine, _) in path_cases(ref, layer, geo, plan).items():
                 if path != "per-compressor":
                     for side, calls in (("sglang", theirs), ("pydsa", mine)):
-                        profiled(f"c4.b{b}.{'closing' if closing else 'random'}.{path}.{comp}.{side}", calls)
+                        profiled(f"c4.b{b}.{'closing' if closing else 'random'}.{path}.{comp}.{side}", calls, times, only)
     for b in (1, 32, 1024):
         for closing in (False, True):
             case = off.decode_case(ref, b, closing, torch.float32)
             for side, calls in (("sglang", off.sglang_calls(ref, case)), ("pydsa", [lambda: off.pydsa_call(case)])):
-                profiled(f"off.b{b}.{'closing' if closing else 'random'}.{side}", calls)
+                profiled(f"off.b{b}.{'closing' if closing else 'random'}.{side}", calls, times, only)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("reference_build")
+    ap.add_argument("--only", help="a regular expression: the cases whose name it matches")
+    ap.add_argument("--times", type=int, default=3, help="runs of each call")
+    a = ap.parse_args()
+    main(a.reference_build, a.only, a.times)
