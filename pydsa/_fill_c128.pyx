@@ -238,7 +238,9 @@ def c128_prefill(state, kv_score, out, ape, indices, plan, *, load_indices=None,
                    load_indices=load_indices, compact=compact, store=store, cache_slots=cache_slots, pdl=pdl,
                    error_count=error_count, cooperative=cooperative, keep=None)
     cdef int status = launch(OP_PREFILL, &p, p.device, stream)
-    del own  # the call's own out rows: released behind its launch (stream-ordered)
+    if own is not None:  # the call's own out rows: released behind its launch (stream-ordered on its stream)
+        _tensors.keep_for_stream(own, stream)
+    del own
     if status:
         raise_status(status)
 

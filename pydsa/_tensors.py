@@ -55,6 +55,14 @@ def launch_stream(stream, device: int) -> int:
     return 0 if device < 0 else _current_raw_stream(device)
 
 
+def keep_for_stream(t: torch.Tensor, stream) -> None:
+    """Rows a call made for itself and released after launching on `stream` (a raw handle, or None for the
+    current stream): torch's allocator then hands them out again only after the work queued so far on that
+    stream, as it does for tensors of the current stream."""
+    if stream is not None and t.is_cuda:
+        t.record_stream(torch.cuda.ExternalStream(stream, device=t.device))
+
+
 # Arguments an op writes into: a read-only array there is refused (DLPack would hand it over writable).
 _WRITTEN = frozenset(("out", "state", "states", "error_count", "load_indices", "cache", "vectors_out"))
 

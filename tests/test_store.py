@@ -435,6 +435,28 @@ def test_fused_prefill_on_every_tile_layout_stores_its_out(requests):
 
 
 @gpu
+def test_a_storing_prefill_without_out_on_another_stream_keeps_its_rows_until_it_ran():
+    # The call's own out rows are released right after its launch on `stream`; torch must not hand them to
+    # the current stream while that launch is still queued (here behind a long sleep on the side stream).
+    rng = np.random.default_rng(11)
+    d = 512
+    seq, ext, n, kv, state, ape, idx = _prefill_case(50, rng)
+    plan = pyplan.plan_prefill(seq, ext)
+    slots = torch.from_numpy(rng.permutation(n)).to(torch.int64).cuda()
+    ref, own = make_cache(d, 2, n // 2 + 1, 1000, "cuda"), make_cache(d, 2, n // 2 + 1, 1000, "cuda")
+    pydsa.c128_prefill(state.clone(), kv, None, ape, idx, plan, store=ref, cache_slots=slots)
+    side, start = torch.cuda.Stream(), state.clone()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(100_000_000)
+    pydsa.c128_prefill(start, kv, None, ape, idx, plan, store=own, cache_slots=slots, stream=side.cuda_stream)
+    victim = torch.full((len(plan[0]), d), 7.0, device="cuda")  # the size of the call's own rows
+    torch.cuda.synchronize()
+    assert (victim == 7.0).all()
+    assert torch.equal(own.cache, ref.cache)
+
+
+@gpu
 def test_fused_prefill_with_repeated_and_bad_slots_stays_in_bounds():
     rng = np.random.default_rng(3)
     d, requests = 512, 40
