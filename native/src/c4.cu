@@ -26,8 +26,9 @@ __device__ __forceinline__ void aim_c4_store(const C4Thread& t, StoreOperands<VE
 }
 
 // The entry closed with window values kv, logits z (this thread's VEC channels): written to `out` row
-// `out_row` and stored at cache slot `loc`, rotary row `pos` (o aimed there already in a narrow launch).
-template <int VEC>
+// `out_row` and, in a storing launch (kStore), stored at cache slot `loc`, rotary row `pos` (o aimed there
+// already in a narrow launch).
+template <bool kStore, int VEC>
 __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)[kC4Window][VEC],
                                             const float (&z)[kC4Window][VEC], int first, int64_t out_row,
                                             StoreOperands<VEC>& o, int64_t loc, int64_t pos, uint32_t* error_count) {
@@ -41,6 +42,7 @@ __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)
     v.v[k] = c4_channel(a, b, first);
   }
   if (c.out != nullptr) store_lanes<VEC>(c.out + out_row * t.D + t.ch, v);
+  if constexpr (!kStore) return;
   if constexpr (!C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
   if (c.store_kind == 1 + DSA_CACHE_V4) store_vector<VEC>(c.store, v.v, o, t.D, t.ch, t.lanes, error_count, t.row);
   else if (c.store_kind == 1 + DSA_CACHE_INDEXER) indexer_store<VEC>(c.store, v.v, o, t.ch, error_count, t.row);
@@ -48,8 +50,9 @@ __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)
 
 // Decode: one request per row of lanes; its token's row is written, and a closing token's entry is
 // computed from the ring's 8 rows (the token's own from registers when it is the current group's last row,
-// as written: a bf16 ring rounds it).
-template <typename S, int kMode, int VEC>
+// as written: a bf16 ring rounds it). kStore: whether a compressor of the launch stores (a launch without
+// stores is compiled without their code).
+template <typename S, int kMode, int VEC, bool kStore>
 __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const __grid_constant__ C4Launch p) {
   const C4Thread t = c4_thread<VEC>(p);
   wait_for_producers();
@@ -84,8 +87,9 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
     return;
   }
   StoreOperands<VEC> o;
-  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0, pos = (int64_t)r.seq_len - kC4Quartet;
-  if constexpr (C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
+  const int64_t loc = kStore && c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0;
+  const int64_t pos = (int64_t)r.seq_len - kC4Quartet;
+  if constexpr (kStore && C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
   float kv[kC4Window][VEC], z[kC4Window][VEC];
 #pragma unroll
   for (int j = 0; j < kC4Window; ++j) {
@@ -103,7 +107,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
 #pragma unroll
     for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
   }
-  close_entry(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
+  close_entry<kStore>(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
 }
 
 // What a compress pass reads of record i: the closing position + 1, the closing token's input row, the
@@ -131,8 +135,8 @@ __device__ __forceinline__ bool compress_record(const C4Launch& p, int64_t i, ui
   return true;
 }
 
-// Extend / verify compress pass: one record per row of lanes.
-template <typename S, int kMode, int VEC>
+// Extend / verify compress pass: one record per row of lanes (kStore as the decode's).
+template <typename S, int kMode, int VEC, bool kStore>
 __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_compress_kernel(const __grid_constant__ C4Launch p) {
   const C4Thread t = c4_thread<VEC>(p);
   wait_for_producers();
@@ -150,8 +154,9 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_compress_kernel(cons
     return;
   }
   StoreOperands<VEC> o;
-  const int64_t loc = c.store_kind ? __ldg(c.store.cache_slots + ragged) : 0, pos = (int64_t)seq_len - kC4Quartet;
-  if constexpr (C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
+  const int64_t loc = kStore && c.store_kind ? __ldg(c.store.cache_slots + ragged) : 0;
+  const int64_t pos = (int64_t)seq_len - kC4Quartet;
+  if constexpr (kStore && C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
   const bool overlap = seq_len > (uint32_t)kC4Quartet;
   const S* ring = static_cast<const S*>(c.ring);
   float kv[kC4Window][VEC], z[kC4Window][VEC];
@@ -171,7 +176,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_compress_kernel(cons
 #pragma unroll
     for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
   }
-  close_entry(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, o, loc, pos, p.error_count);
+  close_entry<kStore>(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, o, loc, pos, p.error_count);
 }
 
 // ---- checks and launches ----------------------------------------------------------------------------
@@ -331,10 +336,16 @@ cudaError_t with_kind(bool bf16, int vec, F&& f) {
   return vec == 2 ? f(float{}, Two{}) : f(float{}, Four{});
 }
 
+// Calls f(std::bool_constant<stores>): whether a compressor of the launch stores.
+template <typename F>
+cudaError_t with_stores(const int (&kinds)[2], F&& f) {
+  return kinds[0] != 0 || kinds[1] != 0 ? f(std::true_type{}) : f(std::false_type{});
+}
+
 // The compress pass, then the write pass (both compressors in each), in stream order.
 template <int kMode>
-dsa_status launch_passes(const dsa_c4_params& p, C4Launch a, int64_t num_compress, int64_t num_write,
-                         const void* compress, const void* write, cudaStream_t s, const char* op) {
+dsa_status launch_passes(const dsa_c4_params& p, const int (&kinds)[2], C4Launch a, int64_t num_compress,
+                         int64_t num_write, const void* compress, const void* write, cudaStream_t s, const char* op) {
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16;
   if (num_compress > 0) {
@@ -342,7 +353,10 @@ dsa_status launch_passes(const dsa_c4_params& p, C4Launch a, int64_t num_compres
     const int vec = c4_channels(num_compress);
     const dim3 grid = c4_grid(p, a, num_compress, vec);
     DSA_TRY(launch_status(with_kind(bf16, vec, [&](auto e, auto v) {
-      return run(c4_compress_kernel<decltype(e), kMode, decltype(v)::value>, vec, grid, s, mode, a);
+      return with_stores(kinds, [&](auto st) {
+        return run(c4_compress_kernel<decltype(e), kMode, decltype(v)::value, decltype(st)::value>, vec, grid, s, mode,
+                   a);
+      });
     }), op));
   }
   if (num_write > 0) {
@@ -371,10 +385,13 @@ dsa_status c4_decode_device(const dsa_c4_params& p, const C4Checked& c, int, cud
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
   const cudaError_t err = with_kind(bf16, vec, [&](auto e, auto v) {
-    using S = decltype(e);
-    constexpr int VEC = decltype(v)::value;
-    return records ? run(c4_decode_kernel<S, kC4Records, VEC>, VEC, grid, s, mode, a)
-                   : run(c4_decode_kernel<S, kC4Requests, VEC>, VEC, grid, s, mode, a);
+    return with_stores(c.kinds, [&](auto st) {
+      using S = decltype(e);
+      constexpr int VEC = decltype(v)::value;
+      constexpr bool kStore = decltype(st)::value;
+      return records ? run(c4_decode_kernel<S, kC4Records, VEC, kStore>, VEC, grid, s, mode, a)
+                     : run(c4_decode_kernel<S, kC4Requests, VEC, kStore>, VEC, grid, s, mode, a);
+    });
   });
   DSA_TRY(launch_status(err, op));
   return ok();
@@ -382,8 +399,8 @@ dsa_status c4_decode_device(const dsa_c4_params& p, const C4Checked& c, int, cud
 
 // The extend on the device: its compress records, then its write records.
 dsa_status c4_extend_device(const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t s, const char* op) {
-  return launch_passes<kC4Records>(p, c4_launch(p, c.stores, c.kinds), p.num_compress, p.num_write, p.compress,
-                                   p.write, s, op);
+  return launch_passes<kC4Records>(p, c.kinds, c4_launch(p, c.stores, c.kinds), p.num_compress, p.num_write,
+                                   p.compress, p.write, s, op);
 }
 
 // The verify on the device: each request's drafts as input rows, compress pass then write pass by request.
@@ -391,7 +408,7 @@ dsa_status c4_verify_device(const dsa_c4_params& p, const C4Checked& c, int, cud
   C4Launch a = c4_launch(p, c.stores, c.kinds);
   a.num_tokens = p.batch_size * p.num_drafts;
   const int64_t rows = p.batch_size * p.num_drafts;
-  return launch_passes<kC4Requests>(p, a, rows, rows, nullptr, nullptr, s, op);
+  return launch_passes<kC4Requests>(p, c.kinds, a, rows, rows, nullptr, nullptr, s, op);
 }
 
 }  // namespace
