@@ -58,6 +58,14 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
   wait_for_producers();
   allow_dependents();
   if (t.i >= p.count) return;
+  const C4Side& c = *t.c;
+  const int D = t.D, ch = t.ch;
+  // The token's input row does not depend on the record: read in the same memory trip as it (a closing
+  // row then waits on two trips before its arithmetic, the record's and the window's, not three).
+  const float* in = c.kv_score + t.i * 4 * D + ch;
+  Lanes<VEC> half[4];
+#pragma unroll
+  for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
   C4DecodeRecord r;
   if constexpr (kMode == kC4Records) {
     const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + t.i);
@@ -68,16 +76,10 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
     r = c4_decode_record(seq, slot, p.ring_size);
   }
   if (r.seq_len == 0u || r.seq_len > 0x7FFFFFFFu) return;  // padding
-  const C4Side& c = *t.c;
-  const int D = t.D, ch = t.ch;
   if (r.write_row < 0 || r.write_row >= c.ring_rows) {
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  const float* in = c.kv_score + t.i * 4 * D + ch;
-  Lanes<VEC> half[4];
-#pragma unroll
-  for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
   S* ring = static_cast<S*>(c.ring);
   ring_store<S, VEC, 4>(ring, r.write_row, D, ch, half);
   if (r.seq_len % kC4Quartet != 0) return;
