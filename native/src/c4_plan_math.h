@@ -49,9 +49,12 @@ DSA_HD int64_t plan_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t p
   return wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size);
 }
 
-// The decode record of request b: the new token's row and group, the previous quartet's group.
+// The decode record of request b: the new token's row and group, the previous quartet's group. A length
+// past a record's 31 bits is a record the ops skip and count (seq_len 2^31 - 1 closes nothing, its rows
+// -1), never one wrapped into a padding record that nothing counts or into a real length.
 DSA_HD dsa_c4_decode_record plan_decode_record(const dsa_c4_plan_params& p, int64_t b) {
   const int64_t seq = plan_length(p.seq_lens, p.seq_lens_int32, b), rid = p.req_pool_indices[b];
+  if (seq > 0x7FFFFFFF) return dsa_c4_decode_record{0x7FFFFFFFu, -1, -1, -1};
   const int64_t last = wrap_sub(seq, 1);
   const int64_t p1 = last > 0 ? last : 0, p0 = p1 > 4 ? p1 - 4 : 0;
   const int64_t row = plan_ring_row(p, rid, p1), previous = plan_ring_row(p, rid, p0);
