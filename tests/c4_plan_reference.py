@@ -47,8 +47,10 @@ def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_pag
     ring = Ring(req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
     write, first = ring.rows(p1, rid), ring.rows(p0, rid)
     plan = torch.stack([seq.clamp_min(0), write, torch.div(first, 4, rounding_mode="floor"),
-                        torch.div(write, 4, rounding_mode="floor")], dim=1).to(torch.int32)
-    return plan.view(torch.uint8).reshape(-1, 16)
+                        torch.div(write, 4, rounding_mode="floor")], dim=1)
+    # a length past a record's 31 bits: a record the ops skip and count
+    plan[seq > 2 ** 31 - 1] = torch.tensor([2 ** 31 - 1, -1, -1, -1], dtype=plan.dtype, device=plan.device)
+    return plan.to(torch.int32).view(torch.uint8).reshape(-1, 16)
 
 
 def _stage0(seq, ext, num_q_tokens, swa_page_size, ring_size, use_req_ring):

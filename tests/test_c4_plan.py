@@ -77,6 +77,24 @@ def test_decode_records_equal_the_torch_planners_on_untrusted_tables(device, b, 
     assert torch.equal(plan_d.cpu(), want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_decode_length_past_31_bits_is_a_record_the_ops_count(device):
+    """The op's record of a length past 2^31 - 1 is {2^31 - 1, -1, -1, -1} (the ops skip and count it), never its low
+    32 bits (2^40 would be a padding record nothing counts, 2^32 + 8 a real length of 8)."""
+    g = torch.Generator().manual_seed(3)
+    rid, r2t, f2s = _tables(g, 5, 64)
+    seq = torch.tensor([4, 2 ** 40, 2 ** 31, 2 ** 32 + 8, 2 ** 31 - 1])
+    for use_req_ring in (False, True):
+        want = ref.plan_decode(rid, r2t, f2s, seq, 256, 16, use_req_ring)
+        words = want.view(torch.int32).reshape(-1, 4).tolist()
+        assert words[1] == words[2] == words[3] == [2 ** 31 - 1, -1, -1, -1], words
+        plan_d = _poisoned(5, 16, device)
+        d_rid, d_r2t, d_f2s, d_seq = _on(device, rid, r2t, f2s, seq)
+        assert _fill_c4_plan.decode_plan(d_rid, d_r2t, d_f2s, d_seq, swa_page_size=256, ring_size=16,
+                                         use_req_ring=use_req_ring, plan_d=plan_d) == 0
+        assert torch.equal(plan_d.cpu(), want)
+
+
 def _extends(g: torch.Generator, b: int, width: int, short: bool):
     """Extend lengths 0..12 (zeros among them) after prefixes from -4 (extends longer than the sequence: negative
     positions) to past the table, and num_q_tokens >= B: a padded bucket, or (short) fewer rows than the extends."""
