@@ -50,8 +50,6 @@ def _compress_forward(kv_score_buffer, kv_score_input, ape, plan, **kw):
     return sglang.compress_forward(kv_score_buffer, kv_score_input, ape, plan, is_online=False, **kw)
 
 
-
-
 def _compress_cases():
     return compress_forward_cases(_compress_call)
 

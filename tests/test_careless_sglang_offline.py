@@ -42,8 +42,6 @@ def _compress_call(mode: str):
                 ape=layer.ape, plan=plan, head_dim=D, compress_ratio=CHUNK, out=torch.full((plan[1].shape[0], D), 7.0))
 
 
-
-
 def _compress_cases():
     return compress_forward_cases(_compress_call)
 

@@ -60,8 +60,9 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
   if (t.i >= p.count) return;
   const C4Side& c = *t.c;
   const int D = t.D, ch = t.ch;
-  // The token's input row does not depend on the record: read in the same memory trip as it (a closing
-  // row then waits on two trips before its arithmetic, the record's and the window's, not three).
+  // The token's input row does not depend on the record: read ahead of the record's checks in the source.
+  // ptxas (CUDA 13.0) still places these loads after the checks, so the SASS makes the same trips as before
+  // (docs/performance.md, "Where the standalone calls' time goes").
   const float* in = c.kv_score + t.i * 4 * D + ch;
   Lanes<VEC> half[4];
 #pragma unroll
