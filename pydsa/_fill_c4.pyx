@@ -14,6 +14,7 @@ from pydsa.errors import ArgumentTypeError, ArgumentValueError
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_C4_PARAMS
     int DSA_FLAG_C4_REJECT_ALL
+    int DSA_FLAG_RECORDS_AHEAD
     ctypedef struct dsa_c4_compressor:
         int32_t head_dim
         int32_t reserved
@@ -252,11 +253,18 @@ cdef inline int _end(dsa_c4_params* p, uint32_t flags, error_count, list keep) e
 
 
 cdef int _decode(dsa_c4_params* p, main, kv_score, indexer, indexer_kv_score, records, seq_lens, slots, ring_size,
-                 out, indexer_out, cache_slots, pdl, error_count, list keep) except -1:
+                 out, indexer_out, cache_slots, pdl, error_count, list keep, records_ahead=False) except -1:
     """The decode's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`,
     appending to `keep` (a prepared call's, or None) what they point into."""
     cdef Arg kv, rc, sl, sx
     cdef uint32_t flags = pdl_flag(pdl)
+    if records_ahead is not True and records_ahead is not False:
+        raise ArgumentTypeError("records_ahead", f"records_ahead must be a bool (got {records_ahead!r})")
+    if records_ahead:
+        if records is None:
+            raise ArgumentValueError("records_ahead", "records_ahead=True needs records= (it says the records were "
+                                                      "written before the launch ahead of this call began)")
+        flags |= DSA_FLAG_RECORDS_AHEAD
     cdef int64_t rows = _begin(p, kind=DECODE, main=main, kv_score=kv_score, kv=&kv, indexer=indexer,
                                indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, keep=keep)
     if records is None:
@@ -348,7 +356,7 @@ cdef int _verify(dsa_c4_params* p, main, drafts, seq_lens, slots, num_drafts, ri
 
 def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
               slots=None, ring_size=None, out=None, indexer_out=None, cache_slots=None, stream=None, pdl=None,
-              error_count=None):
+              error_count=None, records_ahead=False):
     """One decode step of a c4 layer: kv_score [B, 4D] (and indexer_kv_score [B, 4 * 128]) hold each
     request's new token. Its row goes to the ring; a request whose length (with the token) is a multiple
     of 4 closes an entry: written to out [B, D] (optional) and stored at cache_slots[b] (int64 [B]) into
@@ -357,11 +365,15 @@ def c4_decode(main, kv_score, *, indexer=None, indexer_kv_score=None, records=No
     Rows: records= (uint8 [B, 16], sglang's decode records: seq_len, write row, previous and current
     group; seq_len 0 is padding), or seq_lens= (int32 [B], with the new token; <= 0 padding) and slots=
     (int32 [B]; negative: not held here; live slots distinct) over main's request-scoped ring (made with
-    ring_size=; a ring_size= given here must agree). B = 0 does nothing."""
+    ring_size=; a ring_size= given here must agree). B = 0 does nothing.
+
+    records_ahead=True (with records=): the caller's promise that the records and cache_slots were written
+    before the launch ahead of this call on its stream began (a step's plan made before the layer's GEMMs); with
+    PDL the kernel then reads them while that launch finishes."""
     cdef dsa_c4_params p
     _decode(&p, main=main, kv_score=kv_score, indexer=indexer, indexer_kv_score=indexer_kv_score, records=records,
             seq_lens=seq_lens, slots=slots, ring_size=ring_size, out=out, indexer_out=indexer_out,
-            cache_slots=cache_slots, pdl=pdl, error_count=error_count, keep=None)
+            cache_slots=cache_slots, pdl=pdl, error_count=error_count, keep=None, records_ahead=records_ahead)
     _launch(&p, DECODE, stream)
 
 
@@ -373,11 +385,11 @@ cdef class C4Decode(Prepared):
 
     def __init__(self, main, kv_score, *, indexer=None, indexer_kv_score=None, records=None, seq_lens=None,
                  slots=None, ring_size=None, out=None, indexer_out=None, cache_slots=None, pdl=None,
-                 error_count=None):
+                 error_count=None, records_ahead=False):
         cdef dsa_c4_params* p = <dsa_c4_params*>self.room(OP_C4_DECODE)
         _decode(p, main=main, kv_score=kv_score, indexer=indexer, indexer_kv_score=indexer_kv_score, records=records,
                 seq_lens=seq_lens, slots=slots, ring_size=ring_size, out=out, indexer_out=indexer_out,
-                cache_slots=cache_slots, pdl=pdl, error_count=error_count, keep=self.keep)
+                cache_slots=cache_slots, pdl=pdl, error_count=error_count, keep=self.keep, records_ahead=records_ahead)
         self.bound(p.device)
 
 

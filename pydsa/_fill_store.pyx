@@ -12,6 +12,7 @@ from pydsa.errors import ArgumentTypeError, ArgumentValueError, int_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_KV_STORE_PARAMS
+    int DSA_FLAG_RECORDS_AHEAD
     ctypedef struct dsa_kv_store_params:
         uint32_t struct_size
         uint32_t flags
@@ -192,7 +193,7 @@ cdef int OP_STORE = declare_op("store", "dsa_kv_store", DSA_STRUCT_KV_STORE_PARA
 
 
 def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=False, ratio=None, stream=None, pdl=None,
-             error_count=None):
+             error_count=None, records_ahead=False):
     """Stores vectors [N, D] float32 into `cache` (a pydsa.KVCache): vector i at cache slot cache_slots[i]
     (int64 [N]; negative: skipped; past the cache: skipped and counted) with rotary row positions[i]
     (int32 [N], its chunk's first position; outside the table: skipped and counted).
@@ -204,7 +205,16 @@ def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=Fal
     say which layer made them, so records= needs ratio=: 128 for a c128 layer's records, 4 for a c4
     layer's (decode rows stored when seq_len is a positive multiple of 4; position seq_len - 4).
 
-    A cache of layout "indexer" takes the c4 indexer's store (D = 128)."""
+    A cache of layout "indexer" takes the c4 indexer's store (D = 128).
+
+    records_ahead=True (with records=): the caller's promise that the records and cache_slots were written
+    before the launch ahead of this call on its stream began; with PDL the kernel then reads them, and the
+    cache's norm weights and rotary pairs, while that launch finishes."""
+    if records_ahead is not True and records_ahead is not False:
+        raise ArgumentTypeError("records_ahead", f"records_ahead must be a bool (got {records_ahead!r})")
+    if records_ahead and records is None:
+        raise ArgumentValueError("records_ahead", "records_ahead=True needs records= (it says the records were "
+                                                  "written before the launch ahead of this call began)")
     if records is None:
         if ratio is not None:
             raise ArgumentValueError("ratio", f"ratio is given without records= (it says what the records' layer is; "
@@ -214,7 +224,9 @@ def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=Fal
         raise ArgumentValueError("ratio", f"records= needs ratio=: 128 (a c128 layer's records) or 4 (a c4 layer's); "
                                           f"the records do not say which (got {ratio!r})")
     cdef int status = _store(vectors, positions=positions, cache_slots=cache_slots, cache=cache, records=records,
-                             extend=extend, ratio=ratio, stream=stream, flags=pdl_flag(pdl), error_count=error_count)
+                             extend=extend, ratio=ratio, stream=stream,
+                             flags=pdl_flag(pdl) | (DSA_FLAG_RECORDS_AHEAD if records_ahead else 0),
+                             error_count=error_count)
     if status:
         raise_status(status)
 

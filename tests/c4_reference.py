@@ -125,7 +125,7 @@ class Layer:
                 kw["indexer_out"] = torch.full((out_rows, self.dims[1]), float("nan"), device=self.device)
         return kw
 
-    def decode(self, seqs, slots, *, records=False, pdl=None, error_count=None):
+    def decode(self, seqs, slots, *, records=False, pdl=None, error_count=None, records_ahead=False):
         """Decode one token per request (seqs: lengths with the token); returns the outs per compressor."""
         b = len(seqs)
         rows = [np.stack([self.tokens[k][slots[i], seqs[i] - 1] for i in range(b)]) for k in range(len(self.dims))]
@@ -134,7 +134,8 @@ class Layer:
                                          dtype=torch.int64, device=self.device) if self.caches[0] else None
         if records:
             recs = decode_records(seqs, slots, self.R)
-            pydsa.c4_decode(**kw, records=torch.from_numpy(recs).to(self.device), pdl=pdl, error_count=error_count)
+            pydsa.c4_decode(**kw, records=torch.from_numpy(recs).to(self.device), pdl=pdl, error_count=error_count,
+                            records_ahead=records_ahead)
         else:
             pydsa.c4_decode(**kw, seq_lens=torch.tensor(seqs, dtype=torch.int32, device=self.device),
                             slots=torch.tensor(slots, dtype=torch.int32, device=self.device), pdl=pdl, error_count=error_count)

@@ -122,20 +122,49 @@ def test_prefill_chunks_and_decodes_match_float64(device, bf16_ring, dims):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_decode_records_equal_request_scoped_rows(device):
+@pytest.mark.parametrize("ahead", [False, True], ids=["records", "records-ahead"])
+def test_decode_records_equal_request_scoped_rows(device, ahead):
     """sglang's 16-byte decode records addressing the same rows give the same ring, outputs and caches as
-    pydsa's request-scoped mode, bit for bit."""
+    pydsa's request-scoped mode, bit for bit (also when the records are read ahead of the producers' wait)."""
     a = Layer(torch.device(device), seed=5)
     b = Layer(torch.device(device), seed=5)
     slots = [1, 3]
     for s in range(1, 14):
         oa = a.decode([s, s + 2], slots)
-        ob = b.decode([s, s + 2], slots, records=True)
+        ob = b.decode([s, s + 2], slots, records=True, records_ahead=ahead)
         for x, y in zip(oa, ob):
             np.testing.assert_array_equal(x, y)
     for k in range(2):
         assert torch.equal(a.compressors[k].ring.cpu().nan_to_num(7), b.compressors[k].ring.cpu().nan_to_num(7))
         assert torch.equal(a.caches[k].cache.cpu(), b.caches[k].cache.cpu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("ahead", [False, True], ids=["records", "records-ahead"])
+def test_a_write_row_inside_the_window_is_read_as_written(device, bf16_ring, ahead):
+    """Records are data: a closing record whose write row is any row of its own window (not only the current
+    group's last, which the GPU takes from registers) or none of it closes the entry from the ring as it is
+    after the token's row is written, on both backends, both rings, the record read before or after the wait."""
+    dev = torch.device(device)
+    layer = Layer(dev, seed=11, dims=(128,), bf16_ring=bf16_ring, store=False)
+    ring = layer.compressors[0].ring
+    g = torch.Generator().manual_seed(12)
+    start = torch.randn(ring.shape, generator=g).to(ring.dtype)
+    writes = [0, 2, 3, 4, 6, 7, 9, 13]  # prev group 0 / current group 1's rows, and rows outside the window
+    recs = np.array([[8, w, 0, 1] for w in writes], np.int32)
+    kv = torch.randn(len(writes), 4 * 128, generator=g)
+    for i, w in enumerate(writes):
+        ring.copy_(start.to(dev))
+        out = torch.full((1, 128), float("nan"), device=dev)
+        rec = torch.from_numpy(recs[i:i + 1].view(np.uint8).reshape(1, 16).copy()).to(dev)
+        pydsa.c4_decode(layer.compressors[0], kv[i:i + 1].to(dev), records=rec, out=out, records_ahead=ahead)
+        after = start.clone()
+        after[w] = kv[i].to(ring.dtype)
+        assert torch.equal(ring.cpu().view(torch.int16 if bf16_ring else torch.int32),
+                           after.view(torch.int16 if bf16_ring else torch.int32)), f"write row {w}"
+        want = entry(after[:8].float().numpy(), layer.apes[0], 1)
+        assert rel_err(out.cpu().numpy()[0], want) < 1e-5, f"write row {w}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -301,6 +330,11 @@ def test_arguments_are_judged_by_name():
         pydsa.c4_decode(main, kv, indexer=idx, seq_lens=seq, slots=seq, ring_size=8)
     with pytest.raises(ValueError, match="kv_score"):
         pydsa.c4_decode(main, torch.randn(2, 1024), seq_lens=seq, slots=seq, ring_size=8)
+    with pytest.raises(pydsa.ArgumentValueError, match="records_ahead=True needs records=") as err:
+        pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, records_ahead=True)
+    assert err.value.argument == "records_ahead"
+    with pytest.raises(pydsa.ArgumentTypeError, match="records_ahead must be a bool"):
+        pydsa.c4_decode(main, kv, records=torch.zeros(2, 16, dtype=torch.uint8), records_ahead=1)
     with pytest.raises(ValueError, match="records= and seq_lens="):
         pydsa.c4_decode(main, kv, records=torch.zeros(2, 16, dtype=torch.uint8), seq_lens=seq, slots=seq)
     with pytest.raises(ValueError, match="ring_size is 6 but main's ring has ring_size 8"):

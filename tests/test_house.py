@@ -67,7 +67,8 @@ NOT_OPS = {pydsa.kv_page_bytes, pydsa.indexer_page_bytes}
 # public arguments that the params struct holds in another form (a plan as its record pointers, compact as the
 # output layout, extend and the flag arguments as flags); a c4 call's per-compressor arguments are the fields of
 # its compressors' sides (dsa_c4_compressor), its records the decode_records
-HELD_ELSEWHERE = {"plan", "compact", "extend", "stream", "pdl", "cooperative", "round_between_drafts", "reject_all"}
+HELD_ELSEWHERE = {"plan", "compact", "extend", "stream", "pdl", "cooperative", "round_between_drafts", "reject_all",
+                  "records_ahead"}
 C4_SIDES = {"main", "indexer", "kv_score", "drafts", "indexer_kv_score", "indexer_drafts", "out", "indexer_out",
             "records"}
 

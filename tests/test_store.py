@@ -167,7 +167,8 @@ def _records(words):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_store_reads_sglang_records_in_place(device):
+@pytest.mark.parametrize("ahead", [False, True], ids=["records", "records-ahead"])
+def test_store_reads_sglang_records_in_place(device, ahead):
     """records= (sglang 0.5.23's plan records) gives each vector's position and slot: the bytes of the
     store with the same positions and slots given as arrays; what closes nothing or pads is skipped, a
     slot index past cache_slots or an extend record too short to close a chunk is counted."""
@@ -190,12 +191,16 @@ def test_store_reads_sglang_records_in_place(device):
         a, b = make_cache(d, 2, pages, 2048, device), make_cache(d, 2, pages, 2048, device)
         counter = torch.zeros(1, dtype=torch.int32, device=device)
         pydsa.kv_store(vectors, None, out_loc.to(device), a, records=rec.to(device), extend=extend, ratio=128,
-                       error_count=counter)
+                       error_count=counter, records_ahead=ahead)
         rows_kept = keep if not extend else [0, 2, 5]
         pydsa.kv_store(vectors[rows_kept], torch.tensor(want_pos, dtype=torch.int32, device=device),
                        torch.tensor(want_loc, dtype=torch.int64, device=device), b)
         assert torch.equal(a.cache, b.cache) and not (b.cache == POISON).all()
         assert int(counter.item()) == counted
+    with pytest.raises(pydsa.ArgumentValueError, match="records_ahead=True needs records=") as err:
+        pydsa.kv_store(vectors, torch.zeros(rows, dtype=torch.int32, device=device), out_loc[:rows].to(device),
+                       make_cache(d, 2, pages, 2048, device), records_ahead=True)
+    assert err.value.argument == "records_ahead"
     with pytest.raises(ValueError, match="positions must be None"):
         pydsa.kv_store(vectors, torch.zeros(rows, dtype=torch.int32, device=device), out_loc.to(device),
                        make_cache(d, 2, pages, 2048, device), records=dec.to(device), ratio=128)

@@ -101,6 +101,12 @@ typedef enum dsa_struct_id {
                                       would. No effect on an fp32 state. */
 #define DSA_FLAG_C4_REJECT_ALL 128u /* c4 verify: the step may accept none of the drafts (the first
                                       draft is not a token already sampled), so V <= R - 7 instead of R - 6 */
+#define DSA_FLAG_RECORDS_AHEAD 256u /* c4 decode with decode_records, kv_store with records: the records
+                                      and cache_slots were complete before the launch just before this one
+                                      on the stream began (a step's plan and slots written ahead of its
+                                      layers). With DSA_FLAG_PDL the kernels then read them (kv_store: and
+                                      the cache's norm weights and rotary rows) before waiting for that
+                                      launch; without this flag every read waits. */
 #define DSA_FLAG_DECODE_RECORDS 8u /* decode: `indices` points at batch_size 16-byte records, one per
                                       request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
                                       (the request record, docs/spec.md, records), 16-byte aligned

@@ -48,6 +48,24 @@ __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)
   else if (c.store_kind == 1 + DSA_CACHE_INDEXER) indexer_store<VEC>(c.store, v.v, o, t.ch, error_count, t.row);
 }
 
+// The closing row's window lines into L2 ahead of the wait (a hint: L2 is where the producer's writes land,
+// so nothing read later is stale): the lanes at each 128-byte line's start, value and score of 8 rows.
+template <typename S>
+__device__ __forceinline__ void prefetch_window(const C4Side& c, const C4DecodeRecord& r, int D, int ch) {
+  constexpr int kLine = 128 / sizeof(S);  // elements of a 128-byte line
+  if ((ch & (kLine - 1)) != 0 || !group_ok(r.current_group, c.ring_rows)) return;
+  const bool overlap = r.seq_len > (uint32_t)kC4Quartet && group_ok(r.previous_group, c.ring_rows);
+  const S* ring = static_cast<const S*>(c.ring);
+#pragma unroll
+  for (int j = 0; j < kC4Window; ++j) {
+    if (j < 4 && !overlap) continue;
+    const S* at = ring + (4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3)) * 4 * D + ch +
+                  (j < 4 ? 0 : D);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(at + 2 * D));
+  }
+}
+
 // Decode: one request per row of lanes; its token's row is written, and a closing token's entry is
 // computed from the ring's 8 rows (the token's own from registers when it is the current group's last row,
 // as written: a bf16 ring rounds it). kStore: whether a compressor of the launch stores (a launch without
@@ -55,22 +73,38 @@ __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)
 template <typename S, int kMode, int VEC, bool kStore>
 __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const __grid_constant__ C4Launch p) {
   const C4Thread t = c4_thread<VEC>(p);
+  const C4Side& c = *t.c;
+  const int D = t.D, ch = t.ch;
+  C4DecodeRecord r{};
+  int64_t loc = 0;
+  bool ahead = false;
+  if constexpr (kMode == kC4Records) {
+    // The caller's promise (records_ahead): the records and cache slots were written before the launch ahead
+    // of this one began, so they are read while it finishes, with the closing row's slot and its window's
+    // lines (into L2: the ring itself may still be written by that launch, so it is read after the wait).
+    // The branch on the record keeps the reads ahead of the wait in the SASS (a predicated load is not).
+    ahead = p.records_ahead != 0 && t.i < p.count;
+    if (ahead) {
+      const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + t.i);
+      r = C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
+      if (r.seq_len % kC4Quartet == 0u && r.seq_len - 1u < 0x7FFFFFFFu) {
+        if (kStore && c.store_kind) loc = __ldg(c.store.cache_slots + t.i);
+        prefetch_window<S>(c, r, D, ch);
+      }
+    }
+  }
   wait_for_producers();
   allow_dependents();
   if (t.i >= p.count) return;
-  const C4Side& c = *t.c;
-  const int D = t.D, ch = t.ch;
-  // The token's input row does not depend on the record: read ahead of the record's checks in the source.
-  // ptxas (CUDA 13.0) still places these loads after the checks, so the SASS makes the same trips as before
-  // (docs/performance.md, "Where the standalone calls' time goes").
   const float* in = c.kv_score + t.i * 4 * D + ch;
   Lanes<VEC> half[4];
 #pragma unroll
   for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
-  C4DecodeRecord r;
   if constexpr (kMode == kC4Records) {
-    const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + t.i);
-    r = C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
+    if (!ahead) {
+      const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + t.i);
+      r = C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
+    }
   } else {
     const int32_t seq = __ldg(p.seq_lens + t.i), slot = __ldg(p.slots + t.i);
     if (seq <= 0 || slot < 0) return;
@@ -90,7 +124,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
     return;
   }
   StoreOperands<VEC> o;
-  const int64_t loc = kStore && c.store_kind ? __ldg(c.store.cache_slots + t.i) : 0;
+  if (kStore && c.store_kind && !ahead) loc = __ldg(c.store.cache_slots + t.i);
   const int64_t pos = (int64_t)r.seq_len - kC4Quartet;
   if constexpr (kStore && C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
   float kv[kC4Window][VEC], z[kC4Window][VEC];
@@ -308,6 +342,7 @@ C4Launch c4_launch(const dsa_c4_params& p, const StoreLaunch (&stores)[2], const
   }
   a.ring_size = p.ring_size, a.num_drafts = p.num_drafts, a.num_tokens = p.num_tokens;
   a.seq_lens = p.seq_lens, a.slots = p.slots, a.error_count = p.error_count;
+  a.records_ahead = (p.flags & DSA_FLAG_RECORDS_AHEAD) != 0;
   return a;
 }
 

@@ -27,7 +27,7 @@ struct C4Launch {
   uint32_t blocks0;     // blocks of compressor 0; the rest are compressor 1's
   int32_t ring_size;    // request-scoped modes
   int32_t num_drafts;   // verify
-  int32_t reserved;
+  uint32_t records_ahead;  // DSA_FLAG_RECORDS_AHEAD: decode records read before the wait for the producers
   int64_t count;        // decode: requests; extend: records of the pass; verify: B * V
   int64_t num_tokens;   // input rows
   const void* records;  // decode / compress / write records (null in the request-scoped modes)

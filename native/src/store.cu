@@ -68,6 +68,7 @@ struct StoreOpLaunch {
   int64_t num_cache_slots;   // records only
   uint32_t extend;           // records only: extend (not decode) records
   uint32_t ratio;            // records only: tokens per entry (128, or 4)
+  uint32_t records_ahead;    // records only: DSA_FLAG_RECORDS_AHEAD (records and slots read before the wait)
   StoreLaunch store;
   // A storing prefill's vectors (store_prefill_vectors): vector v is compress record v of the launch,
   // from the launch parameters (kInline > 0) or `segments` (a device plan, capped by counts[0]).
@@ -121,18 +122,29 @@ __global__ void __launch_bounds__(kStoreMaxThreads)
     if (!stored) return;
     load_floats<VEC>(x, p.vectors + row * D + ch);
   } else {
+    // the caller's promise (DSA_FLAG_RECORDS_AHEAD): records and slots were written before our producer ran
+    const bool ahead = p.records_ahead != 0 && p.records != nullptr && v < p.num_vectors;
+    int check = kStoreSkip;
+    if (ahead) {  // and the store's operands with them: after the wait only the vector is left to read
+      check = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, p.ratio, &loc, &pos);
+      if (check == kStoreWrite) {
+        load_weights<VEC>(o, p.store, ch);
+        load_rotary<VEC>(o, p.store, D, ch, pos);
+      }
+    }
     wait_for_producers();
-    if (v >= p.num_vectors) {
+    if (v >= p.num_vectors || (ahead && check != kStoreWrite)) {  // a row that stores nothing reads nothing more
       allow_dependents();
+      if (check == kStoreCount && ch == 0) count_error(p.error_count);
       return;
     }
     load_floats<VEC>(x, p.vectors + (int64_t)v * D + ch);
-    load_weights<VEC>(o, p.store, ch);
+    if (!ahead) load_weights<VEC>(o, p.store, ch);
     if (p.records == nullptr) {
       loc = __ldg(p.store.cache_slots + v), pos = __ldg(p.positions + v);
     } else {
-      const int check = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, p.ratio, &loc,
-                                   &pos);
+      if (!ahead)
+        check = record_row(p.records, p.extend != 0, v, p.store.cache_slots, p.num_cache_slots, p.ratio, &loc, &pos);
       if (check != kStoreWrite) {
         allow_dependents();
         if (check == kStoreCount && ch == 0) count_error(p.error_count);
@@ -140,7 +152,7 @@ __global__ void __launch_bounds__(kStoreMaxThreads)
       }
     }
     allow_dependents();
-    load_rotary<VEC>(o, p.store, D, ch, pos);
+    if (!ahead) load_rotary<VEC>(o, p.store, D, ch, pos);
   }
   if constexpr (VEC == 4) {
     if (p.store.layout == DSA_CACHE_INDEXER) {  // one warp per vector (D = 128)
@@ -261,6 +273,7 @@ dsa_status store_device(const dsa_kv_store_params& p, const StoreChecked& c, int
   a.records = kinds ? p.records : nullptr, a.num_cache_slots = p.num_cache_slots;
   a.extend = (p.flags & DSA_FLAG_STORE_EXTEND_RECORDS) != 0;
   a.ratio = p.ratio ? (uint32_t)p.ratio : (uint32_t)DSA_CHUNK;
+  a.records_ahead = (p.flags & DSA_FLAG_RECORDS_AHEAD) != 0;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   return launch_status(launch_store<false, 0>(vec, grid, block, s, mode, a, SegmentBlock<0>{}), op);
 }

@@ -272,6 +272,12 @@ def ring_step(ring, kv_score_input, plan, *, head_dim: int, parts: int, decode, 
     return out
 
 
+def _decode_ahead(*args, **kwargs):
+    """c4_decode over sglang's plan, made at the step's start, launches before the compressor's input: its
+    records are read while the input's producer finishes (records_ahead)."""
+    return c4_decode(*args, records_ahead=True, **kwargs)
+
+
 def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None):
     """One compressor's c4 step over sglang's plan (decode or extend), its store fused when given; returns out
     (decode [B, D]: closing rows written; extend [C, D]: row i for record i), one of its own when out is None
@@ -279,7 +285,7 @@ def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None
     own in sglang's (head_dim, kv_score_input)."""
     plan = plan_of(plan)
     return ring_step(compressor(kv_score_buffer, ape, store), kv_score_input, plan, head_dim=head_dim, parts=4,
-                     decode=c4_decode, extend=c4_extend, out=out, make=out is None and store is None,
+                     decode=_decode_ahead, extend=c4_extend, out=out, make=out is None and store is None,
                      out_loc=out_loc)
 
 
@@ -315,7 +321,8 @@ def layer(main, indexer, plan, out_loc) -> None:
     kv, indexer_kv = main["kv_score_input"], indexer["kv_score_input"]
     try:
         if plan.is_decode:
-            c4_decode(m, kv, indexer=i, indexer_kv_score=indexer_kv, records=plan.plan_d, cache_slots=out_loc)
+            c4_decode(m, kv, indexer=i, indexer_kv_score=indexer_kv, records=plan.plan_d, cache_slots=out_loc,
+                      records_ahead=True)
         else:
             input_holds(kv, plan.plan_c, plan.plan_w, "main['kv_score_input']")
             c4_extend(m, kv, (plan.plan_c, plan.plan_w), indexer=i, indexer_kv_score=indexer_kv, cache_slots=out_loc)

@@ -204,7 +204,7 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
                           "indexer" if c4 and width == 128 else "v4")
         # one launch: the store reads each row's position and slot from the plan's records in place
         kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode,
-                 ratio=sglang_c4.RATIO if c4 else RATIO)
+                 ratio=sglang_c4.RATIO if c4 else RATIO, records_ahead=True)
     except (TypeError, ValueError) as exc:
         raise _caller_words(exc, _STORE_NAMES) from None
 
