@@ -333,8 +333,9 @@ def test_arguments_are_judged_by_name():
     with pytest.raises(pydsa.ArgumentValueError, match="records_ahead=True needs records=") as err:
         pydsa.c4_decode(main, kv, seq_lens=seq, slots=seq, records_ahead=True)
     assert err.value.argument == "records_ahead"
-    with pytest.raises(pydsa.ArgumentTypeError, match="records_ahead must be a bool"):
+    with pytest.raises(pydsa.ArgumentTypeError, match="records_ahead must be a bool") as err:
         pydsa.c4_decode(main, kv, records=torch.zeros(2, 16, dtype=torch.uint8), records_ahead=1)
+    assert err.value.argument == "records_ahead"
     with pytest.raises(ValueError, match="records= and seq_lens="):
         pydsa.c4_decode(main, kv, records=torch.zeros(2, 16, dtype=torch.uint8), seq_lens=seq, slots=seq)
     with pytest.raises(ValueError, match="ring_size is 6 but main's ring has ring_size 8"):

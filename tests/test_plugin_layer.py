@@ -168,12 +168,14 @@ def main():
     found["layer_hook_applied"] = plugin._LAYER in HookRegistry._patched and all(
         f"{plugin._BACKEND}.{name}" in HookRegistry._patched
         for name in ("forward_core_compressor", "forward_indexer_compressor"))
-    ops, asked = {}, []
+    ops, asked, promises = {}, [], []
     for module, name in ((ours_c4, "c4_decode"), (ours_c4, "c4_extend"), (ours_v2, "kv_store")):
         fn = getattr(module, name)
 
         def counted(*args, _fn=fn, _name=name, **kwargs):
             ops[_name] = ops.get(_name, 0) + 1
+            if _name == "c4_decode":
+                promises.append(kwargs.get("records_ahead", False))
             return _fn(*args, **kwargs)
         setattr(module, name, functools.wraps(fn)(counted))
     for name in ("_jit_compress_module", "_jit_compress_norm_rope_module", "_jit_compress_plan_module"):
@@ -187,7 +189,9 @@ def main():
         built = _layers(torch, model, v2, v4, pydsa, 2, 3, **kw)
         start = [t.clone() for t in _state(built)[:8]]
         record = []
+        promises.clear()
         _drive(torch, v2, built, rounds, per_compressor, ops, record)
+        found[("per_compressor" if per_compressor else "hisparse" if kw else "layer") + "_promises"] = list(promises)
         return _state(built), start, record
 
     layer, start, found["layer_rounds"] = run(False)
@@ -302,6 +306,16 @@ def test_a_hisparse_layer_runs_per_compressor_and_is_remembered(found):
     assert all(r["kv_score"] == {"main": 2, "indexer": 1} for r in rounds[:2])
     assert all(r["kv_score"] == {"main": 1, "indexer": 1} for r in rounds[2:])
     assert found["hisparse_equal"]
+
+
+def test_the_plugin_promises_records_ahead_only_for_the_steps_own_slots(found):
+    """pydsa's c4 decode reads sglang's plan and slots before waiting for the launch ahead (records_ahead) only where
+    out_loc is the step's own c4_out_loc (made with the plan at the step's start): on the layer route and on the
+    per-compressor route, but not for a hisparse pool's main compressor, whose slots sglang translates (a gather
+    launched just before the call); its indexer, on the step's slots, still reads ahead."""
+    assert found["layer_promises"] == [True] * 4
+    assert found["per_compressor_promises"] == [True] * 8
+    assert found["hisparse_promises"] == [True, False] * 4
 
 
 def test_a_layer_that_never_makes_its_second_call_or_fails_between_them_leaves_nothing_behind(found):

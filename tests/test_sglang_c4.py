@@ -151,6 +151,19 @@ def test_the_plugin_routes_c4_to_pydsa_and_hands_back_what_is_not_ours():
         sglang_v2.CompressorDecodePlan.generate(64, ctx["rpi"], ctx["r2t"], ctx["f2s"], torch.tensor([4]), SWA, 8)
 
 
+def test_records_ahead_is_a_c4_promise_refused_by_name_elsewhere():
+    """records_ahead (pydsa's keyword on the drop-in calls, off by default: a drop-in call cannot know when its plan
+    and out_loc were written) is a bool, and a c128 compress takes none; both refusals name it."""
+    from pydsa.sglang import c4_layer
+    with pytest.raises(pydsa.ArgumentValueError, match="records_ahead is for a c4 layer's compress") as err:
+        sglang_v2.compress_forward(None, None, None, None, head_dim=512, compress_ratio=128, is_online=False,
+                                   records_ahead=True)
+    assert err.value.argument == "records_ahead"
+    with pytest.raises(pydsa.ArgumentTypeError, match="records_ahead must be a bool") as err:
+        c4_layer({}, {}, None, None, records_ahead="yes")
+    assert err.value.argument == "records_ahead"
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_table_entries_past_their_tables_are_records_the_ops_skip_and_count(device):
     """Index values are data: a request index outside req_to_token, a token outside full_to_state or a negative

@@ -201,6 +201,10 @@ def test_store_reads_sglang_records_in_place(device, ahead):
         pydsa.kv_store(vectors, torch.zeros(rows, dtype=torch.int32, device=device), out_loc[:rows].to(device),
                        make_cache(d, 2, pages, 2048, device), records_ahead=True)
     assert err.value.argument == "records_ahead"
+    with pytest.raises(pydsa.ArgumentTypeError, match="records_ahead must be a bool") as err:
+        pydsa.kv_store(vectors, None, out_loc.to(device), make_cache(d, 2, pages, 2048, device),
+                       records=torch.zeros(rows, 16, dtype=torch.uint8, device=device), ratio=128, records_ahead="yes")
+    assert err.value.argument == "records_ahead"
     with pytest.raises(ValueError, match="positions must be None"):
         pydsa.kv_store(vectors, torch.zeros(rows, dtype=torch.int32, device=device), out_loc.to(device),
                        make_cache(d, 2, pages, 2048, device), records=dec.to(device), ratio=128)

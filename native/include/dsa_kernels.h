@@ -106,7 +106,8 @@ typedef enum dsa_struct_id {
                                       on the stream began (a step's plan and slots written ahead of its
                                       layers). With DSA_FLAG_PDL the kernels then read them (kv_store: and
                                       the cache's norm weights and rotary rows) before waiting for that
-                                      launch; without this flag every read waits. */
+                                      launch; without this flag every read waits. Other ops and modes
+                                      ignore it. */
 #define DSA_FLAG_DECODE_RECORDS 8u /* decode: `indices` points at batch_size 16-byte records, one per
                                       request: {int32 seq_len, int32 slot, int32 load slot, int32 unused}
                                       (the request record, docs/spec.md, records), 16-byte aligned

@@ -23,13 +23,16 @@ from .v4_step import (C4_PAGE, EPS, RING, C4Layer, Geometry, _release, c4_cache_
 
 
 class _Backend:
-    """What the plugin's hook reads of sglang's attention backend: the step's plan of a compress ratio."""
+    """What the plugin's hooks read of sglang's attention backend: the step's plan and slots of a compress ratio."""
 
-    def __init__(self, plan):
-        self.plan = plan
+    def __init__(self, plan, out_loc):
+        self.plan, self.out_loc = plan, out_loc
 
     def _get_paged_compress_metadata(self, compress_ratio):
         return self.plan
+
+    def _get_out_loc(self, compress_ratio):
+        return self.out_loc
 
 
 def _sglang_own(*args, **kwargs):
@@ -49,13 +52,14 @@ def plugin_calls(layer, plan, out_loc):
     """The plugin's route of one c4 layer's step: what its layer hook runs at the first compressor's call, one
     c4_layer call for both compressors (the second call is a no-op)."""
     main, indexer = compressor_keywords(layer, out_loc)
-    return [partial(plugin.c4_layer_call, plan, main, indexer)]
+    ahead = plugin.step_slots(_Backend(plan, out_loc), 4, main["out_loc"])  # as the hook decides: the step's slots
+    return [partial(plugin.c4_layer_call, plan, main, indexer, records_ahead=ahead)]
 
 
 def per_compressor_calls(layer, plan, out_loc):
     """The plugin's per-compressor route of one c4 layer (a layer its hook cannot join): its hook of sglang's
     _forward_compress_all_in_one, once per compressor."""
-    backend = _Backend(plan)
+    backend = _Backend(plan, out_loc)
     return [partial(plugin._compress_all_in_one, _sglang_own, backend, **kw)
             for kw in compressor_keywords(layer, out_loc)]
 

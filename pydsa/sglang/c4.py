@@ -26,6 +26,7 @@ argument names (compress.py) for `compress`, `c4_layer`'s dict keys (main['kv_sc
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 
 import torch
 
@@ -272,20 +273,24 @@ def ring_step(ring, kv_score_input, plan, *, head_dim: int, parts: int, decode, 
     return out
 
 
-def _decode_ahead(*args, **kwargs):
-    """c4_decode over sglang's plan, made at the step's start, launches before the compressor's input: its
-    records are read while the input's producer finishes (records_ahead)."""
-    return c4_decode(*args, records_ahead=True, **kwargs)
+def _decode(records_ahead):
+    """The decode of a compressor's step: c4_decode, reading sglang's plan (and out_loc) before the wait for the
+    launch ahead when the caller promises them made before it began (records_ahead, a bool, refused otherwise:
+    an extend would not reach c4_decode's own check)."""
+    if records_ahead is not True and records_ahead is not False:
+        raise ArgumentTypeError("records_ahead", f"records_ahead must be a bool (got {records_ahead!r})")
+    return partial(c4_decode, records_ahead=True) if records_ahead else c4_decode
 
 
-def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None):
+def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None, *,
+             records_ahead: bool = False):
     """One compressor's c4 step over sglang's plan (decode or extend), its store fused when given; returns out
     (decode [B, D]: closing rows written; extend [C, D]: row i for record i), one of its own when out is None
     and there is no store. Raises pydsa's errors in pydsa's names (compress.py says them in sglang's) and its
-    own in sglang's (head_dim, kv_score_input)."""
+    own in sglang's (head_dim, kv_score_input). records_ahead: c4_decode's promise, for the plan and out_loc."""
     plan = plan_of(plan)
     return ring_step(compressor(kv_score_buffer, ape, store), kv_score_input, plan, head_dim=head_dim, parts=4,
-                     decode=_decode_ahead, extend=c4_extend, out=out, make=out is None and store is None,
+                     decode=_decode(records_ahead), extend=c4_extend, out=out, make=out is None and store is None,
                      out_loc=out_loc)
 
 
@@ -311,18 +316,21 @@ def _side(name: str, side) -> C4Compressor:
                                  "store": f"{name}['store']"}) from None
 
 
-def layer(main, indexer, plan, out_loc) -> None:
+def layer(main, indexer, plan, out_loc, *, records_ahead: bool = False) -> None:
     """Both compressors of one c4 layer and both stores in one call (decode: one launch; extend: two). main
     and indexer: dicts of kv_score_buffer, kv_score_input, ape and store (a pydsa.KVCache, layout "v4" for
     main, "indexer" for the indexer; or None); out_loc: sglang's c4_out_loc. Errors name the dicts' keys
-    (main['kv_score_input'], ...), plan and out_loc."""
+    (main['kv_score_input'], ...), plan and out_loc. records_ahead=True: the caller's promise that the plan
+    and out_loc were written before the launch ahead of this call began (sglang's step metadata, made at the
+    step's start: the plugin makes it when out_loc is the step's own c4_out_loc); the decode then reads them
+    before waiting for that launch."""
+    decode = _decode(records_ahead)
     m, i = _side("main", main), _side("indexer", indexer)
     plan = plan_of(plan)
     kv, indexer_kv = main["kv_score_input"], indexer["kv_score_input"]
     try:
         if plan.is_decode:
-            c4_decode(m, kv, indexer=i, indexer_kv_score=indexer_kv, records=plan.plan_d, cache_slots=out_loc,
-                      records_ahead=True)
+            decode(m, kv, indexer=i, indexer_kv_score=indexer_kv, records=plan.plan_d, cache_slots=out_loc)
         else:
             input_holds(kv, plan.plan_c, plan.plan_w, "main['kv_score_input']")
             c4_extend(m, kv, (plan.plan_c, plan.plan_w), indexer=i, indexer_kv_score=indexer_kv, cache_slots=out_loc)

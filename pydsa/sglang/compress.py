@@ -118,15 +118,30 @@ def _ops(state, kv_score_input, ape, plan, out, *, store, cache_slots):
                  compact=True, store=store, cache_slots=None if cache_slots is None else cache_slots[:n])
 
 
+def _no_promise(records_ahead) -> None:
+    """records_ahead is a c4 decode's (and a store's) promise: a c128 compress takes none."""
+    if records_ahead is not False:
+        raise ArgumentValueError("records_ahead", f"records_ahead is for a c4 layer's compress (compress_ratio 4); "
+                                                  f"a c128 compress reads its plan after the wait (got {records_ahead!r})")
+
+
 def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: int, compress_ratio: int,
-                     out=None, is_online: bool = False):
+                     out=None, is_online: bool = False, records_ahead: bool = False):
     """sglang's compress_forward: decode (out [B, D], a chunk's vector at the rows whose token closes it) or
-    prefill (compact out [plan_c rows, D], plan order), online or offline c128, or c4."""
+    prefill (compact out [plan_c rows, D], plan order), online or offline c128, or c4. records_ahead=True (a
+    keyword of pydsa's, c4 decode only): the caller's promise that the plan was written before the launch ahead
+    of this call began (sglang's step metadata); the kernel then reads it before waiting for that launch."""
     _check_config(head_dim, compress_ratio, is_online)
-    if compress_ratio == sglang_c4.RATIO or not is_online:
-        step = sglang_c4.compress if compress_ratio == sglang_c4.RATIO else sglang_offline.compress
+    if compress_ratio == sglang_c4.RATIO:
         try:
-            return step(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
+            return sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out,
+                                      records_ahead=records_ahead)
+        except ArgumentError as exc:
+            raise _caller_words(exc, _COMPRESS_NAMES) from None
+    _no_promise(records_ahead)
+    if not is_online:
+        try:
+            return sglang_offline.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
         except ArgumentError as exc:
             raise _caller_words(exc, _COMPRESS_NAMES) from None
     plan = _plan_of(plan, compress_ratio)
@@ -186,10 +201,13 @@ def _check_eps(norm_eps) -> None:
 
 def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
                              use_fp4=False, bf16_store=False, kvcache_scale=None, rope_cache=None,
-                             fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None) -> None:
+                             fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None,
+                             records_ahead: bool = False) -> None:
     """sglang's store of a layer's vectors: decode (row b stored when its seq_len closes an entry, at out_loc[b])
     or prefill (row i for plan_c record i, at out_loc[ragged row]), in one launch. It reads plan[1]'s seq_len and
-    ragged row, which every plan of a ratio holds alike (online or offline, whoever made it)."""
+    ragged row, which every plan of a ratio holds alike (online or offline, whoever made it). records_ahead=True
+    (a keyword of pydsa's): the caller's promise that the plan and out_loc were written before the launch ahead
+    of this call began; the store then reads them before waiting for that launch."""
     _check_store_config(kv, use_fp4=use_fp4, bf16_store=bf16_store, kvcache_scale=kvcache_scale, rope_cache=rope_cache,
                         fp4_k_write_metadata=fp4_k_write_metadata, layout=layout, fp8_2buff=fp8_2buff,
                         kvcache_rope=kvcache_rope)
@@ -204,19 +222,20 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
                           "indexer" if c4 and width == 128 else "v4")
         # one launch: the store reads each row's position and slot from the plan's records in place
         kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode,
-                 ratio=sglang_c4.RATIO if c4 else RATIO, records_ahead=True)
+                 ratio=sglang_c4.RATIO if c4 else RATIO, records_ahead=records_ahead)
     except (TypeError, ValueError) as exc:
         raise _caller_words(exc, _STORE_NAMES) from None
 
 
 def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,
                                out_loc, kvcache, page_size, head_dim: int = HEAD_DIM, compress_ratio: int = RATIO,
-                               out=None, is_online=None):
+                               out=None, is_online=None, records_ahead: bool = False):
     """compress_forward then compress_norm_rope_store of its vectors, as one call (decode: one launch; prefill:
     the online path's launches and a store launch behind them, the offline path's two, the c4 path's two): every
     vector the compression closes is normalized, quantized and stored into kvcache at out_loc (decode: per
     request; prefill: per query token, by the closing token's row). is_online: as compress_forward's (None: True
-    for compress_ratio 128, False for 4). Returns `out` when given."""
+    for compress_ratio 128, False for 4). records_ahead=True (c4 only): compress_forward's promise, for the plan
+    and out_loc. Returns `out` when given."""
     c4 = compress_ratio == sglang_c4.RATIO
     online = (not c4) if is_online is None else is_online
     _check_config(head_dim, compress_ratio, online)
@@ -225,10 +244,18 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     plan = _plan_of(plan, compress_ratio) if online and not c4 else sglang_c4.plan_of(plan, compress_ratio)
     cache = layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size,
                         "indexer" if c4 and head_dim == 128 else "v4")
-    if c4 or not online:
-        step = sglang_c4.compress if c4 else sglang_offline.compress
+    if c4:
         try:
-            step(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc)
+            sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc,
+                               records_ahead=records_ahead)
+        except ArgumentError as exc:
+            raise _caller_words(exc, _COMPRESS_NAMES) from None
+        return out
+    _no_promise(records_ahead)
+    if not online:
+        try:
+            sglang_offline.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache,
+                                    out_loc=out_loc)
         except ArgumentError as exc:
             raise _caller_words(exc, _COMPRESS_NAMES) from None
         return out

@@ -170,7 +170,8 @@ def _compress_all_in_one(original, self, **kw):
         sglang_v2.compress_forward_and_store(
             kw["kv_score_buffer"], kw["kv_score_input"], kw["ape"].view(-1, d), plan, norm_weight=norm.weight,
             norm_eps=norm.variance_epsilon, freq_cis=kw["freqs_cis_cache"], out_loc=kw["out_loc"],
-            kvcache=kw["kv_cache"], page_size=kw["page_size"], head_dim=d, compress_ratio=ratio, is_online=False)
+            kvcache=kw["kv_cache"], page_size=kw["page_size"], head_dim=d, compress_ratio=ratio, is_online=False,
+            records_ahead=ratio == 4 and step_slots(self, ratio, kw["out_loc"]))
         return None
     if online and _ours(plan):
         norm = kw["norm"]
@@ -182,12 +183,25 @@ def _compress_all_in_one(original, self, **kw):
     return original(self, **kw)
 
 
-def c4_layer_call(plan, main: dict, indexer: dict) -> None:
+def step_slots(backend, ratio, out_loc) -> bool:
+    """Whether out_loc is the step's own slots of `ratio` (sglang's forward metadata, made with the plans at the
+    step's start, before the layers' launches), so the plugin can promise pydsa's kernels that the plan and the
+    slots were written before the launch ahead of theirs (records_ahead): not for slots sglang translated just
+    before the call (a hisparse pool's gather is that launch)."""
+    get = getattr(backend, "_get_out_loc", None)
+    try:
+        return get is not None and out_loc is get(ratio)
+    except Exception:  # a backend without the step's slots of this ratio: no promise
+        return False
+
+
+def c4_layer_call(plan, main: dict, indexer: dict, *, records_ahead: bool = False) -> None:
     """One c4 layer's two compressors and both stores as one pydsa.sglang.c4_layer call (decode: one launch), from
     the keywords sglang's forward_unified gives `_forward_compress_all_in_one` for its main and its indexer
-    compressor (both pydsa's configuration, one out_loc)."""
+    compressor (both pydsa's configuration, one out_loc). records_ahead: c4_layer's promise (step_slots)."""
     from . import c4 as sglang_c4
-    sglang_c4.layer(_layer_side(main, "v4"), _layer_side(indexer, "indexer"), plan, main["out_loc"])
+    sglang_c4.layer(_layer_side(main, "v4"), _layer_side(indexer, "indexer"), plan, main["out_loc"],
+                    records_ahead=records_ahead)
 
 
 def _layer_side(kw, layout) -> dict:
@@ -328,7 +342,7 @@ def _compressor_call(original, backend, *args, **kwargs):
         main, indexer = (that[1], kw) if kw.get("is_indexer") else (kw, that[1])
         reason, lasting = _apart(main, indexer, kw)
         if reason is None:
-            c4_layer_call(plan, main, indexer)
+            c4_layer_call(plan, main, indexer, records_ahead=step_slots(backend, _C4_RATIO, main["out_loc"]))
             step.ahead = other
             return None
         if lasting:
