@@ -9,7 +9,7 @@ from libc.string cimport memset
 from pydsa._read cimport *
 from pydsa._fill_store cimport store_of
 
-from pydsa.errors import ArgumentTypeError, ArgumentValueError
+from pydsa.errors import ArgumentTypeError, ArgumentValueError, records_ahead_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_C4_PARAMS
@@ -258,12 +258,7 @@ cdef int _decode(dsa_c4_params* p, main, kv_score, indexer, indexer_kv_score, re
     appending to `keep` (a prepared call's, or None) what they point into."""
     cdef Arg kv, rc, sl, sx
     cdef uint32_t flags = pdl_flag(pdl)
-    if records_ahead is not True and records_ahead is not False:
-        raise ArgumentTypeError("records_ahead", f"records_ahead must be a bool (got {records_ahead!r})")
-    if records_ahead:
-        if records is None:
-            raise ArgumentValueError("records_ahead", "records_ahead=True needs records= (it says the records were "
-                                                      "written before the launch ahead of this call began)")
+    if records_ahead_argument(records_ahead, records):
         flags |= DSA_FLAG_RECORDS_AHEAD
     cdef int64_t rows = _begin(p, kind=DECODE, main=main, kv_score=kv_score, kv=&kv, indexer=indexer,
                                indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, keep=keep)

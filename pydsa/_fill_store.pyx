@@ -8,7 +8,7 @@ from pydsa._read cimport *
 
 from pydsa import _tensors
 from pydsa._abi import lib
-from pydsa.errors import ArgumentTypeError, ArgumentValueError, int_argument
+from pydsa.errors import ArgumentTypeError, ArgumentValueError, int_argument, records_ahead_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_KV_STORE_PARAMS
@@ -210,11 +210,7 @@ def kv_store(vectors, positions, cache_slots, cache, *, records=None, extend=Fal
     records_ahead=True (with records=): the caller's promise that the records and cache_slots were written
     before the launch ahead of this call on its stream began; with PDL the kernel then reads them, and the
     cache's norm weights and rotary pairs, while that launch finishes."""
-    if records_ahead is not True and records_ahead is not False:
-        raise ArgumentTypeError("records_ahead", f"records_ahead must be a bool (got {records_ahead!r})")
-    if records_ahead and records is None:
-        raise ArgumentValueError("records_ahead", "records_ahead=True needs records= (it says the records were "
-                                                  "written before the launch ahead of this call began)")
+    records_ahead = records_ahead_argument(records_ahead, records)
     if records is None:
         if ratio is not None:
             raise ArgumentValueError("ratio", f"ratio is given without records= (it says what the records' layer is; "

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pyplan.errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 
-__all__ = ["ArgumentError", "ArgumentTypeError", "ArgumentValueError", "int_argument"]
+__all__ = ["ArgumentError", "ArgumentTypeError", "ArgumentValueError", "int_argument", "bool_argument",
+           "records_ahead_argument"]
 
 
 def int_argument(x, name: str, low: int, high: int, what: str = "") -> int:
@@ -20,3 +21,20 @@ def int_argument(x, name: str, low: int, high: int, what: str = "") -> int:
     if not low <= x <= high:
         raise ArgumentValueError(name, f"{name} is {x}; expected {low}..{high}{what}")
     return int(x)
+
+
+def bool_argument(x, name: str) -> bool:
+    """x when it is True or False (never a truthy int or string, which would be taken silently); else the error
+    naming `name`."""
+    if x is not True and x is not False:
+        raise ArgumentTypeError(name, f"{name} must be a bool (got {x!r})")
+    return x
+
+
+def records_ahead_argument(records_ahead, records) -> bool:
+    """The records_ahead promise of a call over records (docs/spec.md, conventions): a bool, and only with
+    records= (it says the records were written before the launch ahead of the call began)."""
+    if bool_argument(records_ahead, "records_ahead") and records is None:
+        raise ArgumentValueError("records_ahead", "records_ahead=True needs records= (it says the records were "
+                                                  "written before the launch ahead of this call began)")
+    return records_ahead

@@ -32,7 +32,7 @@ import torch
 
 from .. import DEFAULT_PDL_FLAG, check_status as _check_status
 from ..c4 import C4Compressor, c4_decode, c4_extend, c4_plan_decode as _decode_plan, c4_plan_extend as _extend_plan
-from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
+from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError, bool_argument
 from ._args import caller_words, count_of, described as _described
 
 WINDOW, RATIO = 8, 4
@@ -277,9 +277,7 @@ def _decode(records_ahead):
     """The decode of a compressor's step: c4_decode, reading sglang's plan (and out_loc) before the wait for the
     launch ahead when the caller promises them made before it began (records_ahead, a bool, refused otherwise:
     an extend would not reach c4_decode's own check)."""
-    if records_ahead is not True and records_ahead is not False:
-        raise ArgumentTypeError("records_ahead", f"records_ahead must be a bool (got {records_ahead!r})")
-    return partial(c4_decode, records_ahead=True) if records_ahead else c4_decode
+    return partial(c4_decode, records_ahead=True) if bool_argument(records_ahead, "records_ahead") else c4_decode
 
 
 def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None, *,
