@@ -1,0 +1,73 @@
+"""What the records_ahead promise is for, in the machine code: with it, the c4 decode reads its record (and the
+store its record and slot) *before* the grid-dependency wait (SASS `ACQBULK`). ptxas decides the order, and once
+scheduled the wait ahead of a lone predicated load, so the promise bought nothing while every test passed; this
+compiles the two kernels' sources for sm_90 and reads their SASS. Needs nvcc and cuobjdump (the CUDA toolkit's,
+or PyPI's nvidia-cuda-cuobjdump, which CI installs); skips cleanly without them."""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _cuobjdump():
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for hit in pathlib.Path(base).glob("cu*/bin/cuobjdump"):
+            return str(hit)
+    return None
+
+
+NVCC, CUOBJDUMP = shutil.which("nvcc"), _cuobjdump()
+pytestmark = pytest.mark.skipif(not (NVCC and CUOBJDUMP), reason="needs nvcc and cuobjdump")
+
+
+def _sass(source: str, tmp_path) -> dict[str, list[str]]:
+    """{kernel's mangled name: its SASS instructions in order} of native/src/<source> built for sm_90."""
+    cubin = tmp_path / (source + ".cubin")
+    subprocess.run([NVCC, "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-arch=sm_90", "-cubin",
+                    f"-I{ROOT / 'native/include'}", f"-I{ROOT / 'native/src'}", "-o", str(cubin),
+                    str(ROOT / "native/src" / source)], check=True, capture_output=True, timeout=600)
+    dump = subprocess.run([CUOBJDUMP, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    kernels, name = {}, None
+    for line in dump.splitlines():
+        if "Function :" in line:
+            name = line.split("Function :")[1].strip()
+            kernels[name] = []
+        elif name is not None:
+            m = re.search(r"/\*[0-9a-f]{4}\*/\s+(.*?);", line)
+            if m:
+                kernels[name].append(m.group(1).strip())
+    return kernels
+
+
+def _loads_before_wait(code: list[str]) -> int:
+    wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
+    return sum(1 for ins in code[:wait] if re.match(r"(@!?P\d+ )?LDG", ins))
+
+
+def test_the_c4_decode_reads_its_record_before_the_wait_in_every_records_instance(tmp_path):
+    kernels = _sass("c4.cu", tmp_path)
+    # c4_decode_kernel<S, kC4Records (0), VEC, kStore>: fp32 and bf16 rings, 2 and 4 lanes, with and without stores
+    records = {k: v for k, v in kernels.items() if re.search(r"c4_decode_kernelI(f|NS_4Bf16E)Li0ELi[24]ELb[01]E", k)}
+    assert len(records) == 8, sorted(kernels)
+    late = [k for k, code in records.items() if _loads_before_wait(code) < 1]
+    assert late == [], "record read after the wait"
+    storing = [k for k in records if "Lb1E" in k]
+    assert all(_loads_before_wait(records[k]) >= 2 for k in storing), "slot read after the wait"  # record + slot
+
+
+def test_the_store_over_records_reads_its_record_and_slot_before_the_wait(tmp_path):
+    kernels = _sass("store.cu", tmp_path)
+    plain = {k: v for k, v in kernels.items() if re.search(r"kv_store_kernelILi[24]ELb0ELi0E", k)}
+    assert len(plain) == 2, sorted(kernels)
+    assert all(_loads_before_wait(code) >= 2 for code in plain.values())
