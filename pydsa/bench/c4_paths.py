@@ -3,7 +3,9 @@ by both sides: the plugin's route (its layer hook: the two compressors' `_forwar
 sglang's forward_unified resolves them, as one `plugin.c4_layer_call`, 1 launch) and its per-compressor route (its
 hook of `_forward_compress_all_in_one` per compressor, 2 launches: a layer the layer hook cannot join) against
 sglang's four; each pydsa.sglang call against the sglang call it replaces
-(compress_forward and compress_norm_rope_store per compressor, CompressorDecodePlan.generate(4, ...)). Each case is
+(compress_forward and compress_norm_rope_store per compressor, CompressorDecodePlan.generate(4, ...)). The plugin's
+routes make the records_ahead promise as its hooks do (out_loc is the step's own); the drop-in calls run as sglang
+calls them, without it. Each case is
 checked once from the same start on both sides before it is timed (pydsa/bench/v4_step.py's checks). Run with the
 V4 step: python -m pydsa.bench.release OUT.json --reference-build DIR --only v4-step
 """
