@@ -1,11 +1,12 @@
 """What the records_ahead promise is for, in the machine code: with it, the c4 decode reads its record (and the
 store its record and slot) *before* the grid-dependency wait (SASS `ACQBULK`). ptxas decides the order, and once
 scheduled the wait ahead of a lone predicated load, so the promise bought nothing while every test passed; this
-compiles the two kernels' sources for sm_90 and reads their SASS. Needs nvcc and cuobjdump (the CUDA toolkit's,
-or PyPI's nvidia-cuda-cuobjdump, which CI installs); skips cleanly without them."""
+compiles the two kernels' sources for sm_90 and reads their SASS. Needs nvcc, cuobjdump and nvdisasm (the CUDA
+toolkit's, or PyPI's nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm, which CI installs); skips cleanly without."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import pathlib
 import re
 import shutil
@@ -16,19 +17,21 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _cuobjdump():
-    found = shutil.which("cuobjdump")
+def _tool(name):
+    """The CUDA toolkit's `name` on PATH, or the one PyPI's nvidia-cuda-<name> installs."""
+    found = shutil.which(name)
     if found:
         return found
     spec = importlib.util.find_spec("nvidia")
     for base in (spec.submodule_search_locations or []) if spec else []:
-        for hit in pathlib.Path(base).glob("cu*/bin/cuobjdump"):
+        for hit in pathlib.Path(base).glob(f"cu*/bin/{name}"):
             return str(hit)
     return None
 
 
-NVCC, CUOBJDUMP = shutil.which("nvcc"), _cuobjdump()
-pytestmark = pytest.mark.skipif(not (NVCC and CUOBJDUMP), reason="needs nvcc and cuobjdump")
+NVCC, CUOBJDUMP, NVDISASM = shutil.which("nvcc"), _tool("cuobjdump"), _tool("nvdisasm")
+pytestmark = pytest.mark.skipif(not (NVCC and CUOBJDUMP and NVDISASM),
+                                reason="needs nvcc, cuobjdump and nvdisasm (cuobjdump -sass runs nvdisasm)")
 
 
 def _sass(source: str, tmp_path) -> dict[str, list[str]]:
@@ -37,7 +40,9 @@ def _sass(source: str, tmp_path) -> dict[str, list[str]]:
     subprocess.run([NVCC, "-std=c++17", "-O3", "--expt-relaxed-constexpr", "-arch=sm_90", "-cubin",
                     f"-I{ROOT / 'native/include'}", f"-I{ROOT / 'native/src'}", "-o", str(cubin),
                     str(ROOT / "native/src" / source)], check=True, capture_output=True, timeout=600)
-    dump = subprocess.run([CUOBJDUMP, "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    env = dict(os.environ, NVDISASM_PATH=str(pathlib.Path(NVDISASM).parent))
+    dump = subprocess.run([CUOBJDUMP, "-sass", str(cubin)], check=True, capture_output=True, text=True,
+                          env=env).stdout
     kernels, name = {}, None
     for line in dump.splitlines():
         if "Function :" in line:
