@@ -12,7 +12,7 @@ import numpy as np
 
 import pyplan
 from pydsa import _tensors
-from pydsa.errors import ArgumentTypeError, ArgumentValueError
+from pydsa.errors import ArgumentTypeError, ArgumentValueError, bool_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params: the fields this file touches (the header lays them out)
     int DSA_STRUCT_DECODE_PARAMS
@@ -277,12 +277,10 @@ cdef object _prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, indi
     cdef uint32_t* errors
     cdef uintptr_t cp, wp, counts
     cdef int64_t nc, nw
-    if cooperative is not True and cooperative is not False:
-        raise ArgumentTypeError("cooperative", f"cooperative must be a bool (got {cooperative!r})")
+    bool_argument(cooperative, "cooperative")
     cdef uint32_t flags = pdl_flag(pdl) | (0 if cooperative else DSA_FLAG_NO_COOPERATIVE)
     own = None
-    if compact is not True and compact is not False:
-        raise ArgumentTypeError("compact", f"compact must be a bool (got {compact!r})")
+    bool_argument(compact, "compact")
     state_arg(state, &st, &sdt, "state", keep)
     cdef int32_t dev = st.dev
     cdef int64_t d = st.shape[2] // 3

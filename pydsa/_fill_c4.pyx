@@ -9,7 +9,7 @@ from libc.string cimport memset
 from pydsa._read cimport *
 from pydsa._fill_store cimport store_of
 
-from pydsa.errors import ArgumentTypeError, ArgumentValueError, records_ahead_argument
+from pydsa.errors import ArgumentTypeError, ArgumentValueError, records_ahead_argument, bool_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_C4_PARAMS
@@ -322,8 +322,7 @@ cdef int _verify(dsa_c4_params* p, main, drafts, seq_lens, slots, num_drafts, ri
     """The verify's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`."""
     cdef Arg kv, sl, sx
     cdef int64_t b
-    if reject_all is not True and reject_all is not False:
-        raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
+    bool_argument(reject_all, "reject_all")
     cdef uint32_t flags = pdl_flag(pdl) | (DSA_FLAG_C4_REJECT_ALL if reject_all else 0)
     cdef int64_t rows = _begin(p, kind=VERIFY, main=main, kv_score=drafts, kv=&kv, indexer=indexer,
                                indexer_kv_score=indexer_drafts, indexer_out=indexer_out, keep=None)

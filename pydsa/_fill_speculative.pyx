@@ -9,7 +9,7 @@ from pydsa._read cimport *
 from pydsa._fill_c128 cimport fill_head
 from pydsa._fill_store cimport store_arg
 
-from pydsa.errors import ArgumentTypeError, ArgumentValueError
+from pydsa.errors import ArgumentTypeError, ArgumentValueError, bool_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params: the fields this file touches (the header lays them out)
     int DSA_STRUCT_VERIFY_PARAMS
@@ -111,8 +111,7 @@ cdef int _verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indices, 
     cdef int32_t sdt
     cdef uint32_t* errors
     cdef uint32_t flags = pdl_flag(pdl)
-    if round_between_drafts is not True and round_between_drafts is not False:
-        raise ArgumentTypeError("round_between_drafts", f"round_between_drafts must be a bool (got {round_between_drafts!r})")
+    bool_argument(round_between_drafts, "round_between_drafts")
     state_arg(state, &st, &sdt, "state", keep)
     if not round_between_drafts:
         if sdt != DSA_STATE_BFLOAT16:

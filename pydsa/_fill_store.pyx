@@ -8,7 +8,7 @@ from pydsa._read cimport *
 
 from pydsa import _tensors
 from pydsa._abi import lib
-from pydsa.errors import ArgumentTypeError, ArgumentValueError, int_argument, records_ahead_argument
+from pydsa.errors import ArgumentTypeError, ArgumentValueError, int_argument, records_ahead_argument, bool_argument
 
 cdef extern from "dsa_kernels.h":  # this family's params, as the header lays them out
     int DSA_STRUCT_KV_STORE_PARAMS
@@ -234,8 +234,7 @@ cdef int _store(vectors, positions, cache_slots, cache, records, extend, int32_t
     cdef dsa_kv_store_params p
     cdef Arg v, ps, cs, rc
     cdef uint32_t* errors
-    if extend is not True and extend is not False:
-        raise ArgumentTypeError("extend", f"extend must be a bool (got {extend!r})")
+    bool_argument(extend, "extend")
     if type(cache) is not KVCache:
         raise ArgumentTypeError("cache", f"cache must be a pydsa.KVCache (got {type(cache).__name__})")
     cdef KVCache kv = <KVCache>cache

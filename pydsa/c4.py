@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from . import _fill_c4, _fill_c4_plan
 from ._abi import lib
-from .errors import ArgumentTypeError, ArgumentValueError, int_argument
+from .errors import ArgumentValueError, bool_argument, int_argument
 
 __all__ = ["C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_verify", "c4_max_drafts", "c4_ring_bytes",
            "c4_plan_decode", "c4_plan_extend"]
@@ -37,8 +37,7 @@ def c4_max_drafts(ring_size: int, *, reject_all: bool = False) -> int:
     draft is always accepted (a target verify: it is the token already sampled), R - 7 with
     reject_all=True (a step may accept none). A larger V would overwrite ring rows the next step reads."""
     r = _ring_size(ring_size)
-    if reject_all is not True and reject_all is not False:
-        raise ArgumentTypeError("reject_all", f"reject_all must be a bool (got {reject_all!r})")
+    bool_argument(reject_all, "reject_all")
     return lib.dsa_c4_max_drafts(r, 1 if reject_all else 0)
 
 
@@ -46,8 +45,7 @@ def c4_ring_bytes(head_dim: int, ring_size: int, *, bf16: bool = False) -> int:
     """Bytes of one request's ring: ring_size rows of 4 * head_dim values (fp32, or bf16 with bf16=True)."""
     if head_dim not in (128, 256, 512) or isinstance(head_dim, bool) or not isinstance(head_dim, int):
         raise ArgumentValueError("head_dim", f"head_dim must be 128, 256 or 512 (got {head_dim!r})")
-    if bf16 is not True and bf16 is not False:
-        raise ArgumentTypeError("bf16", f"bf16 must be a bool (got {bf16!r})")
+    bool_argument(bf16, "bf16")
     return _ring_size(ring_size) * 4 * head_dim * (2 if bf16 else 4)
 
 

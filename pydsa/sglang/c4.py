@@ -26,7 +26,6 @@ argument names (compress.py) for `compress`, `c4_layer`'s dict keys (main['kv_sc
 from __future__ import annotations
 
 from collections.abc import Mapping
-from functools import partial
 
 import torch
 
@@ -273,11 +272,15 @@ def ring_step(ring, kv_score_input, plan, *, head_dim: int, parts: int, decode, 
     return out
 
 
+def _decode_ahead(*args, **kwargs):
+    return c4_decode(*args, records_ahead=True, **kwargs)
+
+
 def _decode(records_ahead):
     """The decode of a compressor's step: c4_decode, reading sglang's plan (and out_loc) before the wait for the
     launch ahead when the caller promises them made before it began (records_ahead, a bool, refused otherwise:
     an extend would not reach c4_decode's own check)."""
-    return partial(c4_decode, records_ahead=True) if bool_argument(records_ahead, "records_ahead") else c4_decode
+    return _decode_ahead if bool_argument(records_ahead, "records_ahead") else c4_decode
 
 
 def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None, store=None, out_loc=None, *,
