@@ -1,6 +1,6 @@
 """Kernel by kernel under ncu (run it as ncu ... python3 benchmarks/ncu_kernels.py REFERENCE_BUILD [--only REGEX]
 [--times N], from outside the clone): the P35 c4 calls (each pydsa.sglang call and the plugin route beside sglang
-0.5.23's) and the offline c128 decode + store (B = 1 / 32 / 1024), both sides, each call N times (3) inside an NVTX
+0.5.23's; B = 1 / 256 / 1024) and the offline c128 decode + store (B = 1 / 32 / 1024), both sides, each call N times (3) inside an NVTX
 range naming the case; --only keeps the cases whose name matches."""
 import argparse
 import re
@@ -28,8 +28,10 @@ def profiled(name, calls, times=3, only=None):
 
 def main(reference_build, only=None, times=3, dev="cuda"):
     ref = reference.load(reference_build)
-    for b in (1, 256):
+    for b in (1, 256, 1024):
         for closing in (False, True):
+            if only is not None and not re.search(only, f"c4.b{b}.{'closing' if closing else 'random'}."):
+                continue
             geo = Geometry(step_lengths(b, closing, 35 * b + closing, dev, ratio=4))
             layer = C4Layer(geo, torch.float32, torch.Generator(device=dev).manual_seed(5 * b + closing))
             plan = ref.plan_decode_c4(geo.rpi, geo.r2t, geo.f2s, geo.seq64, RING)

@@ -87,14 +87,17 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
   if constexpr (kMode == kC4Records) {
     // The caller's promise (records_ahead): the records and cache slots were written before the launch ahead
     // of this one began, so they are read while it finishes, with the closing row's slot and its window's
-    // lines (into L2: the ring itself may still be written by that launch, so it is read after the wait).
+    // lines (into L2 where it pays, below: the ring itself may still be written by that launch, so it is read
+    // after the wait).
     // The branch on the record keeps the reads ahead of the wait in the SASS (a predicated load is not).
     ahead = p.records_ahead != 0 && t.i < p.count;
     if (ahead) {
       r = decode_record(p, t.i);
       if (r.seq_len % kC4Quartet == 0u && r.seq_len - 1u < 0x7FFFFFFFu) {
         if (kStore && c.store_kind) loc = __ldg(c.store.cache_slots + t.i);
-        prefetch_window<S>(c, r, D, ch);
+        // Measured (docs/performance.md, P35): the prefetch speeds the storeless launches and those of up to 128
+        // rows (VEC 2), and slows a storing launch of more rows (B = 256 / 1024: 6-14 % on the plugin's route).
+        if constexpr (!kStore || VEC == 2) prefetch_window<S>(c, r, D, ch);
       }
     }
   }
