@@ -30,8 +30,6 @@ def main(reference_build, only=None, times=3, dev="cuda"):
     ref = reference.load(reference_build)
     for b in (1, 256, 1024):
         for closing in (False, True):
-            if only is not None and not re.search(only, f"c4.b{b}.{'closing' if closing else 'random'}."):
-                continue
             geo = Geometry(step_lengths(b, closing, 35 * b + closing, dev, ratio=4))
             layer = C4Layer(geo, torch.float32, torch.Generator(device=dev).manual_seed(5 * b + closing))
             plan = ref.plan_decode_c4(geo.rpi, geo.r2t, geo.f2s, geo.seq64, RING)
