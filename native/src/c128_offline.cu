@@ -159,26 +159,33 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
   const int ch = (int)rank * kOfflineSlice + 2 * lane;
   wait_for_producers();
   allow_dependents();
+  // A decode's new row (its slice, by the last warp) is read in the record's trip: its address is the request's.
+  constexpr int kLastWarp = kOfflineBlocks - 1;
+  Lanes<2> half[2];
+  if (kMode != kCompress && warp == kLastWarp) {
+    const float* in = p.kv_score + i * 2 * D + ch;
+    half[0] = load_lanes<2>(in), half[1] = load_lanes<2>(in + D);
+  }
   OfflineRow r;
   if (!offline_row<kMode>(p, i, &r)) return;
   const bool first = rank == 0 && threadIdx.x == 0;  // counts a skipped row once
   S* ring = static_cast<S*>(p.ring);
+  bool own = false;  // the new row is the window's last row, summed from the last warp's registers
   if constexpr (kMode != kCompress) {
     if (r.write_row < 0 || r.write_row >= p.ring_rows) {
       if (first) count_error(p.error_count);
       return;
     }
-    if (warp == kOfflineBlocks - 1) {  // the new row's slice, by one warp
-      const float* in = p.kv_score + i * 2 * D + ch;
-      const Lanes<2> half[2] = {load_lanes<2>(in), load_lanes<2>(in + D)};
-      ring_store<S, 2, 2>(ring, r.write_row, D, ch, half);
-    }
+    if (warp == kLastWarp) ring_store<S, 2, 2>(ring, r.write_row, D, ch, half);
     if (!closes_chunk(r.seq_len)) return;
     if (!page_ok(r.page, p.ring_rows)) {
       if (first) count_error(p.error_count);
       return;
     }
-    __syncthreads();  // the new row as written (a bf16 ring rounds it) is read below, by whichever warp holds it
+    // The closing token is its page's last row (position 128n + 127) unless a record says otherwise; then the new
+    // row as written (a bf16 ring rounds it) is read back below, by whichever warp holds it.
+    own = r.write_row == (int64_t)r.page * kOfflineWindow + (kOfflineWindow - 1);
+    if (!own) __syncthreads();
   } else if (!offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows)) {
     if (first) count_error(p.error_count);
     return;
@@ -190,7 +197,10 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
     const int j = warp * kOfflineBlockRows + k;
     const Lanes<2> bias = load_lanes<2>(p.ape + j * D + ch);
     Lanes<2> value, score;
-    if (kMode != kCompress || j < r.ring_rows) {
+    if (kMode != kCompress && own && warp == kLastWarp && k == kOfflineBlockRows - 1) {
+#pragma unroll
+      for (int c = 0; c < 2; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
+    } else if (kMode != kCompress || j < r.ring_rows) {
       const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
       value = load_state<2, S>(at), score = load_state<2, S>(at + D);
     } else {
