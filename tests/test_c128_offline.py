@@ -127,6 +127,32 @@ def test_decode_records_equal_request_scoped_rows(device, bf16_ring):
     assert torch.equal(a.cache.cache.cpu(), b.cache.cache.cpu())
 
 
+@gpu
+@pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
+def test_a_record_writing_elsewhere_than_its_pages_last_row_agrees_with_the_host(bf16_ring):
+    """Records are data: a closing decode record whose write row is another row of its page (read back as written)
+    or a row of another page (the page's last row then as the ring holds it) gives the host backend's ring, outs
+    and cache bytes on the GPU."""
+    runs = []
+    for device in ("cpu", "cuda"):
+        layer = Layer(device, slots=4, bf16_ring=bf16_ring, max_len=300, seed=9)
+        g = torch.Generator().manual_seed(4)
+        layer.ring.ring.copy_(torch.randn(layer.ring.ring.shape, generator=g).to(layer.ring.ring.dtype))
+        rec = np.frombuffer(decode_records([128, 256, 128], [0, 1, 3]).tobytes(), np.int32).reshape(3, 4).copy()
+        rec[0, 1] = 0 * CHUNK + 5          # request 0: row 5 of its own page
+        rec[1, 1] = 2 * CHUNK + 127        # request 1 (page 1): the last row of page 2
+        kv = torch.randn(3, 2 * layer.d, generator=g).to(device)
+        out = torch.full((3, layer.d), float("nan"), device=device)
+        pydsa.c128_offline_decode(layer.ring, kv, records=torch.from_numpy(rec.view(np.uint8).reshape(3, 16)).to(device),
+                                  out=out, cache_slots=torch.tensor([0, 1, 2], device=device))
+        runs.append((out.cpu(), layer.ring.ring.cpu().view(torch.uint8), layer.cache.cache.cpu()))
+    (o1, r1, c1), (o2, r2, c2) = runs
+    assert torch.isfinite(o1).all()
+    assert (o1 - o2).abs().max() <= TOL * o1.abs().max()
+    assert torch.equal(r1, r2)
+    assert (c1 != c2).sum() <= 4  # a one-step fp8 flip where the outs differ in their last bits
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_wider_request_ring_serves_the_same_entries(device):
     """A request-scoped ring of R = 256 rows per slot (sglang's ring under speculative decoding) pages each chunk
