@@ -132,7 +132,7 @@ def test_decode_records_equal_request_scoped_rows(device, bf16_ring):
 def test_a_record_writing_elsewhere_than_its_pages_last_row_agrees_with_the_host(bf16_ring):
     """Records are data: a closing decode record whose write row is another row of its page (read back as written)
     or a row of another page (the page's last row then as the ring holds it) gives the host backend's ring, outs
-    and cache bytes on the GPU."""
+    and cache bytes on the GPU; on each backend the cache holds the standalone store of its own outs."""
     runs = []
     for device in ("cpu", "cuda"):
         layer = Layer(device, slots=4, bf16_ring=bf16_ring, max_len=300, seed=9)
@@ -145,6 +145,9 @@ def test_a_record_writing_elsewhere_than_its_pages_last_row_agrees_with_the_host
         out = torch.full((3, layer.d), float("nan"), device=device)
         pydsa.c128_offline_decode(layer.ring, kv, records=torch.from_numpy(rec.view(np.uint8).reshape(3, 16)).to(device),
                                   out=out, cache_slots=torch.tensor([0, 1, 2], device=device))
+        shadow = Shadow(layer)
+        shadow.closed(out.cpu().numpy(), [0, 1, 2], [0, 1, 2], [0, CHUNK, 0])  # rotary rows seq_len - 128
+        shadow.check()
         runs.append((out.cpu(), layer.ring.ring.cpu().view(torch.uint8), layer.cache.cache.cpu()))
     (o1, r1, c1), (o2, r2, c2) = runs
     assert torch.isfinite(o1).all()

@@ -55,8 +55,7 @@ __device__ __forceinline__ bool offline_row(const OfflineLaunch& p, int64_t i, O
   } else {
     C4DecodeRecord d;
     if constexpr (kMode == kDecodeRecords) {
-      const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + i);
-      d = C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
+      d = load_decode_record(p.records, i);
     } else {
       const int32_t seq = __ldg(p.seq_lens + i), slot = __ldg(p.slots + i);
       if (seq <= 0 || slot < 0) return false;

@@ -48,12 +48,6 @@ __device__ __forceinline__ void close_entry(const C4Thread& t, const float (&kv)
   else if (c.store_kind == 1 + DSA_CACHE_INDEXER) indexer_store<VEC>(c.store, v.v, o, t.ch, error_count, t.row);
 }
 
-// Decode record i (seq_len, write row, previous and current group: docs/spec.md, records), one 16-byte load.
-__device__ __forceinline__ C4DecodeRecord decode_record(const C4Launch& p, int64_t i) {
-  const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + i);
-  return C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
-}
-
 // The closing row's window lines into L2 ahead of the wait (a hint: L2 is where the producer's writes land,
 // so nothing read later is stale): the lanes at each 128-byte line's start, value and score of 8 rows.
 template <typename S>
@@ -92,7 +86,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
     // The branch on the record keeps the reads ahead of the wait in the SASS (a predicated load is not).
     ahead = p.records_ahead != 0 && t.i < p.count;
     if (ahead) {
-      r = decode_record(p, t.i);
+      r = load_decode_record(p.records, t.i);
       if (r.seq_len % kC4Quartet == 0u && r.seq_len - 1u < 0x7FFFFFFFu) {
         if (kStore && c.store_kind) loc = __ldg(c.store.cache_slots + t.i);
         // Measured (docs/performance.md, P35): the prefetch speeds the storeless launches and those of up to 128
@@ -109,7 +103,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
 #pragma unroll
   for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
   if constexpr (kMode == kC4Records) {
-    if (!ahead) r = decode_record(p, t.i);
+    if (!ahead) r = load_decode_record(p.records, t.i);
   } else {
     const int32_t seq = __ldg(p.seq_lens + t.i), slot = __ldg(p.slots + t.i);
     if (seq <= 0 || slot < 0) return;

@@ -46,6 +46,13 @@ struct C4Thread {
   int64_t i;  // record / request index
 };
 
+// Decode record i of a record list (seq_len, write row, previous and current group: docs/spec.md, records), one
+// 16-byte load; the c4 decode's and the offline c128 decode's.
+__device__ __forceinline__ C4DecodeRecord load_decode_record(const void* records, int64_t i) {
+  const int4 q = __ldg(reinterpret_cast<const int4*>(records) + i);
+  return C4DecodeRecord{(uint32_t)q.x, q.y, q.z, q.w};
+}
+
 template <int VEC>
 __device__ __forceinline__ C4Thread c4_thread(const C4Launch& p) {
   constexpr int kBlockLog2 = C4Form<VEC>::kThreadsLog2;  // rows per block: the block >> log2(lanes)

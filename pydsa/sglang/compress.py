@@ -125,6 +125,19 @@ def _no_promise(records_ahead) -> None:
                                                   f"a c128 compress reads its plan after the wait (got {records_ahead!r})")
 
 
+def _ring_compress(c4: bool, records_ahead, *args, **kwargs):
+    """A compress over a ring of raw rows, sglang's plan read in place: c4 (records_ahead its decode's promise) or
+    offline c128 (which takes no promise); pydsa's errors in sglang's words."""
+    if not c4:
+        _no_promise(records_ahead)
+    try:
+        if c4:
+            return sglang_c4.compress(*args, records_ahead=records_ahead, **kwargs)
+        return sglang_offline.compress(*args, **kwargs)
+    except ArgumentError as exc:
+        raise _caller_words(exc, _COMPRESS_NAMES) from None
+
+
 def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: int, compress_ratio: int,
                      out=None, is_online: bool = False, records_ahead: bool = False):
     """sglang's compress_forward: decode (out [B, D], a chunk's vector at the rows whose token closes it) or
@@ -132,18 +145,10 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: in
     keyword of pydsa's, c4 decode only): the caller's promise that the plan was written before the launch ahead
     of this call began (sglang's step metadata); the kernel then reads it before waiting for that launch."""
     _check_config(head_dim, compress_ratio, is_online)
-    if compress_ratio == sglang_c4.RATIO:
-        try:
-            return sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out,
-                                      records_ahead=records_ahead)
-        except ArgumentError as exc:
-            raise _caller_words(exc, _COMPRESS_NAMES) from None
+    c4 = compress_ratio == sglang_c4.RATIO
+    if c4 or not is_online:
+        return _ring_compress(c4, records_ahead, kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
     _no_promise(records_ahead)
-    if not is_online:
-        try:
-            return sglang_offline.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
-        except ArgumentError as exc:
-            raise _caller_words(exc, _COMPRESS_NAMES) from None
     plan = _plan_of(plan, compress_ratio)
     if out is None:
         if not isinstance(kv_score_input, torch.Tensor):
@@ -244,20 +249,10 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     plan = _plan_of(plan, compress_ratio) if online and not c4 else sglang_c4.plan_of(plan, compress_ratio)
     cache = layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size,
                         "indexer" if c4 and head_dim == 128 else "v4")
-    if c4:
-        try:
-            sglang_c4.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache, out_loc=out_loc,
-                               records_ahead=records_ahead)
-        except ArgumentError as exc:
-            raise _caller_words(exc, _COMPRESS_NAMES) from None
+    if c4 or not online:
+        _ring_compress(c4, records_ahead, kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache,
+                       out_loc=out_loc)
         return out
     _no_promise(records_ahead)
-    if not online:
-        try:
-            sglang_offline.compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache,
-                                    out_loc=out_loc)
-        except ArgumentError as exc:
-            raise _caller_words(exc, _COMPRESS_NAMES) from None
-        return out
     _run(kv_score_buffer, kv_score_input, ape, plan, out, store=cache, cache_slots=out_loc)
     return out
