@@ -125,7 +125,7 @@ def _no_promise(records_ahead) -> None:
                                                   f"a c128 compress reads its plan after the wait (got {records_ahead!r})")
 
 
-def _ring_compress(c4: bool, records_ahead, *args, **kwargs):
+def _ring_compress(*args, c4: bool, records_ahead, **kwargs):
     """A compress over a ring of raw rows, sglang's plan read in place: c4 (records_ahead its decode's promise) or
     offline c128 (which takes no promise); pydsa's errors in sglang's words."""
     if not c4:
@@ -147,7 +147,8 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim: in
     _check_config(head_dim, compress_ratio, is_online)
     c4 = compress_ratio == sglang_c4.RATIO
     if c4 or not is_online:
-        return _ring_compress(c4, records_ahead, kv_score_buffer, kv_score_input, ape, plan, head_dim, out)
+        return _ring_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, c4=c4,
+                              records_ahead=records_ahead)
     _no_promise(records_ahead)
     plan = _plan_of(plan, compress_ratio)
     if out is None:
@@ -250,8 +251,8 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     cache = layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size,
                         "indexer" if c4 and head_dim == 128 else "v4")
     if c4 or not online:
-        _ring_compress(c4, records_ahead, kv_score_buffer, kv_score_input, ape, plan, head_dim, out, store=cache,
-                       out_loc=out_loc)
+        _ring_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, c4=c4, records_ahead=records_ahead,
+                       store=cache, out_loc=out_loc)
         return out
     _no_promise(records_ahead)
     _run(kv_score_buffer, kv_score_input, ape, plan, out, store=cache, cache_slots=out_loc)
