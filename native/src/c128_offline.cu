@@ -3,6 +3,8 @@
 // device). An extend's write pass is the c4 write pass over rows of two D-wide parts (c4_device.cuh).
 #include <cooperative_groups.h>
 
+#include <type_traits>
+
 #include "c128_offline_host.h"
 #include "c128_offline_math.h"
 #include "c4_device.cuh"
@@ -145,8 +147,11 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 // so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
 // The slice form reads its window and writes its row in its own lines, not through the row form's helpers above:
 // written through them its code grew and its small-B cells ran 3-16 % slower (docs/performance.md).
-template <typename S, int kMode>
-__global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
+template <typename S, int kMode, int VEC>
+__global__ void __launch_bounds__(offline_slice_threads(VEC)) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
+  constexpr int kOfflineLanes = kOfflineSlice / VEC;  // lanes of a row slice
+  static_assert((VEC == 2 || VEC == 4) && offline_slice_threads(VEC) == kOfflineBlocks * kOfflineLanes,
+                "a window block of 8 rows a lane group");
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_num[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_den[kOfflineBlocks][kOfflineSlice];
@@ -154,79 +159,79 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
   const int D = p.head_dim, slices = D / kOfflineSlice;
   const unsigned rank = blockIdx.x % (unsigned)slices;  // clusters run along x: a row's slices are its blocks
   const int64_t i = blockIdx.x / (unsigned)slices;
-  const int warp = (int)threadIdx.x / 32, lane = (int)threadIdx.x % 32;
-  const int ch = (int)rank * kOfflineSlice + 2 * lane;
+  // kOfflineLanes lanes per window block (VEC channels each), one window block of 8 rows each
+  const int blk = (int)threadIdx.x / kOfflineLanes, lane = (int)threadIdx.x % kOfflineLanes;
+  const int ch = (int)rank * kOfflineSlice + VEC * lane;
   wait_for_producers();
   allow_dependents();
-  // A decode's new row (its slice, by the last warp) is read in the record's trip: its address is the request's.
-  constexpr int kLastWarp = kOfflineBlocks - 1;
-  Lanes<2> half[2];
-  if (kMode != kCompress && warp == kLastWarp) {
+  // A decode's new row (its slice, by the last window block's lanes) is read in the record's trip: its address
+  // is the request's.
+  constexpr int kLastBlock = kOfflineBlocks - 1;
+  Lanes<VEC> half[2];
+  if (kMode != kCompress && blk == kLastBlock) {
     const float* in = p.kv_score + i * 2 * D + ch;
-    half[0] = load_lanes<2>(in), half[1] = load_lanes<2>(in + D);
+    half[0] = load_lanes<VEC>(in), half[1] = load_lanes<VEC>(in + D);
   }
   OfflineRow r;
   if (!offline_row<kMode>(p, i, &r)) return;
   const bool first = rank == 0 && threadIdx.x == 0;  // counts a skipped row once
   S* ring = static_cast<S*>(p.ring);
-  bool own = false;  // the new row is the window's last row, summed from the last warp's registers
+  bool own = false;  // the new row is the window's last row, summed from the last block's registers
   if constexpr (kMode != kCompress) {
     if (r.write_row < 0 || r.write_row >= p.ring_rows) {
       if (first) count_error(p.error_count);
       return;
     }
-    if (warp == kLastWarp) ring_store<S, 2, 2>(ring, r.write_row, D, ch, half);
+    if (blk == kLastBlock) ring_store<S, VEC, 2>(ring, r.write_row, D, ch, half);
     if (!closes_chunk(r.seq_len)) return;
     if (!page_ok(r.page, p.ring_rows)) {
       if (first) count_error(p.error_count);
       return;
     }
     // The closing token is its page's last row (position 128n + 127) unless a record says otherwise; then the new
-    // row as written (a bf16 ring rounds it) is read back below, by whichever warp holds it.
+    // row as written (a bf16 ring rounds it) is read back below, by whichever lanes hold it.
     own = r.write_row == (int64_t)r.page * kOfflineWindow + (kOfflineWindow - 1);
     if (!own) __syncthreads();
   } else if (!offline_compress_fits(r.seq_len, r.ragged, r.ring_rows, r.page, p.num_tokens, p.ring_rows)) {
     if (first) count_error(p.error_count);
     return;
   }
-  // warp w sums window rows 8w .. 8w+7 of its lane's two channels (window_math.h's block)
-  float kv[2][kOfflineBlockRows], z[2][kOfflineBlockRows];
+  // this thread sums window rows 8 blk .. 8 blk + 7 of its VEC channels (window_math.h's block)
+  float kv[VEC][kOfflineBlockRows], z[VEC][kOfflineBlockRows];
 #pragma unroll
   for (int k = 0; k < kOfflineBlockRows; ++k) {
-    const int j = warp * kOfflineBlockRows + k;
-    const Lanes<2> bias = load_lanes<2>(p.ape + j * D + ch);
-    Lanes<2> value, score;
-    if (kMode != kCompress && own && warp == kLastWarp && k == kOfflineBlockRows - 1) {
+    const int j = blk * kOfflineBlockRows + k;
+    const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
+    Lanes<VEC> value, score;
+    if (kMode != kCompress && own && blk == kLastBlock && k == kOfflineBlockRows - 1) {
 #pragma unroll
-      for (int c = 0; c < 2; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
+      for (int c = 0; c < VEC; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
     } else if (kMode != kCompress || j < r.ring_rows) {
       const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
-      value = load_state<2, S>(at), score = load_state<2, S>(at + D);
+      value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + D);
     } else {
       const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
-      value = load_lanes<2>(at), score = load_lanes<2>(at + D);
+      value = load_lanes<VEC>(at), score = load_lanes<VEC>(at + D);
     }
 #pragma unroll
-    for (int c = 0; c < 2; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
+    for (int c = 0; c < VEC; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
   }
+  WindowSum w[VEC];
 #pragma unroll
-  for (int c = 0; c < 2; ++c) {
-    const WindowSum w = window_sum(kv[c], z[c], 0);
-    block_max[warp][2 * lane + c] = w.max, block_num[warp][2 * lane + c] = w.num, block_den[warp][2 * lane + c] = w.den;
-  }
+  for (int c = 0; c < VEC; ++c) w[c] = window_sum(kv[c], z[c], 0);
+  const int at = VEC * lane;
+#pragma unroll
+  for (int c = 0; c < VEC; ++c)
+    block_max[blk][at + c] = w[c].max, block_num[blk][at + c] = w[c].num, block_den[blk][at + c] = w[c].den;
   __syncthreads();
-  if (warp == 0) {
-    Lanes<2> x;
+  if ((int)threadIdx.x < kOfflineSlice) {  // a channel a thread: its 16 blocks merged in order
+    const int c = (int)threadIdx.x;
+    WindowSum blocks[kOfflineBlocks];
 #pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      WindowSum blocks[kOfflineBlocks];
-#pragma unroll
-      for (int b = 0; b < kOfflineBlocks; ++b)
-        blocks[b] = WindowSum{block_max[b][2 * lane + c], block_num[b][2 * lane + c], block_den[b][2 * lane + c]};
-      x.v[c] = window_value(merge_windows(blocks));
-      slice[2 * lane + c] = x.v[c];
-    }
-    if (p.out != nullptr) store_lanes<2>(p.out + i * D + ch, x);
+    for (int b = 0; b < kOfflineBlocks; ++b) blocks[b] = WindowSum{block_max[b][c], block_num[b][c], block_den[b][c]};
+    const float x = window_value(merge_windows(blocks));
+    slice[c] = x;
+    if (p.out != nullptr) p.out[i * D + (int)rank * kOfflineSlice + c] = x;
   }
   if (!p.stores) return;  // the same for every block of the cluster: none waits at a barrier below
   cluster_sync();
@@ -371,7 +376,7 @@ dsa_status check_offline(const dsa_c128_offline_params& p, OfflineOp kind, const
     DSA_TRY(check_extend_lists(p.num_tokens, p.num_compress, p.num_write, p.compress, p.write, p.flags, gpu, op));
     DSA_TRY(check_offline_host_plan(p, op));
   }
-  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size).fits) return too_large(op);
+  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size, 2).fits) return too_large(op);
   checked->nothing = nothing;
   return DSA_STATUS_OK;
 }
@@ -408,7 +413,8 @@ template <typename S, int kMode>
 dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int64_t count, const void* records,
                           cudaStream_t stream, const char* op) {
   a.count = count, a.records = records;
-  const Shape shape = offline_shape(p.head_dim, count);
+  constexpr int kVec = offline_slice_vec(kMode == kCompress, std::is_same<S, Bf16>::value);
+  const Shape shape = offline_shape(p.head_dim, count, kVec);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   if (offline_row_form(count))
     return launch_status(launch(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape), stream, mode, a), op);
@@ -423,7 +429,7 @@ dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int
   cudaLaunchConfig_t config = {};
   config.gridDim = grid_of(shape), config.blockDim = block_of(shape), config.stream = stream;
   config.attrs = attributes, config.numAttrs = n;
-  return launch_status(cudaLaunchKernelEx(&config, offline_slice_kernel<S, kMode>, a), op);
+  return launch_status(cudaLaunchKernelEx(&config, offline_slice_kernel<S, kMode, kVec>, a), op);
 }
 
 // The write pass: the c4 write kernel over one ring of rows [kv | score].
