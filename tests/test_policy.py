@@ -128,15 +128,12 @@ C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 1
       ("c4plan 1", "1 128"), ("c4plan 128", "1 128"), ("c4plan 129", "2 128"), ("c4plan 1024", "8 128"),
       ("c4plan 524288", "4096 128"), ("c4plan 600000", "4096 128")]
 
-# offline c128: D count compress bf16 -> blocks threads cluster fits. Below 256 rows the slice form (D / 64 blocks a
-# row, one cluster; 256 threads of 4 channels, but 512 of 2 in a bf16 ring's extend); from 256 rows the row form (a
-# block of D threads a row, no cluster)
-OFFLINE = [("offline 512 1 0 0", "8 256 8 1"), ("offline 512 255 0 1", "2040 256 8 1"),
-           ("offline 512 1 1 0", "8 256 8 1"), ("offline 512 1 1 1", "8 512 8 1"), ("offline 128 3 1 1", "6 512 2 1"),
-           ("offline 256 0 0 0", "0 256 4 1"), ("offline 512 256 0 0", "256 512 1 1"),
-           ("offline 512 1000 1 1", "1000 512 1 1"), ("offline 128 300 0 1", "300 128 1 1"),
-           ("offline 256 4096 0 0", "4096 256 1 1"), ("offline 512 2147483647 0 0", "2147483647 512 1 1"),
-           ("offline 512 2147483648 0 0", "2147483648 512 1 0")]
+# offline c128: D count -> blocks threads cluster fits. Below 256 rows the slice form (D / 64 blocks of 256 threads
+# a row, one cluster); from 256 rows the row form (a block of D threads a row, no cluster)
+OFFLINE = [("offline 512 1", "8 256 8 1"), ("offline 512 255", "2040 256 8 1"), ("offline 128 3", "6 256 2 1"),
+           ("offline 256 0", "0 256 4 1"), ("offline 512 256", "256 512 1 1"), ("offline 512 1000", "1000 512 1 1"),
+           ("offline 128 300", "300 128 1 1"), ("offline 256 4096", "4096 256 1 1"),
+           ("offline 512 2147483647", "2147483647 512 1 1"), ("offline 512 2147483648", "2147483648 512 1 0")]
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@
 // device). An extend's write pass is the c4 write pass over rows of two D-wide parts (c4_device.cuh).
 #include <cooperative_groups.h>
 
-#include <type_traits>
-
 #include "c128_offline_host.h"
 #include "c128_offline_math.h"
 #include "c4_device.cuh"
@@ -147,11 +145,10 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 // so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
 // The slice form reads its window and writes its row in its own lines, not through the row form's helpers above:
 // written through them its code grew and its small-B cells ran 3-16 % slower (docs/performance.md).
-template <typename S, int kMode, int VEC>
-__global__ void __launch_bounds__(offline_slice_threads(VEC)) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
-  constexpr int kOfflineLanes = kOfflineSlice / VEC;  // lanes of a row slice
-  static_assert((VEC == 2 || VEC == 4) && offline_slice_threads(VEC) == kOfflineBlocks * kOfflineLanes,
-                "a window block of 8 rows a lane group");
+template <typename S, int kMode>
+__global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
+  constexpr int VEC = kOfflineVec;
+  static_assert(VEC == 4 && kOfflineThreads == kOfflineBlocks * kOfflineLanes, "a float4 of block sums a lane");
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_num[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_den[kOfflineBlocks][kOfflineSlice];
@@ -159,7 +156,7 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC)) offline_slice_kern
   const int D = p.head_dim, slices = D / kOfflineSlice;
   const unsigned rank = blockIdx.x % (unsigned)slices;  // clusters run along x: a row's slices are its blocks
   const int64_t i = blockIdx.x / (unsigned)slices;
-  // kOfflineLanes lanes per window block (VEC channels each), one window block of 8 rows each
+  // kOfflineLanes lanes per window block (VEC channels each: 16-byte loads), one window block of 8 rows each
   const int blk = (int)threadIdx.x / kOfflineLanes, lane = (int)threadIdx.x % kOfflineLanes;
   const int ch = (int)rank * kOfflineSlice + VEC * lane;
   wait_for_producers();
@@ -220,9 +217,9 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC)) offline_slice_kern
 #pragma unroll
   for (int c = 0; c < VEC; ++c) w[c] = window_sum(kv[c], z[c], 0);
   const int at = VEC * lane;
-#pragma unroll
-  for (int c = 0; c < VEC; ++c)
-    block_max[blk][at + c] = w[c].max, block_num[blk][at + c] = w[c].num, block_den[blk][at + c] = w[c].den;
+  *reinterpret_cast<float4*>(&block_max[blk][at]) = make_float4(w[0].max, w[1].max, w[2].max, w[3].max);
+  *reinterpret_cast<float4*>(&block_num[blk][at]) = make_float4(w[0].num, w[1].num, w[2].num, w[3].num);
+  *reinterpret_cast<float4*>(&block_den[blk][at]) = make_float4(w[0].den, w[1].den, w[2].den, w[3].den);
   __syncthreads();
   if ((int)threadIdx.x < kOfflineSlice) {  // a channel a thread: its 16 blocks merged in order
     const int c = (int)threadIdx.x;
@@ -376,7 +373,7 @@ dsa_status check_offline(const dsa_c128_offline_params& p, OfflineOp kind, const
     DSA_TRY(check_extend_lists(p.num_tokens, p.num_compress, p.num_write, p.compress, p.write, p.flags, gpu, op));
     DSA_TRY(check_offline_host_plan(p, op));
   }
-  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size, 2).fits) return too_large(op);
+  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size).fits) return too_large(op);
   checked->nothing = nothing;
   return DSA_STATUS_OK;
 }
@@ -413,8 +410,7 @@ template <typename S, int kMode>
 dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int64_t count, const void* records,
                           cudaStream_t stream, const char* op) {
   a.count = count, a.records = records;
-  constexpr int kVec = offline_slice_vec(kMode == kCompress, std::is_same<S, Bf16>::value);
-  const Shape shape = offline_shape(p.head_dim, count, kVec);
+  const Shape shape = offline_shape(p.head_dim, count);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   if (offline_row_form(count))
     return launch_status(launch(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape), stream, mode, a), op);
@@ -429,7 +425,7 @@ dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int
   cudaLaunchConfig_t config = {};
   config.gridDim = grid_of(shape), config.blockDim = block_of(shape), config.stream = stream;
   config.attrs = attributes, config.numAttrs = n;
-  return launch_status(cudaLaunchKernelEx(&config, offline_slice_kernel<S, kMode, kVec>, a), op);
+  return launch_status(cudaLaunchKernelEx(&config, offline_slice_kernel<S, kMode>, a), op);
 }
 
 // The write pass: the c4 write kernel over one ring of rows [kv | score].

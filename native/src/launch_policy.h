@@ -346,8 +346,10 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 // ---- offline c128 ---------------------------------------------------------------------------------
 // A closing row (a decode request, a compress record) reads 128 ring or input rows of 2 D values (512 KiB at
 // D = 512 in fp32). Two forms:
-// - the slice form, for few rows: one block per 64-channel slice of D streams it (16 lane groups, group g summing
-//   rows 8g .. 8g+7 of the slice: 64 KiB per block), so a lone closing row is spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block
+// - the slice form, for few rows: one block per 64-channel slice of D streams it (16 groups of 16 lanes, group g
+//   summing rows 8g .. 8g+7 of the slice, 4 channels a lane: 16-byte loads of 256-byte row slices, two rows a
+//   warp instruction, 64 KiB per block), so a lone
+//   closing row is spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block
 //   gathers the vector from the others' shared memory for the store (its RMSNorm needs all D channels);
 // - the row form, from kOfflineRowsFrom rows: one block of D threads per row, thread c summing all 16 blocks of
 //   8 rows of its channel and finishing the store inside the block. Enough rows fill the GPU without spreading
@@ -357,13 +359,12 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 //   Measured both ways (docs/performance.md, "The offline c128 compressor"): the row form wins from 256 rows
 //   (decode B = 256 / 1024, an extend of 256 records) and loses more than it wins below (B = 32 random, an
 //   extend of 155 records; it wins B = 32 every row closing by 8 %).
-//   The slice form's lanes take 4 channels each (16-byte loads: two rows a warp instruction, 256-thread blocks;
-//   1.1-1.5x the 2-channel form's pace in the decode cells and fp32 extends) but in a bf16 ring's extend, where
-//   2 each (8-byte loads of 4-byte pairs, 512-thread blocks) measured 3-13 % faster (offline_slice_vec).
+//   The slice form's 4 channels a lane ran 1.1-1.5x the pace of 2 in the decode cells and fp32 extends, and 4-13 %
+//   slower in a bf16 ring's long extends (docs/performance.md, round 7).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
-// Threads of a slice block of VEC channels a lane: the 16 window blocks of 8 rows, a lane group of 64 / VEC each.
-constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec); }
-constexpr int offline_slice_vec(bool compress, bool bf16_ring) { return compress && bf16_ring ? 2 : 4; }
+constexpr int kOfflineVec = 4;        // channels per lane: 16-byte loads
+constexpr int kOfflineLanes = kOfflineSlice / kOfflineVec;  // lanes of a row slice
+constexpr int kOfflineThreads = 16 * kOfflineLanes;  // the 16 window blocks of 8 rows, a lane group each
 constexpr int kOfflineMaxDim = 512;   // the row form's largest block: a thread a channel
 constexpr int64_t kOfflineRowsFrom = 256;
 
@@ -372,12 +373,12 @@ inline bool offline_row_form(int64_t count) { return count >= kOfflineRowsFrom; 
 // Blocks of one closing row's cluster: D / 64 in the slice form, 1 (no cluster) in the row form.
 inline int offline_cluster(int head_dim, int64_t count) { return offline_row_form(count) ? 1 : offline_slices(head_dim); }
 
-// Blocks of a closing launch over `count` rows (VEC: the slice form's channels a lane); fits false: too many.
-inline Shape offline_shape(int head_dim, int64_t count, int vec) {
+// Blocks of a closing launch over `count` rows; fits false: too many.
+inline Shape offline_shape(int head_dim, int64_t count) {
   Shape s;
   const bool rows = offline_row_form(count);
   s.grid_x = rows ? count : count * offline_slices(head_dim);
-  s.grid_y = s.grid_z = 1, s.block_x = rows ? head_dim : offline_slice_threads(vec), s.block_y = 1;
+  s.grid_y = s.grid_z = 1, s.block_x = rows ? head_dim : kOfflineThreads, s.block_y = 1;
   s.fits = s.grid_x <= INT32_MAX;
   return s;
 }

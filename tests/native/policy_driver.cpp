@@ -79,11 +79,11 @@ int main() {
       long long b;
       in >> b;
       std::printf("%lld %d\n", (long long)c4_plan_decode_blocks(b), kC4PlanThreads);
-    } else if (what == "offline") {  // D count compress bf16
+    } else if (what == "offline") {  // D count
       long long n;
-      int d, compress, bf16;
-      in >> d >> n >> compress >> bf16;
-      const Shape s = offline_shape(d, n, offline_slice_vec(compress != 0, bf16 != 0));
+      int d;
+      in >> d >> n;
+      const Shape s = offline_shape(d, n);
       std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_cluster(d, n), s.fits ? 1 : 0);
     } else if (what == "commit") {  // layers alignment bf16
       int layers, align, bf16;
