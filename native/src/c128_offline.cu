@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
   if (!offline_row<kMode>(p, i, &r)) return;
   const bool first = rank == 0 && threadIdx.x == 0;  // counts a skipped row once
   S* ring = static_cast<S*>(p.ring);
-  bool own = false;  // the new row is the window's last row, summed from the last block's registers
+  bool own = false;  // the new row is the window's last row, summed from the last window block's lanes' registers
   if constexpr (kMode != kCompress) {
     if (r.write_row < 0 || r.write_row >= p.ring_rows) {
       if (first) count_error(p.error_count);

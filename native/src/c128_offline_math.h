@@ -14,7 +14,8 @@ constexpr int kOfflineBlocks = kOfflineWindow / kOfflineBlockRows;
 
 // The softmax order of one channel of a chunk (window rows j = 0..127: kv[j], biased logit z[j] = score + ape[j]):
 // 16 blocks of 8 consecutive rows, each summed to its own largest logit (window_sum), merged in block order
-// (merge_windows), one division. On the GPU warp w sums block w; the host runs the same steps.
+// (merge_windows), one division. On the GPU a lane group (slice form) or a thread (row form) sums each block; the
+// host runs the same steps.
 DSA_HD float offline_channel(const float (&kv)[kOfflineBlocks][kOfflineBlockRows],
                              const float (&z)[kOfflineBlocks][kOfflineBlockRows]) {
   WindowSum blocks[kOfflineBlocks];

@@ -354,18 +354,19 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 // - the row form, from kOfflineRowsFrom rows: one block of D threads per row, thread c summing all 16 blocks of
 //   8 rows of its channel and finishing the store inside the block. Enough rows fill the GPU without spreading
 //   one over SMs, and a launch of D / 64-block clusters costs more to schedule than the spread gains (the slice
-//   form's decode ran 1.8x slower than another kernel of the same grid, block and registers without clusters at
-//   B = 1024).
+//   form's decode, with 512-thread blocks, ran 1.8x slower than another kernel of the same grid, block and
+//   registers without clusters at B = 1024).
 //   Measured both ways (docs/performance.md, "The offline c128 compressor"): the row form wins from 256 rows
 //   (decode B = 256 / 1024, an extend of 256 records) and loses more than it wins below (B = 32 random, an
-//   extend of 155 records; it wins B = 32 every row closing by 8 %).
-//   The slice form's 4 channels a lane ran 1.1-1.5x the pace of 2 in the decode cells and fp32 extends, and 4-13 %
-//   slower in a bf16 ring's long extends (docs/performance.md, round 7).
+//   extend of 155 records; it won B = 32 every row closing by 8 % over the 2-channel slice form, which the
+//   4-channel form now wins). The slice form's 4 channels a lane ran 1.02-1.48x the pace of 2 in the decode cells
+//   and fp32 extends, and 4-13 % slower in a bf16 ring's long extends (docs/performance.md, round 7).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
 constexpr int kOfflineVec = 4;        // channels per lane: 16-byte loads
 constexpr int kOfflineLanes = kOfflineSlice / kOfflineVec;  // lanes of a row slice
 constexpr int kOfflineThreads = 16 * kOfflineLanes;  // the 16 window blocks of 8 rows, a lane group each
 constexpr int kOfflineMaxDim = 512;   // the row form's largest block: a thread a channel
+static_assert(kOfflineMaxDim / 2 <= kOfflineThreads, "a slice block holds the store's D / 2 threads");
 constexpr int64_t kOfflineRowsFrom = 256;
 
 inline int offline_slices(int head_dim) { return head_dim / kOfflineSlice; }
