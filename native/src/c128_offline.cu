@@ -148,7 +148,7 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 template <typename S, int kMode>
 __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
   constexpr int VEC = kOfflineVec;
-  static_assert(VEC == 4 && kOfflineThreads == kOfflineBlocks * kOfflineLanes, "a float4 of block sums a lane");
+  static_assert(kOfflineThreads == kOfflineBlocks * kOfflineLanes, "a lane group a window block");
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_num[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_den[kOfflineBlocks][kOfflineSlice];
@@ -217,9 +217,9 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
 #pragma unroll
   for (int c = 0; c < VEC; ++c) w[c] = window_sum(kv[c], z[c], 0);
   const int at = VEC * lane;
-  *reinterpret_cast<float4*>(&block_max[blk][at]) = make_float4(w[0].max, w[1].max, w[2].max, w[3].max);
-  *reinterpret_cast<float4*>(&block_num[blk][at]) = make_float4(w[0].num, w[1].num, w[2].num, w[3].num);
-  *reinterpret_cast<float4*>(&block_den[blk][at]) = make_float4(w[0].den, w[1].den, w[2].den, w[3].den);
+#pragma unroll
+  for (int c = 0; c < VEC; ++c)
+    block_max[blk][at + c] = w[c].max, block_num[blk][at + c] = w[c].num, block_den[blk][at + c] = w[c].den;
   __syncthreads();
   if ((int)threadIdx.x < kOfflineSlice) {  // a channel a thread: its 16 blocks merged in order
     const int c = (int)threadIdx.x;
