@@ -292,3 +292,34 @@ def test_an_out_sharing_memory_with_the_input_is_refused(mode):
     err = _refusal(lambda: _compress_forward(**call))
     assert err.argument == "out", str(err)
     assert torch.equal(call["kv_score_input"], before)
+
+
+def test_the_stores_norm_arguments_are_named_as_sglang_spells_them():
+    """norm_eps and norm_weight of the storing calls: a norm_eps that is not a number, or is negative or NaN, is
+    refused naming norm_eps (not the store's own `eps`); a norm_weight wider than head_dim is refused naming
+    norm_weight (not kvcache, whose pages it would otherwise be judged against); nothing is written."""
+    ctx = _context("cpu", 2, 64)
+    m = ctx["main"]
+    call = _compress_call("decode")
+    plan = call["plan"]
+
+    def store(**kw):
+        return dict(dict(norm_weight=m["w"], norm_eps=1e-6, freq_cis=ctx["freqs"], kvcache=m["cache"],
+                         out_loc=torch.zeros(2, dtype=torch.int64), page_size=64), **kw)
+
+    def both(**kw):
+        yield lambda: sglang.compress_norm_rope_store(torch.randn(2, 512), plan, **store(**kw))
+        yield lambda: sglang.compress_forward_and_store(call["kv_score_buffer"], call["kv_score_input"], call["ape"],
+                                                        plan, head_dim=512, compress_ratio=4, **store(**kw))
+    for bad, kind in ((None, pydsa.ArgumentTypeError), (True, pydsa.ArgumentTypeError),
+                      ("x", pydsa.ArgumentTypeError), (-1.0, pydsa.ArgumentValueError),
+                      (float("nan"), pydsa.ArgumentValueError)):
+        for run in both(norm_eps=bad):
+            err = _refusal(run)
+            assert isinstance(err, kind) and err.argument == "norm_eps", f"{bad!r}: {type(err).__name__} {err}"
+    wide = torch.ones(1024)
+    err = _refusal(lambda: sglang.compress_forward_and_store(
+        call["kv_score_buffer"], call["kv_score_input"], call["ape"], plan, head_dim=512, compress_ratio=4,
+        **store(norm_weight=wide)))
+    assert err.argument == "norm_weight" and "512" in str(err), str(err)
+    assert not m["cache"].any(), "a refused store wrote"

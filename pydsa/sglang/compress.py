@@ -72,7 +72,7 @@ _COMPRESS_NAMES = {"state": "kv_score_buffer", "kv_score": "kv_score_input", "in
                    "main": "kv_score_buffer", "records": "plan.plan_d",
                    "plan[0]": "plan.plan_c", "plan[1]": "plan.plan_w", "store": "norm_weight"}
 _STORE_NAMES = {"vectors": "kv", "cache_slots": "out_loc", "records": "plan", "cache": "kvcache",
-                "rotary": "freq_cis"}
+                "rotary": "freq_cis", "eps": "norm_eps"}
 
 
 def _explained(exc) -> bool:
@@ -202,7 +202,7 @@ def _check_store_config(kv, *, use_fp4, bf16_store, kvcache_scale, rope_cache, f
 
 def _check_eps(norm_eps) -> None:
     if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)):
-        raise TypeError(f"norm_eps must be a float (got {type(norm_eps).__name__} {norm_eps!r})")
+        raise ArgumentTypeError("norm_eps", f"norm_eps must be a float (got {type(norm_eps).__name__} {norm_eps!r})")
 
 
 def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
@@ -246,6 +246,10 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     online = (not c4) if is_online is None else is_online
     _check_config(head_dim, compress_ratio, online)
     _check_eps(norm_eps)
+    if isinstance(norm_weight, torch.Tensor) and tuple(norm_weight.shape) != (head_dim,):
+        # the store's D comes from norm_weight: one of another width would be judged against kvcache's pages
+        raise ArgumentValueError("norm_weight", f"norm_weight must be [{head_dim}] (head_dim {head_dim}; got "
+                                                f"{_described(norm_weight)})")
     # c4 and offline plans are read in place, whoever made them; the online path reads pydsa's own plan
     plan = _plan_of(plan, compress_ratio) if online and not c4 else sglang_c4.plan_of(plan, compress_ratio)
     cache = layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size,
