@@ -205,6 +205,15 @@ def _check_eps(norm_eps) -> None:
         raise ArgumentTypeError("norm_eps", f"norm_eps must be a float (got {type(norm_eps).__name__} {norm_eps!r})")
 
 
+def _norm_weight_named(exc, norm_weight, head_dim):
+    """Cold path, a store refused: the error names norm_weight when it is not [head_dim] (the store takes its D
+    from norm_weight, so one of another width is judged against kvcache's pages and named there); else exc."""
+    if head_dim is not None and isinstance(norm_weight, torch.Tensor) and tuple(norm_weight.shape) != (head_dim,):
+        return ArgumentValueError("norm_weight", f"norm_weight must be [{head_dim}] (head_dim {head_dim}; got "
+                                                 f"{_described(norm_weight)})")
+    return exc
+
+
 def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
                              use_fp4=False, bf16_store=False, kvcache_scale=None, rope_cache=None,
                              fp4_k_write_metadata=None, layout="V4", fp8_2buff=False, kvcache_rope=None,
@@ -230,7 +239,7 @@ def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_l
         kv_store(kv, None, out_loc, cache, records=plan[1], extend=not plan.is_decode,
                  ratio=sglang_c4.RATIO if c4 else RATIO, records_ahead=records_ahead)
     except (TypeError, ValueError) as exc:
-        raise _caller_words(exc, _STORE_NAMES) from None
+        raise _caller_words(_norm_weight_named(exc, norm_weight, width), _STORE_NAMES) from None
 
 
 def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, norm_weight, norm_eps, freq_cis,
@@ -246,14 +255,13 @@ def compress_forward_and_store(kv_score_buffer, kv_score_input, ape, plan, *, no
     online = (not c4) if is_online is None else is_online
     _check_config(head_dim, compress_ratio, online)
     _check_eps(norm_eps)
-    if isinstance(norm_weight, torch.Tensor) and tuple(norm_weight.shape) != (head_dim,):
-        # the store's D comes from norm_weight: one of another width would be judged against kvcache's pages
-        raise ArgumentValueError("norm_weight", f"norm_weight must be [{head_dim}] (head_dim {head_dim}; got "
-                                                f"{_described(norm_weight)})")
     # c4 and offline plans are read in place, whoever made them; the online path reads pydsa's own plan
     plan = _plan_of(plan, compress_ratio) if online and not c4 else sglang_c4.plan_of(plan, compress_ratio)
-    cache = layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size,
-                        "indexer" if c4 and head_dim == 128 else "v4")
+    try:
+        cache = layer_store(kvcache, norm_weight, norm_eps, freq_cis, page_size,
+                            "indexer" if c4 and head_dim == 128 else "v4")
+    except (TypeError, ValueError) as exc:
+        raise _norm_weight_named(exc, norm_weight, head_dim) from None
     if c4 or not online:
         _ring_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, out, c4=c4, records_ahead=records_ahead,
                        store=cache, out_loc=out_loc)
