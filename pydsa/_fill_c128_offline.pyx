@@ -132,14 +132,15 @@ cdef int _fill(dsa_c128_offline_params* p, bint extend, ring_, kv_score, out, re
     else:
         tensor(records, &rc, "records", U8, dev, 2, rows, 16, keep, "B: the rows of kv_score")
         p.decode_records = rc.data
+    cdef int64_t ring_bytes = ring.ring_rows * 2 * d * (2 if ring.ring_dtype == DSA_STATE_BFLOAT16 else 4)
+    apart_from_ring(&kv, rows * 2 * d * 4, "kv_score", ring.ring_data, ring_bytes, "ring.ring")
     o.data = NULL
     if out is not None:
         rows_of = "the rows of plan[0], one per compress record" if extend else "B: the rows of kv_score"
         tensor(out, &o, "out", F32, dev, 2, out_rows, d, keep, rows_of)
         disjoint(&o, out_rows * d * 4, "out", &kv, rows * 2 * d * 4, "kv_score")
         held.data, held.dev = <char*>ring.ring_data, dev
-        disjoint(&o, out_rows * d * 4, "out", &held, ring.ring_rows * 2 * d * (2 if ring.ring_dtype == DSA_STATE_BFLOAT16
-                                                                               else 4), "ring.ring")
+        disjoint(&o, out_rows * d * 4, "out", &held, ring_bytes, "ring.ring")
     if ring.store_address != NULL:
         if cache_slots is None:
             raise ArgumentValueError("cache_slots", "cache_slots is None but the ring has a store: give an int64 tensor "

@@ -1,5 +1,6 @@
 # Included by the shared reader (pydsa/_read.pyx): what both raw-ring families (c4, offline c128) read the same
-# way: a ring's buffers when its description is made, and a pyplan plan's geometry when an extend is called.
+# way: a ring's buffers when its description is made, an input apart from the rings a call writes, and a pyplan
+# plan's geometry when an extend is called.
 # Declared in pydsa/_read.pxd.
 
 
@@ -21,6 +22,17 @@ cdef int raw_ring(object ring, object ape, int parts, int64_t ape_rows, int64_t 
     tensor(ape, &a, "ape", F32, r.dev, 2, ape_rows, d, views)
     out.dev, out.dtype, out.data, out.rows, out.head_dim = r.dev, r.dtype, r.data, r.shape[0], d
     out.ape = <const float*>a.data
+    return 0
+
+
+cdef int apart_from_ring(const Arg* input, int64_t input_bytes, str input_name, const void* ring, int64_t ring_bytes,
+                         str ring_name) except -1:
+    cdef const char* r = <const char*>ring
+    if input.data == NULL or r == NULL:
+        return 0
+    if input.data < r + ring_bytes and r < input.data + input_bytes:
+        raise ArgumentValueError(input_name, f"{input_name} shares memory with {ring_name}, which the op writes as it reads "
+                                             f"the input: pass an input of its own")
     return 0
 
 

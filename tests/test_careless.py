@@ -121,11 +121,10 @@ CARELESS = {
     "negative": lambda t: -1 if isinstance(t, int) and not isinstance(t, bool) else None,
 }
 # sglang's compress_forward (c4 and offline c128 branches): mutations taken as valid. A ring one row short (its
-# records are data: skipped and counted); ape of another float dtype (cast, as sglang casts it); another int
-# head_dim or compress_ratio is another configuration, handed back to sglang (NotImplementedError, by design);
-# no out (one is made).
-COMPRESS_FORWARD_VALID = {("kv_score_buffer", "one row short"), ("ape", "float64"), ("head_dim", "negative"),
-                          ("compress_ratio", "negative"), ("out", "None")}
+# records are data: skipped and counted); ape of another float dtype (cast, as sglang casts it); no out (one is
+# made). (Another positive head_dim or compress_ratio is another configuration, handed back to sglang by a
+# NotImplementedError; a negative one is no configuration and is refused by name.)
+COMPRESS_FORWARD_VALID = {("kv_score_buffer", "one row short"), ("ape", "float64"), ("out", "None")}
 
 
 def compress_forward_cases(call):

@@ -321,3 +321,44 @@ def test_the_stores_norm_arguments_are_named_as_sglang_spells_them():
         err = _refusal(run)
         assert err.argument == "norm_weight" and "512" in str(err), str(err)
     assert not m["cache"].any(), "a refused store wrote"
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_an_input_sharing_memory_with_a_ring_is_refused(mode):
+    """The ring is written while the input is read (by other threads, in no order a caller controls): an input over
+    a ring's memory is refused, naming the input, in compress_forward and in c4_layer, where each input must also
+    be apart from the other compressor's ring; nothing is written."""
+    call = _compress_call(mode)
+    rows = call["kv_score_input"].shape[0]
+    call["kv_score_input"] = call["kv_score_buffer"].view(-1, 2048)[1:rows + 1]
+    ring = call["kv_score_buffer"].clone()
+    err = _refusal(lambda: _compress_forward(**call))
+    assert err.argument == "kv_score_input" and str(err).startswith("kv_score_input"), str(err)
+    assert torch.equal(call["kv_score_buffer"], ring), "a refused call wrote"
+    for side, over in (("main", "main"), ("indexer", "indexer"), ("main", "indexer"), ("indexer", "main")):
+        args = _layer_call(mode)
+        width = 4 * (512 if side == "main" else 128)
+        ring_over = args[over]["kv_score_buffer"]
+        if ring_over.numel() < rows * width:
+            continue
+        args[side] = dict(args[side], kv_score_input=ring_over.view(-1)[:rows * width].view(rows, width))
+        buffers = [args[s]["kv_score_buffer"] for s in ("main", "indexer")]
+        before = [t.clone() for t in buffers]
+        err = _refusal(lambda: sglang.c4_layer(**args))
+        assert err.argument == f"{side}['kv_score_input']", (side, over, str(err))
+        assert all(torch.equal(t, b) for t, b in zip(buffers, before)), "a refused call wrote"
+
+
+def test_a_ring_of_another_framework_is_named_not_taken_for_the_apes_mistake():
+    """pydsa.sglang's rings are torch tensors, as sglang's are: a numpy kv_score_buffer is refused by its name (it
+    was judged as the ape's shape)."""
+    for mode in ("decode", "extend"):
+        for side in ("main", "indexer"):
+            args = _layer_call(mode)
+            args[side] = dict(args[side], kv_score_buffer=args[side]["kv_score_buffer"].numpy())
+            err = _refusal(lambda: sglang.c4_layer(**args))
+            assert err.argument == f"{side}['kv_score_buffer']", str(err)
+        call = _compress_call(mode)
+        call["kv_score_buffer"] = call["kv_score_buffer"].numpy()
+        err = _refusal(lambda: _compress_forward(**call))
+        assert err.argument == "kv_score_buffer", str(err)

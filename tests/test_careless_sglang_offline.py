@@ -65,15 +65,31 @@ def test_a_careless_offline_compress_forward_argument_is_refused_in_sglangs_word
 @pytest.mark.parametrize("mode", ["decode", "extend"])
 @pytest.mark.parametrize("arg,how", sorted(COMPRESS_FORWARD_VALID))
 def test_what_the_trial_takes_as_valid_is_taken(mode, arg, how):
-    """The mutations the trial leaves out are not refused: the call runs, or (another head_dim or compress_ratio:
-    another configuration) is handed back to sglang with NotImplementedError."""
+    """The mutations the trial leaves out are not refused: the call runs."""
     args = _compress_call(mode)
     args[arg] = CARELESS[how](args[arg])
-    if arg in ("head_dim", "compress_ratio"):
+    sglang.compress_forward(**args, is_online=False)
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+@pytest.mark.parametrize("arg,value,handed_back", [("head_dim", 384, True), ("compress_ratio", 8, True),
+                                                   ("head_dim", -1, False), ("head_dim", 0, False),
+                                                   ("compress_ratio", 0, False), ("compress_ratio", -4, False)])
+def test_another_configuration_is_handed_back_and_no_configuration_is_refused(mode, arg, value, handed_back):
+    """Another positive head_dim or compress_ratio is another configuration: handed back to sglang with
+    NotImplementedError (what the plugin reads as sglang's to run). One no configuration has (zero, negative)
+    is the caller's mistake: an ArgumentValueError naming it. Nothing is written either way."""
+    args = _compress_call(mode)
+    ring, out = args["kv_score_buffer"].clone(), args["out"].clone()
+    args[arg] = value
+    if handed_back:
         with pytest.raises(NotImplementedError):
             sglang.compress_forward(**args, is_online=False)
     else:
-        sglang.compress_forward(**args, is_online=False)
+        with pytest.raises(pydsa.ArgumentValueError) as caught:
+            sglang.compress_forward(**args, is_online=False)
+        assert caught.value.argument == arg and str(caught.value).startswith(arg), str(caught.value)
+    assert torch.equal(args["kv_score_buffer"], ring) and torch.equal(args["out"], out), "a refused call wrote"
 
 
 def test_the_trial_reaches_every_argument_of_compress_forward():
@@ -202,3 +218,17 @@ def test_the_plugin_routes_an_offline_c128_layer_to_pydsa_and_hands_back_what_is
     monkeypatch.setenv(sglang_plugin.OFFLINE_SWITCH, "maybe")
     with pytest.raises(ValueError, match="PYDSA_SGLANG_OFFLINE is 'maybe'"):
         sglang_plugin.serves_offline(refresh=True)
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_an_input_sharing_memory_with_the_ring_is_refused(mode):
+    """The ring is written while the input is read: an input over the ring's memory is refused by name, nothing
+    written."""
+    args = _compress_call(mode)
+    rows = args["kv_score_input"].shape[0]
+    args["kv_score_input"] = args["kv_score_buffer"].view(-1)[:rows * 2 * D].view(rows, 2 * D)
+    ring, out = args["kv_score_buffer"].clone(), args["out"].clone()
+    with pytest.raises(pydsa.ArgumentValueError) as caught:
+        sglang.compress_forward(**args, is_online=False)
+    assert caught.value.argument == "kv_score_input", str(caught.value)
+    assert torch.equal(args["kv_score_buffer"], ring) and torch.equal(args["out"], out), "a refused call wrote"

@@ -207,7 +207,10 @@ def as_rows(t, width=None):
 def compressor(kv_score_buffer, ape, store=None) -> C4Compressor:
     """pydsa's view of one sglang c4 compressor: its ring ([rows, 4D] however sglang shapes it), its ape ([8, D]
     or the checkpoint's [4, 2D], cast to fp32 as sglang casts it to its fp32 input) and its store. Raises pydsa's
-    errors (ring, ape, store), for the caller to say in its words."""
+    errors (ring, ape, store), for the caller to say in its words. The ring is a torch tensor, as sglang's is (an
+    array of another framework would leave the ape unviewed and be misjudged as the ape's mistake)."""
+    if not isinstance(kv_score_buffer, torch.Tensor):
+        raise ArgumentTypeError("ring", f"ring must be a torch.Tensor [rows, 4D] (got {_described(kv_score_buffer)})")
     ring = as_rows(kv_score_buffer)
     d = ring.shape[-1] // 4 if isinstance(ring, torch.Tensor) and ring.dim() == 2 else None
     if isinstance(ape, torch.Tensor) and ape.is_floating_point() and ape.dtype != torch.float32:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ArgumentTypeError
+from ..errors import ArgumentTypeError, ArgumentValueError
 from . import c4 as sglang_c4
 from ._args import count_of, described as _described
 
@@ -54,10 +54,13 @@ def outside_pydsa(head_dim=HEAD_DIM, compress_ratio=RATIO, is_online=True, *, in
 
 
 def config_int(name: str, x) -> None:
-    """A configuration int (head_dim, compress_ratio) is an int: another type is refused as such, not taken for
-    a configuration pydsa does not implement."""
+    """A configuration int (head_dim, compress_ratio) is a positive int: another type, or a value no configuration
+    has, is refused as such, not taken for a configuration pydsa does not implement (NotImplementedError, which
+    the plugin reads as "hand it back to sglang")."""
     if count_of(x) is None:
         raise ArgumentTypeError(name, f"{name} must be an int (got {_described(x)} {x!r})")
+    if x < 1:
+        raise ArgumentValueError(name, f"{name} must be positive (got {x})")
 
 
 def check_config(head_dim, compress_ratio, is_online):
