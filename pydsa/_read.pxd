@@ -69,9 +69,9 @@ cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) excep
 cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
                   str other_name) except -1
 # An input must not share memory with a ring the op writes (rows are read and written by different threads, in an
-# order no caller controls): the error naming the input, else 0.
+# order no caller controls): the error naming the input and the ring's owner (`owner`.ring), else 0.
 cdef int apart_from_ring(const Arg* input, int64_t input_bytes, str input_name, const void* ring, int64_t ring_bytes,
-                         str ring_name) except -1
+                         str owner) except -1
 # On the host backend, live requests (seq_lens >= live_from, slot >= 0) must hold distinct slots: the error naming
 # slots, else 0 (device tensors are data the call does not read on the host).
 cdef int distinct_slots(const Arg* seq, const Arg* slots, int64_t n, int32_t live_from) except -1
