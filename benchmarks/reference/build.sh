@@ -12,7 +12,10 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 # sglang's wheel (its Python and its kernel sources; none of its dependencies) and tvm-ffi, which its
 # modules are built against: one copy for this machine's Python, one for the GPU machine's (CPython 3.12)
 python3 -m pip download -q --no-deps --only-binary=:all: sglang==0.5.23 -d "$work"
-python3 -m pip download -q --no-deps --only-binary=:all: apache-tvm-ffi==0.1.11 -d "$work/tvm-here"
+# tvm-ffi and the three small packages sglang's modules import (msgspec, orjson, psutil) for this machine's Python:
+# without msgspec the shim stands in for it and sglang's kernel registry fails at import
+python3 -m pip download -q --no-deps --only-binary=:all: apache-tvm-ffi==0.1.11 msgspec==0.23.0 orjson==3.13.0 \
+  psutil==7.2.2 -d "$work/tvm-here"
 mkdir -p "$OUT/wheels"
 # (with the three small packages sglang's modules use at import: msgspec, orjson, psutil)
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
