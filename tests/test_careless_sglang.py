@@ -56,17 +56,14 @@ def _compress_cases():
 
 @pytest.mark.parametrize("mode,arg,how", list(_compress_cases()))
 def test_a_careless_c4_compress_forward_argument_is_refused_in_sglangs_words(mode, arg, how):
-    """compress_forward's c4 branch: the error names the argument as sglang spells it (a shortened input, whose
-    rows set the batch, is named or names the plan that disagrees with it); the ring and out stay as they were."""
+    """compress_forward's c4 branch: the error names the argument as sglang spells it (a shortened input too: it
+    disagrees with both the plan and out, so it is the one named); the ring and out stay as they were."""
     args = _compress_call(mode)
     ring, out = args["kv_score_buffer"].clone(), args["out"].clone()
     kept = args["kv_score_buffer"], args["out"]
     args[arg] = CARELESS[how](args[arg])
     err = _refusal(lambda: _compress_forward(**args))
-    if (arg, how) == ("kv_score_input", "one row short") and mode == "decode":
-        assert err.argument in ("out", "plan.plan_d"), str(err)  # the first that disagrees with its rows
-    else:
-        assert err.argument == arg and str(err).startswith(arg), (err.argument, str(err))
+    assert err.argument == arg and str(err).startswith(arg), (err.argument, str(err))
     assert torch.equal(kept[0], ring) and torch.equal(kept[1], out), "a refused call wrote"
 
 
@@ -120,8 +117,9 @@ def _layer_cases():
 @pytest.mark.parametrize("mode,arg,key,how", list(_layer_cases()))
 def test_a_careless_c4_layer_argument_is_refused_by_its_name_or_key(mode, arg, key, how):
     """c4_layer: a careless argument, or a careless or missing key of its main / indexer dict, meets an error
-    naming it (main['store'], indexer['kv_score_input'], plan, out_loc; a shortened input names it or the plan
-    it disagrees with); no ring or cache byte changes."""
+    naming it (main['store'], indexer['kv_score_input'], plan, out_loc; a shortened decode input names it; a
+    shortened indexer input of an extend, whose tokens main's input sets, names it or what it disagrees with);
+    no ring or cache byte changes."""
     args = _layer_call(mode)
     buffers = [t for s in ("main", "indexer") for t in (args[s]["kv_score_buffer"], args[s]["store"].cache)]
     before = [t.clone() for t in buffers]
@@ -137,8 +135,8 @@ def test_a_careless_c4_layer_argument_is_refused_by_its_name_or_key(mode, arg, k
         args[arg] = side
         name = f"{arg}[{key!r}]"
     err = _refusal(lambda: sglang.c4_layer(**args))
-    if (key, how) == ("kv_score_input", "one row short") and not (arg == "main" and mode == "extend"):
-        # the main input's rows set the batch: the first argument that disagrees with them is named
+    if (key, how) == ("kv_score_input", "one row short") and mode == "extend" and arg == "indexer":
+        # the main input's rows set the extend's tokens: the first argument that disagrees with them is named
         assert err.argument in ("plan.plan_d", "indexer['kv_score_input']", "main['kv_score_input']", "out_loc"), \
             str(err)
     elif (arg, how) == ("out_loc", "one row short"):

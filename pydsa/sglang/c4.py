@@ -263,9 +263,13 @@ def ring_step(ring, kv_score_input, plan, *, head_dim: int, parts: int, decode, 
         raise ArgumentValueError("head_dim", f"head_dim is {head_dim} but kv_score_buffer's rows hold {parts} x "
                                              f"{ring.head_dim} values")
     if plan.is_decode:
+        given = out
         if make:
             out = entries(kv_score_input, kv_score_input, head_dim)
-        decode(ring, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
+        try:
+            decode(ring, kv_score_input, records=plan.plan_d, out=out, cache_slots=out_loc)
+        except ArgumentError as exc:
+            raise input_rows_named(exc, kv_score_input, plan, (given, out_loc)) from None
     else:
         plan_c, plan_w = plan.plan_c, plan.plan_w
         input_holds(kv_score_input, plan_c, plan_w, "kv_score_input")
@@ -273,6 +277,20 @@ def ring_step(ring, kv_score_input, plan, *, head_dim: int, parts: int, decode, 
             out = entries(kv_score_input, plan_c, head_dim)
         extend(ring, kv_score_input, (plan_c, plan_w), out=out, cache_slots=out_loc)
     return out
+
+
+def input_rows_named(exc, kv_score_input, plan, others, name="kv_score"):
+    """A decode refused for rows that disagree (the op names the first argument that disagrees with the input's
+    rows, which set the batch): when the input alone disagrees with the plan's records and `others` (out,
+    out_loc, the other compressor's input: tensors or None), the error names the input instead; else exc. Cold
+    path: called only from an except clause."""
+    if not (isinstance(exc, ArgumentError) and getattr(plan, "is_decode", False)
+            and isinstance(kv_score_input, torch.Tensor) and kv_score_input.dim() >= 1):
+        return exc
+    b, n = plan.plan_d.shape[0], kv_score_input.shape[0]
+    if n == b or any(isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] != b for t in others):
+        return exc
+    return ArgumentValueError(name, f"{name} has {n} rows but plan.plan_d holds {b} records (one row per request)")
 
 
 def _decode_ahead(*args, **kwargs):
@@ -339,4 +357,6 @@ def layer(main, indexer, plan, out_loc, *, records_ahead: bool = False) -> None:
             input_holds(kv, plan.plan_c, plan.plan_w, "main['kv_score_input']")
             c4_extend(m, kv, (plan.plan_c, plan.plan_w), indexer=i, indexer_kv_score=indexer_kv, cache_slots=out_loc)
     except ArgumentError as exc:
-        raise caller_words(exc, _LAYER_NAMES) from None
+        exc = input_rows_named(exc, kv, plan, (indexer_kv, out_loc))
+        raise caller_words(input_rows_named(exc, indexer_kv, plan, (kv, out_loc), "indexer_kv_score"),
+                           _LAYER_NAMES) from None
