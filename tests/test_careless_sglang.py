@@ -347,15 +347,20 @@ def test_an_input_sharing_memory_with_a_ring_is_refused(mode):
         assert all(torch.equal(t, b) for t, b in zip(buffers, before)), "a refused call wrote"
 
 
-def test_a_ring_of_another_framework_is_named_not_taken_for_the_apes_mistake():
+def test_a_ring_of_another_framework_or_dtype_is_named():
     """pydsa.sglang's rings are torch tensors, as sglang's are: a numpy kv_score_buffer is refused by its name (it
-    was judged as the ape's shape)."""
+    was judged as the ape's shape); in c4_layer, rings of two dtypes name the indexer's ring (it named the
+    indexer dict)."""
     for mode in ("decode", "extend"):
         for side in ("main", "indexer"):
             args = _layer_call(mode)
             args[side] = dict(args[side], kv_score_buffer=args[side]["kv_score_buffer"].numpy())
             err = _refusal(lambda: sglang.c4_layer(**args))
             assert err.argument == f"{side}['kv_score_buffer']", str(err)
+        args = _layer_call(mode)  # a bf16 ring beside an fp32 one: the indexer's ring is named
+        args["indexer"] = dict(args["indexer"], kv_score_buffer=args["indexer"]["kv_score_buffer"].bfloat16())
+        err = _refusal(lambda: sglang.c4_layer(**args))
+        assert err.argument == "indexer['kv_score_buffer']" and "main['kv_score_buffer']" in str(err), str(err)
         call = _compress_call(mode)
         call["kv_score_buffer"] = call["kv_score_buffer"].numpy()
         err = _refusal(lambda: _compress_forward(**call))

@@ -357,6 +357,9 @@ def layer(main, indexer, plan, out_loc, *, records_ahead: bool = False) -> None:
             input_holds(kv, plan.plan_c, plan.plan_w, "main['kv_score_input']")
             c4_extend(m, kv, (plan.plan_c, plan.plan_w), indexer=i, indexer_kv_score=indexer_kv, cache_slots=out_loc)
     except ArgumentError as exc:
+        if exc.argument == "indexer" and m.ring.dtype != i.ring.dtype:
+            raise ArgumentValueError("indexer['kv_score_buffer']", f"indexer['kv_score_buffer'] is {i.ring.dtype} but "
+                                     f"main['kv_score_buffer'] is {m.ring.dtype}: both rings hold one dtype") from None
         exc = input_rows_named(exc, kv, plan, (indexer_kv, out_loc))
         raise caller_words(input_rows_named(exc, indexer_kv, plan, (kv, out_loc), "indexer_kv_score"),
                            _LAYER_NAMES) from None
