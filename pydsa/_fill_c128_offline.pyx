@@ -133,7 +133,7 @@ cdef int _fill(dsa_c128_offline_params* p, bint extend, ring_, kv_score, out, re
         tensor(records, &rc, "records", U8, dev, 2, rows, 16, keep, "B: the rows of kv_score")
         p.decode_records = rc.data
     cdef int64_t ring_bytes = ring.ring_rows * 2 * d * (2 if ring.ring_dtype == DSA_STATE_BFLOAT16 else 4)
-    apart_from_ring(&kv, rows * 2 * d * 4, "kv_score", ring.ring_data, ring_bytes, "ring")
+    apart_from_ring(kv.data, rows * 2 * d * 4, "kv_score", ring.ring_data, ring_bytes, "ring")
     o.data = NULL
     if out is not None:
         rows_of = "the rows of plan[0], one per compress record" if extend else "B: the rows of kv_score"

@@ -146,15 +146,13 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const 
     if input == NULL:
         tensor(kv_score, &kv, kv_name, F32, dev, 2, rows, 4 * comp.head_dim, keep, rows_of)
         input = &kv
-    cdef int64_t elt = 2 if comp.ring_dtype == DSA_STATE_BFLOAT16 else 4
+    cdef int64_t elt = 2 if comp.ring_dtype == DSA_STATE_BFLOAT16 else 4  # both rings' (one dtype, judged above)
     cdef int64_t ring_bytes = comp.ring_rows * 4 * comp.head_dim * elt, input_bytes = rows * 4 * comp.head_dim * 4
-    apart_from_ring(input, input_bytes, kv_name, comp.ring_data, ring_bytes, name)
-    cdef Arg main_input
+    apart_from_ring(input.data, input_bytes, kv_name, comp.ring_data, ring_bytes, name)
     if k == 1:  # each input apart from the other compressor's ring too
-        apart_from_ring(input, input_bytes, kv_name, p.compressors[0].ring,
+        apart_from_ring(input.data, input_bytes, kv_name, p.compressors[0].ring,
                         p.compressors[0].ring_rows * 4 * p.compressors[0].head_dim * elt, "main")
-        main_input.data = <char*>p.compressors[0].kv_score
-        apart_from_ring(&main_input, rows * 4 * p.compressors[0].head_dim * 4,
+        apart_from_ring(p.compressors[0].kv_score, rows * 4 * p.compressors[0].head_dim * 4,
                         "drafts" if kv_name == "indexer_drafts" else "kv_score", comp.ring_data, ring_bytes,
                         "indexer")
     o.data = NULL

@@ -65,12 +65,18 @@ cdef int optional_vector(object obj, Arg* a, str name, int32_t dev, int64_t n, l
 cdef int state_arg(object obj, Arg* a, int32_t* state_dtype, str name, list keep) except -1
 cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) except -1
 cdef int int_arg(object x, str name, int64_t low, int64_t high, str extra) except -1
+# Whether two byte ranges of one device overlap (a null one overlaps nothing): the one test of disjoint and
+# apart_from_ring.
+cdef inline bint overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) noexcept:
+    cdef const char* x = <const char*>a
+    cdef const char* y = <const char*>b
+    return x != NULL and y != NULL and x < y + b_bytes and y < x + a_bytes
 # An output must not share memory with an input of the same call: the error naming both, else 0.
 cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
                   str other_name) except -1
 # An input must not share memory with a ring the op writes (rows are read and written by different threads, in an
 # order no caller controls): the error naming the input and the ring's owner (`owner`.ring), else 0.
-cdef int apart_from_ring(const Arg* input, int64_t input_bytes, str input_name, const void* ring, int64_t ring_bytes,
+cdef int apart_from_ring(const void* input, int64_t input_bytes, str input_name, const void* ring, int64_t ring_bytes,
                          str owner) except -1
 # On the host backend, live requests (seq_lens >= live_from, slot >= 0) must hold distinct slots: the error naming
 # slots, else 0 (device tensors are data the call does not read on the host).

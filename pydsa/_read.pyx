@@ -358,9 +358,7 @@ cdef int error_counter(object obj, int32_t dev, uint32_t** out, list keep) excep
 
 cdef int disjoint(const Arg* out, int64_t out_bytes, str out_name, const Arg* other, int64_t other_bytes,
                   str other_name) except -1:
-    if out.data == NULL or other.data == NULL or out.dev != other.dev:
-        return 0
-    if out.data < other.data + other_bytes and other.data < out.data + out_bytes:
+    if out.dev == other.dev and overlap(out.data, out_bytes, other.data, other_bytes):
         raise ArgumentValueError(out_name, f"{out_name} shares memory with {other_name}: the op writes {out_name} while it reads "
                          f"{other_name}; pass a buffer of its own")
     return 0

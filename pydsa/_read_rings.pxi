@@ -25,12 +25,9 @@ cdef int raw_ring(object ring, object ape, int parts, int64_t ape_rows, int64_t 
     return 0
 
 
-cdef int apart_from_ring(const Arg* input, int64_t input_bytes, str input_name, const void* ring, int64_t ring_bytes,
+cdef int apart_from_ring(const void* input, int64_t input_bytes, str input_name, const void* ring, int64_t ring_bytes,
                          str owner) except -1:
-    cdef const char* r = <const char*>ring
-    if input.data == NULL or r == NULL:
-        return 0
-    if input.data < r + ring_bytes and r < input.data + input_bytes:
+    if overlap(input, input_bytes, ring, ring_bytes):
         raise ArgumentValueError(input_name, f"{input_name} shares memory with {owner}.ring, which the op writes as it reads "
                                              f"the input: pass an input of its own")
     return 0

@@ -333,18 +333,21 @@ def test_an_input_sharing_memory_with_a_ring_is_refused(mode):
     err = _refusal(lambda: _compress_forward(**call))
     assert err.argument == "kv_score_input" and str(err).startswith("kv_score_input"), str(err)
     assert torch.equal(call["kv_score_buffer"], ring), "a refused call wrote"
+    pairs = 0
     for side, over in (("main", "main"), ("indexer", "indexer"), ("main", "indexer"), ("indexer", "main")):
         args = _layer_call(mode)
         width = 4 * (512 if side == "main" else 128)
         ring_over = args[over]["kv_score_buffer"]
-        if ring_over.numel() < rows * width:
+        if ring_over.numel() < rows * width:  # the extend's main input does not fit in the indexer's ring
             continue
+        pairs += 1
         args[side] = dict(args[side], kv_score_input=ring_over.view(-1)[:rows * width].view(rows, width))
         buffers = [args[s]["kv_score_buffer"] for s in ("main", "indexer")]
         before = [t.clone() for t in buffers]
         err = _refusal(lambda: sglang.c4_layer(**args))
         assert err.argument == f"{side}['kv_score_input']", (side, over, str(err))
         assert all(torch.equal(t, b) for t, b in zip(buffers, before)), "a refused call wrote"
+    assert pairs >= 3, pairs
 
 
 def test_a_ring_of_another_framework_or_dtype_is_named():

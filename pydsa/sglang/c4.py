@@ -212,7 +212,7 @@ def compressor(kv_score_buffer, ape, store=None) -> C4Compressor:
     if not isinstance(kv_score_buffer, torch.Tensor):
         raise ArgumentTypeError("ring", f"ring must be a torch.Tensor [rows, 4D] (got {_described(kv_score_buffer)})")
     ring = as_rows(kv_score_buffer)
-    d = ring.shape[-1] // 4 if isinstance(ring, torch.Tensor) and ring.dim() == 2 else None
+    d = ring.shape[-1] // 4 if ring.dim() == 2 else None
     if isinstance(ape, torch.Tensor) and ape.is_floating_point() and ape.dtype != torch.float32:
         ape = ape.float()
     return C4Compressor(ring, as_rows(ape, d) if d else ape, store=store)
@@ -361,5 +361,5 @@ def layer(main, indexer, plan, out_loc, *, records_ahead: bool = False) -> None:
             raise ArgumentValueError("indexer['kv_score_buffer']", f"indexer['kv_score_buffer'] is {i.ring.dtype} but "
                                      f"main['kv_score_buffer'] is {m.ring.dtype}: both rings hold one dtype") from None
         exc = input_rows_named(exc, kv, plan, (indexer_kv, out_loc))
-        raise caller_words(input_rows_named(exc, indexer_kv, plan, (kv, out_loc), "indexer_kv_score"),
-                           _LAYER_NAMES) from None
+        exc = input_rows_named(exc, indexer_kv, plan, (kv, out_loc), "indexer_kv_score")
+        raise caller_words(exc, _LAYER_NAMES) from None
