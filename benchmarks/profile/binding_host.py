@@ -18,11 +18,18 @@ cases = {
  "prepared decode launch": pydsa.C128Decode(st, kv0, out0, ape, i0, i0).launch,
  "verify B=4 padding": lambda: pydsa.c128_verify(vst, vkv, vout, ape, idx, vseq, bank),
 }
+calls = 20000
+if sys.argv[1:] == ["c4"]:  # the c4 binding instead: python benchmarks/profile/binding_host.py c4
+    import os
+    sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+    from binding_host_c4 import cases
+    calls = 5000
+print("pydsa from", pydsa.__file__)
 for name, fn in cases.items():
     for _ in range(2000): fn()
     r = []
     for _ in range(7):
         t = time.perf_counter()
-        for _ in range(20000): fn()
-        r.append((time.perf_counter() - t) / 20000 * 1e6)
-    print(f"{name:28s} {statistics.median(r):.3f} us")
+        for _ in range(calls): fn()
+        r.append((time.perf_counter() - t) / calls * 1e6)
+    print(f"{name:36s} {statistics.median(r):.3f} us")

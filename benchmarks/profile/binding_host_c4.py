@@ -1,14 +1,11 @@
-"""Host time per call of the c4 binding on the host backend, over a plan of padding records (the C library does next
-to nothing): the core one-shot c4_decode, pydsa.sglang's compress_forward and c4_layer, and a prepared launch. Run
-from the clone's root: python benchmarks/profile/binding_host_c4.py (an older build: PYTHONPATH=<its --target
-folder>:<site-packages> python -S ...)."""
-import os, sys, time, statistics
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests"))
+"""The c4 cases of binding_host.py (python benchmarks/profile/binding_host.py c4; an older build: PYTHONPATH=<its
+--target folder>:<site-packages> python -S ...): host time per call of the c4 binding on the host backend, over a
+plan of padding records (the C library does next to nothing): the core one-shot c4_decode, pydsa.sglang's
+compress_forward and c4_layer, and a prepared launch. Needs tests/ on sys.path (binding_host.py puts it there)."""
 import torch, pydsa
 from pydsa import sglang
 from pydsa.sglang import compress as sg
 from test_sglang_c4 import SWA, _context
-print('pydsa from', pydsa.__file__)
 ctx = _context("cpu", 2, 64)
 plan = sg.CompressorDecodePlan.generate(4, ctx["rpi"], ctx["r2t"], ctx["f2s"], torch.tensor([0, 0]), SWA, 8)  # padding
 m, ix = ctx["main"], ctx["indexer"]
@@ -23,11 +20,3 @@ cases = {
                                                       dict(kv_score_buffer=ix["ring"], kv_score_input=ikv, ape=ix["ape"], store=None), plan, None),
  "prepared C4Decode launch": pydsa.C4Decode(main, kv, indexer=ind, indexer_kv_score=ikv, records=plan.plan_d).launch,
 }
-for name, fn in cases.items():
-    for _ in range(2000): fn()
-    r = []
-    for _ in range(7):
-        t = time.perf_counter()
-        for _ in range(5000): fn()
-        r.append((time.perf_counter() - t) / 5000 * 1e6)
-    print(f"{name:36s} {statistics.median(r):.3f} us")
