@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The GPU checks of a source tree in one call of a lent GPU machine, most needed first, within a time budget:
+#   bash benchmarks/gpu_checks.sh REFERENCE_BUILD OUT [SECONDS]
+# 1. builds this tree for sm_90 into /tmp/pydsa-build (pip --target; the reference build's wheels into /tmp/site);
+# 2. the GPU suite (pytest -m gpu) beside compute-sanitizer's memcheck and racecheck over $SANITIZE_MODULES
+#    (default: the c4, store, sglang c4, offline c128 and c4 plan tests; tests/sanitize.sh);
+# 3. the reference build's c4 checks (python -m pydsa.bench.c4 --only checks: ring rows bit-equal, entries and
+#    both caches against sglang 0.5.23's c4 modules);
+# 4. then, while the budget lasts, each `python -m pydsa.bench.c4 --only X` of $BENCH (e.g. BENCH="plan decode").
+# OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt.
+# REFERENCE_BUILD: benchmarks/reference/build.sh's output, carried to the GPU machine.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+ref=$(realpath "${1:?REFERENCE_BUILD}"); out=$(realpath -m "${2:?OUT}"); budget=${3:-560}
+t0=$(date +%s); mkdir -p "$out"
+left() { echo $((budget - ($(date +%s) - t0))); }
+commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
+[ -n "$(git -C "$root" status --porcelain 2>/dev/null)" ] && commit="$commit+changes"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+head_of() { echo "# $1: $gpu, $(date -u +%Y-%m-%dT%H:%MZ), tree $commit"; echo "# command: $2"; }
+note() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.txt"; }
+python3 -m pip install -q --no-index --no-deps --target /tmp/site "$ref"/wheels/*.whl > /dev/null 2>&1
+rm -rf /tmp/pydsa-build
+if ! python3 -m pip install -q --no-build-isolation --no-deps -Ccmake.define.PYDSA_CUDA_ARCHITECTURES=90-real \
+    --target /tmp/pydsa-build "$root" > "$out/build.log" 2>&1; then
+  note "build failed (build.log)"; tail -30 "$out/build.log"; exit 1
+fi
+note "built $commit"
+export PYTHONPATH=/tmp/pydsa-build:/tmp/site
+cd /tmp
+s=$(( $(left) - 90 ))
+if [ "$s" -gt 60 ]; then
+  ( { head_of "GPU suite" "pytest -q -m gpu tests (installed build)"
+      timeout "$s" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs "$root/tests" 2>&1; echo "rc=$?"; } \
+      > "$out/gpu-suite.txt" ) &
+  ( SANITIZE_MODULES="${SANITIZE_MODULES:-test_c4 test_store test_sglang_c4 test_c128_offline test_c4_plan}" \
+      SANITIZE_TOOLS="memcheck racecheck" SANITIZE_LOGS="$out/sanitizer-logs" \
+      timeout "$s" bash "$root/tests/sanitize.sh" "$out/sanitizer.txt" > /dev/null 2>&1 ) &
+  wait
+  note "suite: $(grep -E '[0-9]+ (passed|failed|skipped)' "$out/gpu-suite.txt" | tail -1)"
+  note "sanitizer: $(grep -c FAIL "$out/sanitizer.txt" 2>/dev/null || echo '?') failing runs (sanitizer.txt)"
+fi
+if [ "$(left)" -gt 60 ]; then
+  { head_of "reference c4 checks" "python3 -m pydsa.bench.c4 OUT --reference-build REF --only checks"
+    timeout $(( $(left) - 10 )) python3 -m pydsa.bench.c4 "$out/c4-checks.json" --reference-build "$ref" --only checks 2>&1
+    echo "rc=$?"; } > "$out/c4-checks.log"
+  note "c4 checks: $(tail -1 "$out/c4-checks.log")"
+fi
+for part in ${BENCH:-}; do
+  [ "$(left)" -gt 45 ] || { note "no time left for $part"; continue; }
+  { head_of "c4 rows: $part" "python3 -m pydsa.bench.c4 OUT --reference-build REF --rounds 3 --only $part"
+    timeout $(( $(left) - 5 )) python3 -m pydsa.bench.c4 "$out/c4-$part.json" --reference-build "$ref" --rounds 3 \
+      --only "$part" 2>&1; echo "rc=$?"; } > "$out/c4-$part.log"
+  note "c4 $part: $(tail -1 "$out/c4-$part.log")"
+done
+cat "$out/summary.txt"
