@@ -6,7 +6,9 @@
 #    (default: the c4, store, sglang c4, offline c128 and c4 plan tests; tests/sanitize.sh);
 # 3. the reference build's c4 checks (python -m pydsa.bench.c4 --only checks: ring rows bit-equal, entries and
 #    both caches against sglang 0.5.23's c4 modules);
-# 4. then, while the budget lasts, each `python -m pydsa.bench.c4 --only X` of $BENCH (e.g. BENCH="plan decode").
+# 4. then, while the budget lasts, each `python -m pydsa.bench.c4 --only X` of $BENCH (e.g. BENCH="plan decode");
+#    with BASE=<another source tree> (e.g. main's, from git archive), that tree is built too and each part runs
+#    $AB_ROUNDS times (default 2) in alternating processes, base then this tree: the same-run A/B.
 # OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt.
 # REFERENCE_BUILD: benchmarks/reference/build.sh's output, carried to the GPU machine.
 set -u
@@ -20,11 +22,18 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 head_of() { echo "# $1: $gpu, $(date -u +%Y-%m-%dT%H:%MZ), tree $commit"; echo "# command: $2"; }
 note() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.txt"; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$ref"/wheels/*.whl > /dev/null 2>&1
-rm -rf /tmp/pydsa-build
-if ! python3 -m pip install -q --no-build-isolation --no-deps -Ccmake.define.PYDSA_CUDA_ARCHITECTURES=90-real \
-    --target /tmp/pydsa-build "$root" > "$out/build.log" 2>&1; then
+build() {  # tree folder log
+  rm -rf "$2"
+  python3 -m pip install -q --no-build-isolation --no-deps -Ccmake.define.PYDSA_CUDA_ARCHITECTURES=90-real \
+    --target "$2" "$1" > "$3" 2>&1
+}
+base=${BASE:+$(realpath "$BASE")}
+[ -n "$base" ] && { build "$base" /tmp/pydsa-base "$out/build-base.log" & }
+if ! build "$root" /tmp/pydsa-build "$out/build.log"; then
   note "build failed (build.log)"; tail -30 "$out/build.log"; exit 1
 fi
+wait
+[ -n "$base" ] && { [ -d /tmp/pydsa-base/pydsa ] && note "built base $base" || { note "base build failed"; base=; }; }
 note "built $commit"
 export PYTHONPATH=/tmp/pydsa-build:/tmp/site
 cd /tmp
@@ -46,11 +55,21 @@ if [ "$(left)" -gt 60 ]; then
     echo "rc=$?"; } > "$out/c4-checks.log"
   note "c4 checks: $(tail -1 "$out/c4-checks.log")"
 fi
+bench() {  # part label build-folder
+  { head_of "c4 rows: $1 ($2)" "python3 -m pydsa.bench.c4 OUT --reference-build REF --rounds 3 --only $1"
+    PYTHONPATH="$3:/tmp/site" timeout $(( $(left) - 5 )) python3 -m pydsa.bench.c4 "$out/c4-$1-$2.json" \
+      --reference-build "$ref" --rounds 3 --only "$1" 2>&1; echo "rc=$?"; } > "$out/c4-$1-$2.log"
+  note "c4 $1 ($2): $(tail -1 "$out/c4-$1-$2.log")"
+}
 for part in ${BENCH:-}; do
-  [ "$(left)" -gt 45 ] || { note "no time left for $part"; continue; }
-  { head_of "c4 rows: $part" "python3 -m pydsa.bench.c4 OUT --reference-build REF --rounds 3 --only $part"
-    timeout $(( $(left) - 5 )) python3 -m pydsa.bench.c4 "$out/c4-$part.json" --reference-build "$ref" --rounds 3 \
-      --only "$part" 2>&1; echo "rc=$?"; } > "$out/c4-$part.log"
-  note "c4 $part: $(tail -1 "$out/c4-$part.log")"
+  if [ -z "$base" ]; then
+    [ "$(left)" -gt 45 ] && bench "$part" tree /tmp/pydsa-build || note "no time left for $part"
+    continue
+  fi
+  for round in $(seq 1 "${AB_ROUNDS:-2}"); do
+    [ "$(left)" -gt 90 ] || { note "no time left for $part round $round"; break; }
+    bench "$part" "base-$round" /tmp/pydsa-base
+    bench "$part" "tree-$round" /tmp/pydsa-build
+  done
 done
 cat "$out/summary.txt"
