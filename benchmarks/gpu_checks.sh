@@ -6,7 +6,8 @@
 #    (default: the c4, store, sglang c4, offline c128 and c4 plan tests; tests/sanitize.sh);
 # 3. the reference build's c4 checks (python -m pydsa.bench.c4 --only checks: ring rows bit-equal, entries and
 #    both caches against sglang 0.5.23's c4 modules);
-# 4. then, while the budget lasts, each `python -m pydsa.bench.c4 --only X` of $BENCH (e.g. BENCH="plan decode");
+# 4. then, while the budget lasts, each part of $BENCH: X runs `python -m pydsa.bench.c4 --only X --rounds 3`,
+#    release:Y `python -m pydsa.bench.release --only Y` (e.g. BENCH="plan decode release:offline release:v4-step");
 #    with BASE=<another source tree> (e.g. main's, from git archive), that tree is built too and each part runs
 #    $AB_ROUNDS times (default 2) in alternating processes, base then this tree: the same-run A/B.
 # OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt.
@@ -56,10 +57,15 @@ if [ "$(left)" -gt 60 ]; then
   note "c4 checks: $(tail -1 "$out/c4-checks.log")"
 fi
 bench() {  # part label build-folder
-  { head_of "c4 rows: $1 ($2)" "python3 -m pydsa.bench.c4 OUT --reference-build REF --rounds 3 --only $1"
-    PYTHONPATH="$3:/tmp/site" timeout $(( $(left) - 5 )) python3 -m pydsa.bench.c4 "$out/c4-$1-$2.json" \
-      --reference-build "$ref" --rounds 3 --only "$1" 2>&1; echo "rc=$?"; } > "$out/c4-$1-$2.log"
-  note "c4 $1 ($2): $(tail -1 "$out/c4-$1-$2.log")"
+  local module=c4 only=$1 extra="--rounds 3" name
+  local which=$commit
+  [ "${2#base}" != "$2" ] && which="base-$(git -C "$base" rev-parse --short HEAD 2>/dev/null || basename "$base")"
+  case "$1" in release:*) module=release only=${1#release:} extra="--commit $which";; esac
+  name=$module-$only-$2
+  { head_of "$module rows: $only ($2: $which)" "python3 -m pydsa.bench.$module OUT --reference-build REF --only $only $extra"
+    PYTHONPATH="$3:/tmp/site" timeout $(( $(left) - 5 )) python3 -m pydsa.bench.$module "$out/$name.json" \
+      --reference-build "$ref" --only "$only" $extra 2>&1; echo "rc=$?"; } > "$out/$name.log"
+  note "$module $only ($2): $(tail -1 "$out/$name.log")"
 }
 for part in ${BENCH:-}; do
   if [ -z "$base" ]; then
