@@ -10,15 +10,16 @@
 #    release:Y `python -m pydsa.bench.release --only Y` (e.g. BENCH="plan decode release:offline release:v4-step");
 #    with BASE=<another source tree> (e.g. main's, from git archive), that tree is built too and each part runs
 #    $AB_ROUNDS times (default 2) in alternating processes, base then this tree: the same-run A/B.
-# OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt.
+# OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt. COMMIT and
+# BASE_COMMIT name the trees where they carry no git history (a copied working tree, a git archive).
 # REFERENCE_BUILD: benchmarks/reference/build.sh's output, carried to the GPU machine.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 ref=$(realpath "${1:?REFERENCE_BUILD}"); out=$(realpath -m "${2:?OUT}"); budget=${3:-560}
 t0=$(date +%s); mkdir -p "$out"
 left() { echo $((budget - ($(date +%s) - t0))); }
-commit=$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)
-[ -n "$(git -C "$root" status --porcelain 2>/dev/null)" ] && commit="$commit+changes"
+commit=${COMMIT:-$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)}
+[ -z "${COMMIT:-}" ] && [ -n "$(git -C "$root" status --porcelain 2>/dev/null)" ] && commit="$commit+changes"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 head_of() { echo "# $1: $gpu, $(date -u +%Y-%m-%dT%H:%MZ), tree $commit"; echo "# command: $2"; }
 note() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.txt"; }
@@ -59,7 +60,7 @@ fi
 bench() {  # part label build-folder
   local module=c4 only=$1 extra="--rounds 3" name
   local which=$commit
-  [ "${2#base}" != "$2" ] && which="base-$(git -C "$base" rev-parse --short HEAD 2>/dev/null || basename "$base")"
+  [ "${2#base}" != "$2" ] && which="base-${BASE_COMMIT:-$(git -C "$base" rev-parse --short HEAD 2>/dev/null || basename "$base")}"
   case "$1" in release:*) module=release only=${1#release:} extra="--commit $which";; esac
   name=$module-$only-$2
   { head_of "$module rows: $only ($2: $which)" "python3 -m pydsa.bench.$module OUT --reference-build REF --only $only $extra"
