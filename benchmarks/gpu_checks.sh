@@ -10,6 +10,8 @@
 #    release:Y `python -m pydsa.bench.release --only Y` (e.g. BENCH="plan decode release:offline release:v4-step");
 #    with BASE=<another source tree> (e.g. main's, from git archive), that tree is built too and each part runs
 #    $AB_ROUNDS times (default 2) in alternating processes, base then this tree: the same-run A/B.
+# On a machine still warm from an earlier call: REUSE=1 keeps the builds already in /tmp (built again where
+# absent), SUITE=0 skips step 2, CHECKS=0 step 3.
 # OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt. COMMIT and
 # BASE_COMMIT name the trees where they carry no git history (a copied working tree, a git archive).
 # REFERENCE_BUILD: benchmarks/reference/build.sh's output, carried to the GPU machine.
@@ -25,6 +27,7 @@ head_of() { echo "# $1: $gpu, $(date -u +%Y-%m-%dT%H:%MZ), tree $commit"; echo "
 note() { echo "[$(( $(date +%s) - t0 )) s] $*" | tee -a "$out/summary.txt"; }
 python3 -m pip install -q --no-index --no-deps --target /tmp/site "$ref"/wheels/*.whl > /dev/null 2>&1
 build() {  # tree folder log
+  [ "${REUSE:-0}" = 1 ] && [ -d "$2/pydsa" ] && { echo "reused $2" > "$3"; return 0; }
   rm -rf "$2"
   python3 -m pip install -q --no-build-isolation --no-deps -Ccmake.define.PYDSA_CUDA_ARCHITECTURES=90-real \
     --target "$2" "$1" > "$3" 2>&1
@@ -40,7 +43,7 @@ note "built $commit"
 export PYTHONPATH=/tmp/pydsa-build:/tmp/site
 cd /tmp
 s=$(( $(left) - 90 ))
-if [ "$s" -gt 60 ]; then
+if [ "${SUITE:-1}" != 0 ] && [ "$s" -gt 60 ]; then
   ( { head_of "GPU suite" "pytest -q -m gpu tests (installed build)"
       timeout "$s" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs "$root/tests" 2>&1; echo "rc=$?"; } \
       > "$out/gpu-suite.txt" ) &
@@ -51,7 +54,7 @@ if [ "$s" -gt 60 ]; then
   note "suite: $(grep -E '[0-9]+ (passed|failed|skipped)' "$out/gpu-suite.txt" | tail -1)"
   note "sanitizer: $(grep -c FAIL "$out/sanitizer.txt" 2>/dev/null || echo '?') failing runs (sanitizer.txt)"
 fi
-if [ "$(left)" -gt 60 ]; then
+if [ "${CHECKS:-1}" != 0 ] && [ "$(left)" -gt 60 ]; then
   { head_of "reference c4 checks" "python3 -m pydsa.bench.c4 OUT --reference-build REF --only checks"
     timeout $(( $(left) - 10 )) python3 -m pydsa.bench.c4 "$out/c4-checks.json" --reference-build "$ref" --only checks 2>&1
     echo "rc=$?"; } > "$out/c4-checks.log"
