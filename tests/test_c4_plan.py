@@ -136,6 +136,32 @@ def test_extend_records_from_device_lengths_equal_the_torch_planners(device, b, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@settings(max_examples=examples(12))
+@given(seed=st.integers(0, 2 ** 31 - 1), ring=st.sampled_from(RINGS + [(5, 16), (3, 8), (1, 8)]),
+       use_req_ring=st.booleans(), b=st.sampled_from([1, 6, 17]))
+def test_extend_records_of_positions_that_wrap_64_bits_equal_the_torch_planners(device, seed, ring, use_req_ring, b):
+    """Lengths near -2^63 and 2^63 - 1 (positions seq - extend + j that wrap past 2^63 - 1, first kept positions that
+    wrap), small pages (every position a page's last four) and a cut-short num_q_tokens: the op numbers its records
+    from closed-form counts of each request's rows, and those are the torch planner's records, row by row."""
+    g = torch.Generator().manual_seed(seed)
+    rid, r2t, f2s = _tables(g, b, 64)
+    ext = torch.randint(-3, 40, (b,), generator=g)
+    edge = torch.randint(0, 60, (b,), generator=g)
+    kind = torch.randint(0, 3, (b,), generator=g)
+    seq = torch.where(kind == 0, (2 ** 63 - 1) - edge, torch.where(kind == 1, -(2 ** 63) + edge, edge))
+    total = int(ext.clamp_min(0).sum())
+    n = max(b, total + int(torch.randint(-total // 2, 9, (1,), generator=g)))
+    page, size = ring
+    # (a negative extend covers no row: test_a_negative_extend_covers_no_row)
+    want_c, want_w = ref.plan_prefill(rid, seq, ext.clamp_min(0), r2t, f2s, page, size, n, True, use_req_ring,
+                                      host=False)
+    plan_c, plan_w = _poisoned(n, 16, device), _poisoned(n, 8, device)
+    assert _fill_c4_plan.extend_plan(*_on(device, rid, seq, ext, r2t, f2s), swa_page_size=page, ring_size=size,
+                                     use_req_ring=use_req_ring, plan_c=plan_c, plan_w=plan_w) == 0
+    assert torch.equal(plan_c.cpu(), want_c) and torch.equal(plan_w.cpu(), want_w)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("b", [1025, 2100])
 def test_extend_records_of_more_requests_than_one_pass_holds_equal_the_torch_planners(device, b):
     """Over 1024 requests (the op takes their ends 1024 at a time), zero extends at the joins: the same records."""
