@@ -68,7 +68,7 @@ __device__ __forceinline__ PlanCounts block_prefix(const PlanCounts& x, PlanCoun
   if (warp == 0) {
     const PlanCounts w = lane < kWarps ? warps[lane] : PlanCounts{0, 0, 0};
     const PlanCounts wi = warp_prefix(w);
-    warps[lane] = PlanCounts{wi.rows - w.rows, wi.closes - w.closes, wi.kept - w.kept};
+    if (lane < kWarps) warps[lane] = PlanCounts{wi.rows - w.rows, wi.closes - w.closes, wi.kept - w.kept};
     if (lane == kWarps - 1) warps[kWarps] = wi;
   }
   __syncthreads();
