@@ -126,7 +126,11 @@ C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 1
       ("c4vec 1", "2"), ("c4vec 128", "2"), ("c4vec 129", "4"), ("c4vec 1024", "4"),
       # the decode plan: one request per thread, 128 threads a block, at most 4096 blocks (threads then loop)
       ("c4plan 1", "1 128"), ("c4plan 128", "1 128"), ("c4plan 129", "2 128"), ("c4plan 1024", "8 128"),
-      ("c4plan 524288", "4096 128"), ("c4plan 600000", "4096 128")]
+      ("c4plan 524288", "4096 128"), ("c4plan 600000", "4096 128"),
+      # the extend plan: num_tokens -> blocks (512 ragged rows each, at least one), threads, requests a pass (4 a thread)
+      ("c4plan_extend 0", "1 512 2048"), ("c4plan_extend 4", "1 512 2048"), ("c4plan_extend 512", "1 512 2048"),
+      ("c4plan_extend 513", "2 512 2048"), ("c4plan_extend 4096", "8 512 2048"),
+      ("c4plan_extend 65536", "128 512 2048")]
 
 # offline c128: D count -> blocks threads cluster fits. Below 256 rows the slice form (D / 64 blocks of 256 threads
 # a row, one cluster); from 256 rows the row form (a block of D threads a row, no cluster)

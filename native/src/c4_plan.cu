@@ -24,98 +24,130 @@ __device__ __forceinline__ void put(dsa_c4_write_record* at, const dsa_c4_write_
 }
 
 __global__ void __launch_bounds__(kC4PlanThreads) c4_plan_decode_kernel(const __grid_constant__ dsa_c4_plan_params p) {
+  const int64_t first = (int64_t)blockIdx.x * kC4PlanThreads + threadIdx.x;
+  if (first >= p.batch_size) return;  // a thread with no request reads nothing the launch before wrote
   wait_for_producers();
   allow_dependents();
-  for (int64_t b = (int64_t)blockIdx.x * kC4PlanThreads + threadIdx.x; b < p.batch_size;
-       b += (int64_t)gridDim.x * kC4PlanThreads)
+  for (int64_t b = first; b < p.batch_size; b += (int64_t)gridDim.x * kC4PlanThreads)
     put(p.plan_d + b, plan_decode_record(p, b));
 }
 
-// The exclusive prefix sum of x over the block (kC4PlanExtendThreads threads) and the block's total; every
-// thread calls it. `warps`: 33 ints of shared memory, free again when it returns.
-__device__ __forceinline__ int32_t block_prefix(int32_t x, int32_t* warps, int32_t* total) {
-  constexpr int kWarps = kC4PlanExtendThreads / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int32_t in = x;
+// A run of requests' ragged rows, compress records and write records.
+struct PlanCounts {
+  int32_t rows, closes, kept;
+  __device__ __forceinline__ PlanCounts& operator+=(const PlanCounts& o) {
+    rows += o.rows, closes += o.closes, kept += o.kept;
+    return *this;
+  }
+};
+
+__device__ __forceinline__ PlanCounts shfl_up(const PlanCounts& x, int d) {
+  return PlanCounts{__shfl_up_sync(0xFFFFFFFFu, x.rows, d), __shfl_up_sync(0xFFFFFFFFu, x.closes, d),
+                    __shfl_up_sync(0xFFFFFFFFu, x.kept, d)};
+}
+
+// The inclusive prefix of x over a warp.
+__device__ __forceinline__ PlanCounts warp_prefix(PlanCounts x) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int d = 1; d < 32; d <<= 1) {
-    const int32_t y = __shfl_up_sync(0xFFFFFFFFu, in, d);
-    if (lane >= d) in += y;
+    const PlanCounts y = shfl_up(x, d);
+    if (lane >= d) x += y;
   }
+  return x;
+}
+
+// The exclusive prefix of x over the block (kC4PlanExtendThreads threads) and the block's total; every thread
+// calls it. `warps`: kC4PlanExtendThreads / 32 + 1 entries of shared memory, free again when it returns.
+__device__ __forceinline__ PlanCounts block_prefix(const PlanCounts& x, PlanCounts* warps, PlanCounts* total) {
+  constexpr int kWarps = kC4PlanExtendThreads / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const PlanCounts in = warp_prefix(x);
   if (lane == 31) warps[warp] = in;
   __syncthreads();
   if (warp == 0) {
-    const int32_t w = lane < kWarps ? warps[lane] : 0;
-    int32_t wi = w;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int32_t y = __shfl_up_sync(0xFFFFFFFFu, wi, d);
-      if (lane >= d) wi += y;
-    }
-    warps[lane] = wi - w;
-    if (lane == 31) warps[32] = wi;
+    const PlanCounts w = lane < kWarps ? warps[lane] : PlanCounts{0, 0, 0};
+    const PlanCounts wi = warp_prefix(w);
+    if (lane < kWarps) warps[lane] = PlanCounts{wi.rows - w.rows, wi.closes - w.closes, wi.kept - w.kept};
+    if (lane == kWarps - 1) warps[kWarps] = wi;
   }
   __syncthreads();
-  const int32_t before = warps[warp] + in - x;
-  *total = warps[32];
+  const PlanCounts before = warps[warp];
+  *total = warps[kWarps];
   __syncthreads();
-  return before;
+  return PlanCounts{before.rows + in.rows - x.rows, before.closes + in.closes - x.closes,
+                    before.kept + in.kept - x.kept};
 }
 
-// One block walks the ragged rows in order, kC4PlanExtendThreads requests' ends at a time (the rows their
-// extends cover, clipped to num_tokens); each row finds its request among them by binary search, and the
-// records are numbered by a running count over the rows. Then the padding rows.
+// Each block writes the records of its kC4PlanExtendRows ragged rows. Every block counts the rows and records
+// of every request (kC4PlanRequestsPerThread requests a thread, a chunk of the block's at a time; the counts
+// are c4_plan_math.h's closed forms, so no block waits for another), keeps the chunk's ends and first record
+// numbers in shared memory, and numbers each of its rows' records from its request's first ones. Every list
+// is in request and position order, then padding to num_tokens rows: the block writes the padding rows that
+// fall among its own.
 __global__ void __launch_bounds__(kC4PlanExtendThreads)
     c4_plan_extend_kernel(const __grid_constant__ dsa_c4_plan_params p) {
-  constexpr int kThreads = kC4PlanExtendThreads, kPer = kC4PlanTokensPerThread;
-  static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32 && kThreads * kPer < 65536,
-                "block_prefix's layout; 16-bit counts per pass");
-  __shared__ int64_t ends[kThreads];
-  __shared__ int32_t warps[33];
+  constexpr int kThreads = kC4PlanExtendThreads, kPer = kC4PlanRequestsPerThread, kChunk = kThreads * kPer;
+  static_assert(kThreads % 32 == 0 && kThreads / 32 <= 32, "block_prefix's layout");
+  __shared__ int32_t ends[kChunk], first_c[kChunk], first_w[kChunk];
+  __shared__ PlanCounts warps[kThreads / 32 + 1];
+  __shared__ int32_t full[3];  // the records of the first n rows, once a request reaches row n: {found, c, w}
   wait_for_producers();
   allow_dependents();
   const int tid = threadIdx.x;
   const int64_t n = p.num_tokens;
-  int64_t base = 0, nc = 0, nw = 0;  // first row of this window's requests; records so far
-  for (int64_t w0 = 0; w0 < p.batch_size && base < n; w0 += kThreads) {
-    const int count = (int)std::min<int64_t>(kThreads, p.batch_size - w0);
-    const int32_t extent = tid < count ? (int32_t)plan_extent(p, w0 + tid) : 0;
-    int32_t total;
-    const int32_t before = block_prefix(extent, warps, &total);
-    if (tid < count) ends[tid] = std::min<int64_t>(base + before + extent, n);
+  const int64_t r0 = (int64_t)blockIdx.x * kC4PlanExtendRows, r1 = std::min<int64_t>(n, r0 + kC4PlanExtendRows);
+  if (tid == 0) full[0] = 0;
+  int64_t start = 0, nc = 0, nw = 0;  // the chunk's first row and the records before it
+  for (int64_t c0 = 0; c0 < p.batch_size && start < n; c0 += kChunk) {
+    const int count = (int)std::min<int64_t>(kChunk, p.batch_size - c0);
+    PlanCounts mine[kPer], sum{0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int at = tid * kPer + i;
+      mine[i] = PlanCounts{0, 0, 0};
+      if (at >= count) continue;
+      const PlanRequest r = plan_request(p, c0 + at);
+      const int64_t e = plan_extent(p, c0 + at);
+      mine[i] = PlanCounts{(int32_t)e, (int32_t)plan_closes_before(r, e), (int32_t)plan_kept_before(p, r, e)};
+      sum += mine[i];
+    }
+    PlanCounts total, at = block_prefix(sum, warps, &total);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int k = tid * kPer + i;
+      if (k >= count) continue;
+      const int64_t s = start + at.rows;
+      ends[k] = (int32_t)std::min<int64_t>(s + mine[i].rows, n);
+      first_c[k] = (int32_t)(nc + at.closes), first_w[k] = (int32_t)(nw + at.kept);
+      if (s < n && s + mine[i].rows >= n) {  // the request holding row n - 1: the lists' lengths
+        const PlanRequest r = plan_request(p, c0 + k);
+        full[0] = 1, full[1] = first_c[k] + (int32_t)plan_closes_before(r, n - s);
+        full[2] = first_w[k] + (int32_t)plan_kept_before(p, r, n - s);
+      }
+      at += mine[i];
+    }
     __syncthreads();
     const int64_t last = ends[count - 1];
-    for (int64_t t0 = base; t0 < last; t0 += kThreads * kPer) {
-      PlanToken k[kPer];
-      int32_t found = 0;  // closing rows | kept rows << 16
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        const int64_t t = t0 + (int64_t)tid * kPer + i;
-        k[i].closes = k[i].kept = false;
-        if (t >= last) continue;
-        int lo = 0, hi = count;  // the first request whose end lies past t
-        while (lo < hi) {
-          const int mid = (lo + hi) >> 1;
-          if (ends[mid] > t) hi = mid; else lo = mid + 1;
-        }
-        k[i] = plan_token(p, t, w0 + lo, t - (lo > 0 ? ends[lo - 1] : base));
-        found += (k[i].closes ? 1 : 0) + (k[i].kept ? 1 << 16 : 0);
+    for (int64_t t = std::max(start, r0) + tid; t < std::min(last, r1); t += kThreads) {
+      int lo = 0, hi = count - 1;  // the first request whose end lies past t
+      while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (ends[mid] > t) hi = mid; else lo = mid + 1;
       }
-      int32_t pass;
-      const int32_t at = block_prefix(found, warps, &pass);
-      int64_t c = nc + (at & 0xFFFF), w = nw + (at >> 16);
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        if (k[i].closes) put(p.plan_c + c++, k[i].compress);
-        if (k[i].kept) put(p.plan_w + w++, k[i].write);
-      }
-      nc += pass & 0xFFFF, nw += pass >> 16;
+      const int64_t b = c0 + lo, j = t - (lo > 0 ? ends[lo - 1] : start);
+      const PlanRequest r = plan_request(p, b);
+      const PlanToken k = plan_token(p, r, t, b, j);
+      if (k.closes) put(p.plan_c + first_c[lo] + plan_closes_before(r, j), k.compress);
+      if (k.kept) put(p.plan_w + first_w[lo] + plan_kept_before(p, r, j), k.write);
     }
-    base = last;
-    __syncthreads();  // the next window rewrites ends
+    start = last, nc += total.closes, nw += total.kept;
+    __syncthreads();  // the next chunk rewrites ends
   }
-  for (int64_t r = nc + tid; r < n; r += kThreads) put(p.plan_c + r, padding_compress());
-  for (int64_t r = nw + tid; r < n; r += kThreads) put(p.plan_w + r, padding_write());
+  __syncthreads();
+  const int64_t all_c = full[0] ? full[1] : nc, all_w = full[0] ? full[2] : nw;
+  for (int64_t r = std::max(all_c, r0) + tid; r < r1; r += kThreads) put(p.plan_c + r, padding_compress());
+  for (int64_t r = std::max(all_w, r0) + tid; r < r1; r += kThreads) put(p.plan_w + r, padding_write());
 }
 
 struct PlanChecked {
@@ -163,20 +195,24 @@ void host_plan_decode(const dsa_c4_plan_params& p) {
   for (int64_t b = 0; b < p.batch_size; ++b) p.plan_d[b] = plan_decode_record(p, b);
 }
 
+// Records numbered as the device numbers them: each request's first ones from the closed-form counts of the
+// requests before it, each row's from its request's.
 void host_plan_extend(const dsa_c4_plan_params& p) {
   const int64_t n = p.num_tokens;
-  int64_t start = 0, nc = 0, nw = 0;
+  int64_t start = 0, nc = 0, nw = 0, all_c = -1, all_w = -1;
   for (int64_t b = 0; b < p.batch_size && start < n; ++b) {
-    const int64_t end = std::min(start + plan_extent(p, b), n);
+    const PlanRequest r = plan_request(p, b);
+    const int64_t e = plan_extent(p, b), end = std::min(start + e, n);
     for (int64_t t = start; t < end; ++t) {
-      const PlanToken k = plan_token(p, t, b, t - start);
-      if (k.closes) p.plan_c[nc++] = k.compress;
-      if (k.kept) p.plan_w[nw++] = k.write;
+      const PlanToken k = plan_token(p, r, t, b, t - start);
+      if (k.closes) p.plan_c[nc + plan_closes_before(r, t - start)] = k.compress;
+      if (k.kept) p.plan_w[nw + plan_kept_before(p, r, t - start)] = k.write;
     }
-    start = end;
+    if (start + e >= n) all_c = nc + plan_closes_before(r, n - start), all_w = nw + plan_kept_before(p, r, n - start);
+    nc += plan_closes_before(r, e), nw += plan_kept_before(p, r, e), start = end;
   }
-  std::fill(p.plan_c + nc, p.plan_c + n, padding_compress());
-  std::fill(p.plan_w + nw, p.plan_w + n, padding_write());
+  std::fill(p.plan_c + (all_c >= 0 ? all_c : nc), p.plan_c + n, padding_compress());
+  std::fill(p.plan_w + (all_w >= 0 ? all_w : nw), p.plan_w + n, padding_write());
 }
 
 unsigned launch_mode(const dsa_c4_plan_params& p) { return (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u; }
@@ -187,7 +223,8 @@ dsa_status plan_decode_device(const dsa_c4_plan_params& p, const PlanChecked&, i
 }
 
 dsa_status plan_extend_device(const dsa_c4_plan_params& p, const PlanChecked&, int, cudaStream_t s, const char* op) {
-  return launch_status(launch(c4_plan_extend_kernel, dim3(kC4PlanExtendBlocks), dim3(kC4PlanExtendThreads), s, launch_mode(p), p), op);
+  const dim3 grid((unsigned)c4_plan_extend_blocks(p.num_tokens));
+  return launch_status(launch(c4_plan_extend_kernel, grid, dim3(kC4PlanExtendThreads), s, launch_mode(p), p), op);
 }
 
 }  // namespace

@@ -72,6 +72,65 @@ constexpr int kPlanWindow = 8;  // an entry's window: positions 4n - 4 .. 4n + 3
 DSA_HD dsa_c4_compress_record padding_compress() { return dsa_c4_compress_record{0xFFFFFFFFu, 0, 0, -1, -1}; }
 DSA_HD dsa_c4_write_record padding_write() { return dsa_c4_write_record{0xFFFFFFFFu, -1}; }
 
+// What a request's extend needs of its lengths: the position of its first new token (seq - extend, wrapping),
+// the first position its ring keeps (the last complete quartet and the open one, or the last R - 6 with a ring
+// of R > 8 rows: speculative drafts) and its request row.
+struct PlanRequest {
+  int64_t pos0, first_kept, rid;
+};
+
+DSA_HD PlanRequest plan_request(const dsa_c4_plan_params& p, int64_t b) {
+  const int64_t seq = plan_length(p.seq_lens, p.seq_lens_int32, b);
+  const int64_t pad = p.ring_size > kPlanWindow ? p.ring_size - kPlanWindow + 2 : 0;
+  const int64_t by_quartet = wrap_sub(wrap_mul(floor_div(seq, 4), 4), 4), by_pad = wrap_sub(seq, pad);
+  return PlanRequest{wrap_sub(seq, plan_length(p.extend_lens, p.extend_lens_int32, b)),
+                     by_quartet < by_pad ? by_quartet : by_pad, p.req_pool_indices[b]};
+}
+
+// Floor division and modulo by a page of m >= 1 positions, in 32 bits where x fits them (the same values).
+DSA_HD int64_t page_div(int64_t x, int64_t m) {
+  return x >= 0 && x <= 0x7FFFFFFF ? (int64_t)((uint32_t)x / (uint32_t)m) : floor_div(x, m);
+}
+DSA_HD int64_t page_mod(int64_t x, int64_t m) {
+  return x >= 0 && x <= 0x7FFFFFFF ? (int64_t)((uint32_t)x % (uint32_t)m) : floor_mod(x, m);
+}
+
+// Whether position pos closes an entry, and whether the ring keeps it (page-scoped rings also keep the last 4
+// positions of every page).
+DSA_HD bool plan_closes(int64_t pos) { return ((uint64_t)pos & 3u) == 3u; }
+DSA_HD bool plan_kept(const dsa_c4_plan_params& p, const PlanRequest& r, int64_t pos) {
+  return pos >= r.first_kept || (!p.use_req_ring && page_mod(pos, p.swa_page_size) >= p.swa_page_size - 4);
+}
+
+// How many of a request's first m new tokens (0 <= m <= 2^17) close an entry, and how many the ring keeps: the
+// counts of the predicates above over positions pos0 .. pos0 + m - 1 (wrapping), in closed form, so that a
+// block can number its records without walking the rows before it. The positions are one increasing run, or
+// two where they wrap past 2^63 - 1.
+DSA_HD int64_t plan_closes_before(const PlanRequest& r, int64_t m) {
+  const int64_t first = (int64_t)((3u - (uint64_t)r.pos0) & 3u);  // the first token that closes
+  return m > first ? (m - 1 - first) / 4 + 1 : 0;
+}
+
+// Kept positions in [a, b] (a <= b, b - a < 2^17, no wrap).
+DSA_HD int64_t plan_kept_run(const dsa_c4_plan_params& p, const PlanRequest& r, int64_t a, int64_t b) {
+  const int64_t f = r.first_kept;
+  const int64_t above = f <= a ? b - a + 1 : f > b ? 0 : (int64_t)((uint64_t)b - (uint64_t)f) + 1;
+  if (p.use_req_ring || f <= a) return above;
+  // below first_kept, the last min(4, P) positions of each page of P
+  const int64_t page = p.swa_page_size, tail = page < 4 ? page : 4, from = page - tail;
+  const int64_t e = f > b ? b : f - 1;
+  const int64_t ma = page_mod(a, page), me = page_mod(e, page);
+  const int64_t upto_e = me >= from ? me - from + 1 : 0, upto_a = ma >= from ? ma - from + 1 : 0;
+  return above + (page_div(e, page) - page_div(a, page)) * tail + upto_e - upto_a + (ma >= from ? 1 : 0);
+}
+
+DSA_HD int64_t plan_kept_before(const dsa_c4_plan_params& p, const PlanRequest& r, int64_t m) {
+  if (m <= 0) return 0;
+  const int64_t last = wrap_add(r.pos0, m - 1);
+  if (last >= r.pos0) return plan_kept_run(p, r, r.pos0, last);
+  return plan_kept_run(p, r, r.pos0, INT64_MAX) + plan_kept_run(p, r, INT64_MIN, last);
+}
+
 // What ragged row t, token j (>= 0) of request b's extend, contributes: a compress record when it closes an
 // entry, a write record when it is kept in the ring.
 struct PlanToken {
@@ -80,23 +139,16 @@ struct PlanToken {
   dsa_c4_write_record write;
 };
 
-DSA_HD PlanToken plan_token(const dsa_c4_plan_params& p, int64_t t, int64_t b, int64_t j) {
-  const int64_t seq = plan_length(p.seq_lens, p.seq_lens_int32, b);
-  const int64_t pos = wrap_add(wrap_sub(seq, plan_length(p.extend_lens, p.extend_lens_int32, b)), j);
-  // the first position kept: the last complete quartet and the open one, or the last R - 6 with a ring of
-  // R > 8 rows (speculative drafts); page-scoped rings also keep the last 4 positions of every page
-  const int64_t pad = p.ring_size > kPlanWindow ? p.ring_size - kPlanWindow + 2 : 0;
-  const int64_t by_quartet = wrap_sub(wrap_mul(floor_div(seq, 4), 4), 4), by_pad = wrap_sub(seq, pad);
-  const int64_t first_kept = by_quartet < by_pad ? by_quartet : by_pad;
+DSA_HD PlanToken plan_token(const dsa_c4_plan_params& p, const PlanRequest& r, int64_t t, int64_t b, int64_t j) {
+  const int64_t pos = wrap_add(r.pos0, j);
   PlanToken k;
-  k.closes = floor_mod(wrap_add(pos, 1), 4) == 0;
-  k.kept = pos >= first_kept || (!p.use_req_ring && floor_mod(pos, p.swa_page_size) >= p.swa_page_size - 4);
+  k.closes = plan_closes(pos);
+  k.kept = plan_kept(p, r, pos);
   const int ring_rows = j + 1 < kPlanWindow ? kPlanWindow - (int)(j + 1) : 0;
   const bool from_ring = k.closes && ring_rows > 0;
-  const int64_t rid = p.req_pool_indices[b];
-  const int64_t row = k.kept || from_ring ? plan_ring_row(p, rid, pos) : -1;
+  const int64_t row = k.kept || from_ring ? plan_ring_row(p, r.rid, pos) : -1;
   const int64_t before = wrap_sub(pos, 4);
-  const int64_t previous = from_ring ? plan_ring_row(p, rid, before > 0 ? before : 0) : -1;
+  const int64_t previous = from_ring ? plan_ring_row(p, r.rid, before > 0 ? before : 0) : -1;
   k.compress = dsa_c4_compress_record{(uint32_t)low32(wrap_add(pos, 1)), (uint16_t)t, (uint16_t)ring_rows,
                                       ring_rows > 0 ? low32(floor_div(previous, 4)) : -1,
                                       ring_rows > 0 ? low32(floor_div(row, 4)) : (int32_t)b};

@@ -330,14 +330,18 @@ inline int64_t c4_blocks(int head_dim, int vec, int64_t count) {
 
 // ---- c4 plans -------------------------------------------------------------------------------------
 // The decode plan: one request per thread, 128 to a block, so a step of 1024 requests spreads over 8
-// multiprocessors (each record is two dependent table reads: latency, not bandwidth). The extend plan: one
-// block, since its records are numbered in ragged-row order (a running count over every row); a thread takes
-// kC4PlanTokensPerThread consecutive rows per pass, so 65,536 rows are 16 passes.
+// multiprocessors (each record is two dependent table reads: latency, not bandwidth). The extend plan: a block
+// per kC4PlanExtendRows ragged rows (a target verify of 1024 requests x 4 drafts: 8 blocks), each counting
+// every request's rows and records (kC4PlanRequestsPerThread a thread, 2048 a pass) to number its own.
 constexpr int kC4PlanThreads = 128;
-constexpr int kC4PlanExtendThreads = 1024;
-constexpr int kC4PlanExtendBlocks = 1;
-constexpr int kC4PlanTokensPerThread = 4;
+constexpr int kC4PlanExtendThreads = 512;
+constexpr int kC4PlanRequestsPerThread = 4;
+constexpr int64_t kC4PlanExtendRows = 512;
 constexpr int64_t kC4PlanMaxBlocks = 4096;  // beyond this, threads loop over requests
+
+inline int64_t c4_plan_extend_blocks(int64_t num_tokens) {
+  return std::max<int64_t>(1, (num_tokens + kC4PlanExtendRows - 1) / kC4PlanExtendRows);
+}
 
 inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
   return std::clamp<int64_t>((batch_size + kC4PlanThreads - 1) / kC4PlanThreads, 1, kC4PlanMaxBlocks);

@@ -79,6 +79,11 @@ int main() {
       long long b;
       in >> b;
       std::printf("%lld %d\n", (long long)c4_plan_decode_blocks(b), kC4PlanThreads);
+    } else if (what == "c4plan_extend") {  // num_tokens
+      long long n;
+      in >> n;
+      std::printf("%lld %d %lld\n", (long long)c4_plan_extend_blocks(n), kC4PlanExtendThreads,
+                  (long long)kC4PlanExtendThreads * kC4PlanRequestsPerThread);
     } else if (what == "offline") {  // D count
       long long n;
       int d;
