@@ -244,3 +244,30 @@ def test_the_sizing_helpers_answer_valid_sizes():
     assert pydsa.c4_max_drafts(16) == 10 and pydsa.c4_max_drafts(16, reject_all=True) == 9
     assert pydsa.kv_page_bytes(512, 2) == 1728 and pydsa.indexer_page_bytes() == 8448
     assert pydsa.bank_bytes(4, 4, head_dim=512) == 4 * 5 * 3 * 512 * 4
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ring_size", [8, 16])
+def test_a_verify_of_the_most_drafts_reads_the_row_its_last_draft_overwrites_first(device, ring_size):
+    """V = R - 6: draft R - 7's row is the row of position seq - 7, which draft 0's entry reads when it closes
+    (seq + 1 a multiple of 4). The verify, every draft accepted, equals decoding the drafts one by one: both
+    rings and both caches byte for byte."""
+    dev = torch.device(device)
+    V = pydsa.c4_max_drafts(ring_size)
+    slots, lens = [1, 3], [11, 23]
+    spec, plain = (Layer(dev, seed=5, ring_size=ring_size, max_len=48) for _ in range(2))
+    for layer in (spec, plain):
+        layer.extend(lens, lens, slots)
+    rows = [np.concatenate([spec.tokens[k][s, n:n + V] for s, n in zip(slots, lens)]) for k in range(2)]
+    kw = spec.kwargs(rows, 2 * V)
+    kw["cache_slots"] = torch.tensor([(n + j) // 4 + 32 * s for s, n in zip(slots, lens) for j in range(V)],
+                                     dtype=torch.int64, device=dev)
+    pydsa.c4_verify(drafts=kw.pop("kv_score"), indexer_drafts=kw.pop("indexer_kv_score"),
+                    seq_lens=_i32(*lens, device=dev), slots=_i32(*slots, device=dev), num_drafts=V,
+                    ring_size=ring_size, **kw)
+    for j in range(V):
+        plain.decode([n + j + 1 for n in lens], slots)
+    assert V == ring_size - 6 and all((n + 1) % 4 == 0 for n in lens)
+    for a, c in zip(spec.compressors + spec.caches, plain.compressors + plain.caches):
+        x, y = (a.ring, c.ring) if hasattr(a, "ring") else (a.cache, c.cache)
+        assert torch.equal(x.cpu().view(torch.uint8), y.cpu().view(torch.uint8))
