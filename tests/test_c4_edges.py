@@ -250,16 +250,18 @@ def test_the_sizing_helpers_answer_valid_sizes():
 @pytest.mark.parametrize("ring_size", [8, 16])
 def test_a_verify_of_the_most_drafts_reads_the_row_its_last_draft_overwrites_first(device, ring_size):
     """V = R - 6: draft R - 7's row is the row of position seq - 7, which draft 0's entry reads when it closes
-    (seq + 1 a multiple of 4). The verify, every draft accepted, equals decoding the drafts one by one: both
-    rings and both caches byte for byte."""
+    (seq + 1 a multiple of 4). The verify of 48 such requests, every draft accepted, equals decoding the drafts one
+    by one: both rings and both caches byte for byte (a write ordered after the read only by chance would lose
+    the race in some of them)."""
     dev = torch.device(device)
     V = pydsa.c4_max_drafts(ring_size)
-    slots, lens = [1, 3], [11, 23]
-    spec, plain = (Layer(dev, seed=5, ring_size=ring_size, max_len=48) for _ in range(2))
+    slots = list(range(48))
+    lens = [(11, 23, 15, 19)[s % 4] for s in slots]
+    spec, plain = (Layer(dev, seed=5, slots=48, ring_size=ring_size, max_len=36, pages=28) for _ in range(2))
     for layer in (spec, plain):
         layer.extend(lens, lens, slots)
     rows = [np.concatenate([spec.tokens[k][s, n:n + V] for s, n in zip(slots, lens)]) for k in range(2)]
-    kw = spec.kwargs(rows, 2 * V)
+    kw = spec.kwargs(rows, len(slots) * V)
     kw["cache_slots"] = torch.tensor([(n + j) // 4 + 32 * s for s, n in zip(slots, lens) for j in range(V)],
                                      dtype=torch.int64, device=dev)
     pydsa.c4_verify(drafts=kw.pop("kv_score"), indexer_drafts=kw.pop("indexer_kv_score"),
