@@ -437,7 +437,7 @@ dsa_status launch_writes(const dsa_c128_offline_params& p, cudaStream_t stream, 
   a.blocks0 = (uint32_t)blocks, a.count = p.num_write, a.num_tokens = p.num_tokens;
   a.records = p.write, a.error_count = p.error_count;
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  return launch_status(launch(c4_write_kernel<S, kC4Records, 2>, dim3((unsigned)blocks),
+  return launch_status(launch(c4_write_kernel<S, 2>, dim3((unsigned)blocks),
                               dim3(c4_block_threads(kC4WriteChannels)), stream, mode, a), op);
 }
 

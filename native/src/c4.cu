@@ -146,43 +146,12 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
   close_entry<kStore>(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
 }
 
-// What a compress pass reads of record i: the closing position + 1, the closing token's input row, the
-// window rows taken from the ring, the two groups. False: nothing to do (padding; a verify draft that
-// closes nothing; a request not held here).
-template <int kMode>
-__device__ __forceinline__ bool compress_record(const C4Launch& p, int64_t i, uint32_t* seq_len, int64_t* ragged,
-                                                int* ring_rows, int32_t* previous, int32_t* current) {
-  C4CompressRecord r;
-  if constexpr (kMode == kC4Records) {
-    const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + i);
-    r.seq_len = (uint32_t)q.x, r.ragged_id = (uint16_t)((uint32_t)q.y & 0xFFFFu);
-    r.ring_rows = (uint16_t)((uint32_t)q.y >> 16), r.previous_group = q.z, r.current_group = q.w;
-    *ragged = r.ragged_id;
-  } else {
-    const int64_t b = i / p.num_drafts;
-    const int32_t j = (int32_t)(i - b * p.num_drafts);
-    const int32_t seq = __ldg(p.seq_lens + b), slot = __ldg(p.slots + b);
-    if (seq < 0 || slot < 0) return false;
-    r = c4_draft_record(seq, j, slot, p.ring_size, p.num_drafts, b);
-    *ragged = i;
-  }
-  if (r.seq_len == kC4Padding) return false;
-  *seq_len = r.seq_len, *ring_rows = r.ring_rows, *previous = r.previous_group, *current = r.current_group;
-  return true;
-}
-
-// Extend / verify compress pass: one record per row of lanes (kStore as the decode's).
-template <typename S, int kMode, int VEC, bool kStore>
-__global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_compress_kernel(const __grid_constant__ C4Launch p) {
-  const C4Thread t = c4_thread<VEC>(p);
-  wait_for_producers();
-  allow_dependents();
-  if (t.i >= p.count) return;
-  uint32_t seq_len;
-  int64_t ragged;
-  int ring_rows;
-  int32_t previous, current;
-  if (!compress_record<kMode>(p, t.i, &seq_len, &ragged, &ring_rows, &previous, &current)) return;
+// The entry a compress record closes (seq_len = closing position + 1; window rows 0 .. ring_rows - 1 from the
+// ring, the rest from input rows ragged - 7 + j), written to `out` row out_row and stored at the cache slot of
+// input row `ragged` (kStore as the decode's). A record that does not fit the call is skipped and counted.
+template <typename S, int VEC, bool kStore>
+__device__ __forceinline__ void compress_entry(const C4Launch& p, const C4Thread& t, uint32_t seq_len, int64_t ragged,
+                                               int ring_rows, int32_t previous, int32_t current, int64_t out_row) {
   const C4Side& c = *t.c;
   const int D = t.D, ch = t.ch;
   if (!compress_fits(seq_len, ragged, ring_rows, previous, current, p.num_tokens, c.ring_rows)) {
@@ -212,7 +181,45 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_compress_kernel(cons
 #pragma unroll
     for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
   }
-  close_entry<kStore>(t, kv, z, overlap ? 0 : 4, kMode == kC4Records ? t.i : ragged, o, loc, pos, p.error_count);
+  close_entry<kStore>(t, kv, z, overlap ? 0 : 4, out_row, o, loc, pos, p.error_count);
+}
+
+// Extend compress pass: one compress record per row of lanes; entry i written to `out` row i.
+template <typename S, int VEC, bool kStore>
+__global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_compress_kernel(const __grid_constant__ C4Launch p) {
+  const C4Thread t = c4_thread<VEC>(p);
+  wait_for_producers();
+  allow_dependents();
+  if (t.i >= p.count) return;
+  const int4 q = __ldg(reinterpret_cast<const int4*>(p.records) + t.i);
+  if ((uint32_t)q.x == kC4Padding) return;
+  compress_entry<S, VEC, kStore>(p, t, (uint32_t)q.x, (uint32_t)q.y & 0xFFFFu, (int)((uint32_t)q.y >> 16), q.z, q.w,
+                                 t.i);
+}
+
+// Verify in one launch: a row of lanes per draft (request i / V, draft i % V), the entry it closes, then its
+// input row into the ring. A thread reads and writes only its own channels of a ring row, so its program order
+// is the order of its reads and writes; and a draft's row lands on a row that an entry of the same verify
+// reads only for draft R - 7 when V = R - 6 (its position seq + R - 7 shares the row of seq - 7, in draft 0's
+// window when draft 0 closes: c4_max_drafts): draft 0's thread writes that row, after its entry.
+template <typename S, int VEC, bool kStore>
+__global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_verify_kernel(const __grid_constant__ C4Launch p) {
+  const C4Thread t = c4_thread<VEC>(p);
+  wait_for_producers();
+  allow_dependents();
+  if (t.i >= p.count) return;
+  const int64_t b = t.i / p.num_drafts;
+  const int32_t j = (int32_t)(t.i - b * p.num_drafts);
+  const int32_t seq = __ldg(p.seq_lens + b), slot = __ldg(p.slots + b);
+  if (seq < 0 || slot < 0) return;  // a request not held here
+  const C4CompressRecord r = c4_draft_record(seq, j, slot, p.ring_size, p.num_drafts, b);
+  if (r.seq_len != kC4Padding)
+    compress_entry<S, VEC, kStore>(p, t, r.seq_len, t.i, r.ring_rows, r.previous_group, r.current_group, t.i);
+  const int32_t late = p.ring_size - 7;
+  if (j != late)
+    write_ring_row<S, VEC, 4>(p, t, t.i, request_ring_row(slot, p.ring_size, (int64_t)seq + j));
+  if (j == 0 && late < p.num_drafts)
+    write_ring_row<S, VEC, 4>(p, t, t.i + late, request_ring_row(slot, p.ring_size, (int64_t)seq + late));
 }
 
 // ---- checks and launches ----------------------------------------------------------------------------
@@ -379,28 +386,25 @@ cudaError_t with_stores(const int (&kinds)[2], F&& f) {
   return kinds[0] != 0 || kinds[1] != 0 ? f(std::true_type{}) : f(std::false_type{});
 }
 
-// The compress pass, then the write pass (both compressors in each), in stream order.
-template <int kMode>
-dsa_status launch_passes(const dsa_c4_params& p, const int (&kinds)[2], C4Launch a, int64_t num_compress,
-                         int64_t num_write, const void* compress, const void* write, cudaStream_t s, const char* op) {
+// The extend's compress pass, then its write pass (both compressors in each), in stream order.
+dsa_status launch_passes(const dsa_c4_params& p, const int (&kinds)[2], C4Launch a, cudaStream_t s, const char* op) {
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16;
-  if (num_compress > 0) {
-    a.records = compress;
-    const int vec = c4_channels(num_compress);
-    const dim3 grid = c4_grid(p, a, num_compress, vec);
+  if (p.num_compress > 0) {
+    a.records = p.compress;
+    const int vec = c4_channels(p.num_compress);
+    const dim3 grid = c4_grid(p, a, p.num_compress, vec);
     DSA_TRY(launch_status(with_kind(bf16, vec, [&](auto e, auto v) {
       return with_stores(kinds, [&](auto st) {
-        return run(c4_compress_kernel<decltype(e), kMode, decltype(v)::value, decltype(st)::value>, vec, grid, s, mode,
-                   a);
+        return run(c4_compress_kernel<decltype(e), decltype(v)::value, decltype(st)::value>, vec, grid, s, mode, a);
       });
     }), op));
   }
-  if (num_write > 0) {
-    a.records = write;
-    const dim3 grid = c4_grid(p, a, num_write, kC4WriteChannels);
+  if (p.num_write > 0) {
+    a.records = p.write;
+    const dim3 grid = c4_grid(p, a, p.num_write, kC4WriteChannels);
     DSA_TRY(launch_status(with_kind(bf16, kC4WriteChannels, [&](auto e, auto) {
-      return run(c4_write_kernel<decltype(e), kMode>, kC4WriteChannels, grid, s, mode, a);
+      return run(c4_write_kernel<decltype(e)>, kC4WriteChannels, grid, s, mode, a);
     }), op));
   }
   return ok();
@@ -436,16 +440,23 @@ dsa_status c4_decode_device(const dsa_c4_params& p, const C4Checked& c, int, cud
 
 // The extend on the device: its compress records, then its write records.
 dsa_status c4_extend_device(const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t s, const char* op) {
-  return launch_passes<kC4Records>(p, c.kinds, c4_launch(p, c.stores, c.kinds), p.num_compress, p.num_write,
-                                   p.compress, p.write, s, op);
+  return launch_passes(p, c.kinds, c4_launch(p, c.stores, c.kinds), s, op);
 }
 
-// The verify on the device: each request's drafts as input rows, compress pass then write pass by request.
+// The verify on the device: one launch over the batch's drafts, each request's drafts as its input rows.
 dsa_status c4_verify_device(const dsa_c4_params& p, const C4Checked& c, int, cudaStream_t s, const char* op) {
   C4Launch a = c4_launch(p, c.stores, c.kinds);
-  a.num_tokens = p.batch_size * p.num_drafts;
   const int64_t rows = p.batch_size * p.num_drafts;
-  return launch_passes<kC4Requests>(p, c.kinds, a, rows, rows, nullptr, nullptr, s, op);
+  a.num_tokens = rows;
+  const int vec = c4_channels(rows);
+  const dim3 grid = c4_grid(p, a, rows, vec);
+  const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
+  DSA_TRY(launch_status(with_kind(p.ring_dtype == DSA_STATE_BFLOAT16, vec, [&](auto e, auto v) {
+    return with_stores(c.kinds, [&](auto st) {
+      return run(c4_verify_kernel<decltype(e), decltype(v)::value, decltype(st)::value>, vec, grid, s, mode, a);
+    });
+  }), op));
+  return ok();
 }
 
 }  // namespace

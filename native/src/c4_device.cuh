@@ -76,27 +76,11 @@ __device__ __forceinline__ void ring_store(S* ring, int64_t row, int D, int ch, 
   for (int h = 0; h < kHalves; ++h) store_state<VEC, S>(at + h * D, half[h]);
 }
 
-// Extend / verify write pass: one input row per row of lanes into the ring. A row is kHalves D-wide parts: 4
-// for a c4 row [kv_A | kv_B | score_A | score_B], 2 for an offline c128 row [kv | score] (whose extends take
-// the same write records).
-template <typename S, int kMode, int kHalves = 4>
-__global__ void __launch_bounds__(C4Form<kC4WriteChannels>::kThreads) c4_write_kernel(const __grid_constant__ C4Launch p) {
-  constexpr int VEC = kC4WriteChannels;
-  const C4Thread t = c4_thread<VEC>(p);
-  wait_for_producers();
-  allow_dependents();
-  if (t.i >= p.count) return;
-  int64_t ragged, row;
-  if constexpr (kMode == kC4Records) {
-    const int2 q = __ldg(reinterpret_cast<const int2*>(p.records) + t.i);
-    if ((uint32_t)q.x == kC4Padding) return;
-    ragged = (uint32_t)q.x, row = q.y;
-  } else {
-    const int64_t b = t.i / p.num_drafts;
-    const int32_t seq = __ldg(p.seq_lens + b), slot = __ldg(p.slots + b);
-    if (seq < 0 || slot < 0) return;
-    ragged = t.i, row = request_ring_row(slot, p.ring_size, seq + (t.i - b * p.num_drafts));
-  }
+// Input row `ragged` into ring row `row`, this thread's VEC channels of each of its kHalves D-wide parts (4 for
+// a c4 row [kv_A | kv_B | score_A | score_B], 2 for an offline c128 row [kv | score]); a row outside the input
+// or the ring is skipped and counted.
+template <typename S, int VEC, int kHalves>
+__device__ __forceinline__ void write_ring_row(const C4Launch& p, const C4Thread& t, int64_t ragged, int64_t row) {
   const C4Side& c = *t.c;
   if (ragged >= p.num_tokens || row < 0 || row >= c.ring_rows) {
     if (t.ch == 0) count_error(p.error_count);
@@ -107,6 +91,19 @@ __global__ void __launch_bounds__(C4Form<kC4WriteChannels>::kThreads) c4_write_k
 #pragma unroll
   for (int h = 0; h < kHalves; ++h) half[h] = load_lanes<VEC>(in + h * t.D);
   ring_store<S, VEC, kHalves>(static_cast<S*>(c.ring), row, t.D, t.ch, half);
+}
+
+// Extend write pass: one write record per row of lanes (the offline c128 extend takes the same records).
+template <typename S, int kHalves = 4>
+__global__ void __launch_bounds__(C4Form<kC4WriteChannels>::kThreads) c4_write_kernel(const __grid_constant__ C4Launch p) {
+  constexpr int VEC = kC4WriteChannels;
+  const C4Thread t = c4_thread<VEC>(p);
+  wait_for_producers();
+  allow_dependents();
+  if (t.i >= p.count) return;
+  const int2 q = __ldg(reinterpret_cast<const int2*>(p.records) + t.i);
+  if ((uint32_t)q.x == kC4Padding) return;
+  write_ring_row<S, VEC, kHalves>(p, t, (uint32_t)q.x, q.y);
 }
 
 }  // namespace
