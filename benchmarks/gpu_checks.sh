@@ -11,7 +11,7 @@
 #    with BASE=<another source tree> (e.g. main's, from git archive), that tree is built too and each part runs
 #    $AB_ROUNDS times (default 2) in alternating processes, base then this tree: the same-run A/B.
 # On a machine still warm from an earlier call: REUSE=1 keeps the builds already in /tmp (built again where
-# absent), SUITE=0 skips step 2, CHECKS=0 step 3.
+# absent), SUITE=0 skips step 2, CHECKS=0 step 3. PACK=1 leaves OUT as one archive, OUT.tgz.
 # OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt. COMMIT and
 # BASE_COMMIT name the trees where they carry no git history (a copied working tree, a git archive).
 # REFERENCE_BUILD: benchmarks/reference/build.sh's output, carried to the GPU machine.
@@ -83,3 +83,7 @@ for part in ${BENCH:-}; do
   done
 done
 cat "$out/summary.txt"
+# PACK=1: OUT as one archive, OUT.tgz (a lent machine returns only a few files a call)
+if [ "${PACK:-0}" = 1 ]; then
+  tar -czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")" && rm -rf "$out"
+fi
