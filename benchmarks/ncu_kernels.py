@@ -1,13 +1,14 @@
 """Kernel by kernel under ncu (run it as ncu ... python3 benchmarks/ncu_kernels.py REFERENCE_BUILD [--only REGEX]
 [--times N], from outside the clone): the P35 c4 calls (each pydsa.sglang call and the plugin route beside sglang
-0.5.23's; B = 1 / 256 / 1024) and the offline c128 decode + store (B = 1 / 32 / 1024), both sides, each call N times (3) inside an NVTX
-range naming the case; --only keeps the cases whose name matches."""
+0.5.23's; B = 1 / 256 / 1024), the P29 c4 extends (`c4x.<case>`: both compressors and stores, pydsa's two launches
+beside sglang's six) and the offline c128 decode + store (B = 1 / 32 / 1024), both sides, each call N times (3)
+inside an NVTX range naming the case; --only keeps the cases whose name matches."""
 import argparse
 import re
 
 import torch
 
-from pydsa.bench import offline as off, reference
+from pydsa.bench import c4 as c4b, offline as off, reference
 from pydsa.bench.c4_paths import path_cases
 from pydsa.bench.v4_step import RING, C4Layer, Geometry, step_lengths
 
@@ -37,6 +38,12 @@ def main(reference_build, only=None, times=3, dev="cuda"):
                 if path != "per-compressor":
                     for side, calls in (("sglang", theirs), ("pydsa", mine)):
                         profiled(f"c4.b{b}.{'closing' if closing else 'random'}.{path}.{comp}.{side}", calls, times, only)
+    for name, (seqs, exts) in c4b.EXTEND_CASES.items():
+        if seqs is None or (only is not None and not re.search(only, f"c4x.{name}.pydsa")):
+            continue
+        ctx, plan, out_loc, kv = c4b.extend_case(ref, seqs, exts, False, seed=11)
+        profiled(f"c4x.{name}.sglang", [lambda: c4b.sglang_layer(ref, ctx, kv, plan, out_loc)], times, only)
+        profiled(f"c4x.{name}.pydsa", [lambda: c4b.pydsa_extend(ctx, kv, plan, out_loc)], times, only)
     for b in (1, 32, 1024):
         for closing in (False, True):
             case = off.decode_case(ref, b, closing, torch.float32)
