@@ -386,6 +386,13 @@ cudaError_t with_stores(const int (&kinds)[2], F&& f) {
   return kinds[0] != 0 || kinds[1] != 0 ? f(std::true_type{}) : f(std::false_type{});
 }
 
+// Calls f(S{}, VEC{}, kStore{}) for a launch's kernel instance: its ring's element type, channels per thread and
+// whether it stores (with_kind, then with_stores).
+template <typename F>
+cudaError_t with_instance(bool bf16, int vec, const int (&kinds)[2], F&& f) {
+  return with_kind(bf16, vec, [&](auto e, auto v) { return with_stores(kinds, [&](auto st) { return f(e, v, st); }); });
+}
+
 // The extend's compress pass, then its write pass (both compressors in each), in stream order.
 dsa_status launch_passes(const dsa_c4_params& p, const int (&kinds)[2], C4Launch a, cudaStream_t s, const char* op) {
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
@@ -394,10 +401,8 @@ dsa_status launch_passes(const dsa_c4_params& p, const int (&kinds)[2], C4Launch
     a.records = p.compress;
     const int vec = c4_channels(p.num_compress);
     const dim3 grid = c4_grid(p, a, p.num_compress, vec);
-    DSA_TRY(launch_status(with_kind(bf16, vec, [&](auto e, auto v) {
-      return with_stores(kinds, [&](auto st) {
-        return run(c4_compress_kernel<decltype(e), decltype(v)::value, decltype(st)::value>, vec, grid, s, mode, a);
-      });
+    DSA_TRY(launch_status(with_instance(bf16, vec, kinds, [&](auto e, auto v, auto st) {
+      return run(c4_compress_kernel<decltype(e), decltype(v)::value, decltype(st)::value>, vec, grid, s, mode, a);
     }), op));
   }
   if (p.num_write > 0) {
@@ -425,14 +430,12 @@ dsa_status c4_decode_device(const dsa_c4_params& p, const C4Checked& c, int, cud
   const dim3 grid = c4_grid(p, a, p.batch_size, vec);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   const bool bf16 = p.ring_dtype == DSA_STATE_BFLOAT16, records = p.decode_records != nullptr;
-  const cudaError_t err = with_kind(bf16, vec, [&](auto e, auto v) {
-    return with_stores(c.kinds, [&](auto st) {
-      using S = decltype(e);
-      constexpr int VEC = decltype(v)::value;
-      constexpr bool kStore = decltype(st)::value;
-      return records ? run(c4_decode_kernel<S, kC4Records, VEC, kStore>, VEC, grid, s, mode, a)
-                     : run(c4_decode_kernel<S, kC4Requests, VEC, kStore>, VEC, grid, s, mode, a);
-    });
+  const cudaError_t err = with_instance(bf16, vec, c.kinds, [&](auto e, auto v, auto st) {
+    using S = decltype(e);
+    constexpr int VEC = decltype(v)::value;
+    constexpr bool kStore = decltype(st)::value;
+    return records ? run(c4_decode_kernel<S, kC4Records, VEC, kStore>, VEC, grid, s, mode, a)
+                   : run(c4_decode_kernel<S, kC4Requests, VEC, kStore>, VEC, grid, s, mode, a);
   });
   DSA_TRY(launch_status(err, op));
   return ok();
@@ -451,10 +454,8 @@ dsa_status c4_verify_device(const dsa_c4_params& p, const C4Checked& c, int, cud
   const int vec = c4_channels(rows);
   const dim3 grid = c4_grid(p, a, rows, vec);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  DSA_TRY(launch_status(with_kind(p.ring_dtype == DSA_STATE_BFLOAT16, vec, [&](auto e, auto v) {
-    return with_stores(c.kinds, [&](auto st) {
-      return run(c4_verify_kernel<decltype(e), decltype(v)::value, decltype(st)::value>, vec, grid, s, mode, a);
-    });
+  DSA_TRY(launch_status(with_instance(p.ring_dtype == DSA_STATE_BFLOAT16, vec, c.kinds, [&](auto e, auto v, auto st) {
+    return run(c4_verify_kernel<decltype(e), decltype(v)::value, decltype(st)::value>, vec, grid, s, mode, a);
   }), op));
   return ok();
 }
