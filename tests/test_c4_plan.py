@@ -19,8 +19,9 @@ from pydsa import _abi, _fill_c4_plan
 from pydsa.sglang import c4 as sglang_c4
 
 AWKWARD_B = [1, 17, 127, 257]
-# (swa_page_size, ring_size): sglang's rings of 8 and 16 rows per 256-token page, and a small page
-RINGS = [(256, 8), (256, 16), (64, 4)]
+# (swa_page_size, ring_size): sglang's rings of 8 and 16 rows per 256-token page, a small page, and sizes that are
+# not powers of two (the plans divide by them: a shift and a mask only for powers of two)
+RINGS = [(256, 8), (256, 16), (64, 4), (96, 12)]
 POISON = 0xAB
 
 

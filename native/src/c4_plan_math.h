@@ -30,11 +30,23 @@ DSA_HD int64_t plan_length(const void* lengths, int32_t is_int32, int64_t b) {
   return is_int32 ? (int64_t) static_cast<const int32_t*>(lengths)[b] : static_cast<const int64_t*>(lengths)[b];
 }
 
+// a / m and a % m for m >= 1, by a shift and a mask where m is a power of two (an engine's page and ring sizes
+// are): a 32-bit division is a chain of some twenty instructions on a GPU, on the decode plan's critical path.
+DSA_HD uint32_t log2_u32(uint32_t m) {
+#if defined(__CUDA_ARCH__)
+  return (uint32_t)(__ffs((int)m) - 1);
+#else
+  return (uint32_t)__builtin_ctz(m);
+#endif
+}
+DSA_HD uint32_t quot_u32(uint32_t a, uint32_t m) { return (m & (m - 1)) == 0 ? a >> log2_u32(m) : a / m; }
+DSA_HD uint32_t rem_u32(uint32_t a, uint32_t m) { return (m & (m - 1)) == 0 ? a & (m - 1) : a % m; }
+
 // The ring row of position `pos` of request row `rid`, or -1 where the tables address none.
 DSA_HD int64_t plan_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
   if (p.use_req_ring) {
     if (rid < 0) return -1;
-    const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)((uint32_t)pos % (uint32_t)p.ring_size)
+    const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)pos, (uint32_t)p.ring_size)
                                                          : floor_mod(pos, p.ring_size);
     return wrap_add(wrap_mul(rid, p.ring_size), within);
   }
@@ -44,8 +56,8 @@ DSA_HD int64_t plan_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t p
   const int64_t slot = p.full_to_state[token];
   if (slot < 0) return -1;
   if (slot <= 0x7FFFFFFF)  // the usual case, in 32-bit division (the same quotient; a 64-bit one is far slower on a GPU)
-    return wrap_add(wrap_mul((uint32_t)slot / (uint32_t)p.swa_page_size, p.ring_size),
-                    (uint32_t)slot % (uint32_t)p.ring_size);
+    return wrap_add(wrap_mul(quot_u32((uint32_t)slot, (uint32_t)p.swa_page_size), p.ring_size),
+                    rem_u32((uint32_t)slot, (uint32_t)p.ring_size));
   return wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size);
 }
 
@@ -89,10 +101,10 @@ DSA_HD PlanRequest plan_request(const dsa_c4_plan_params& p, int64_t b) {
 
 // Floor division and modulo by a page of m >= 1 positions, in 32 bits where x fits them (the same values).
 DSA_HD int64_t page_div(int64_t x, int64_t m) {
-  return x >= 0 && x <= 0x7FFFFFFF ? (int64_t)((uint32_t)x / (uint32_t)m) : floor_div(x, m);
+  return x >= 0 && x <= 0x7FFFFFFF ? (int64_t)quot_u32((uint32_t)x, (uint32_t)m) : floor_div(x, m);
 }
 DSA_HD int64_t page_mod(int64_t x, int64_t m) {
-  return x >= 0 && x <= 0x7FFFFFFF ? (int64_t)((uint32_t)x % (uint32_t)m) : floor_mod(x, m);
+  return x >= 0 && x <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)x, (uint32_t)m) : floor_mod(x, m);
 }
 
 // Whether position pos closes an entry, and whether the ring keeps it (page-scoped rings also keep the last 4
