@@ -12,6 +12,9 @@
 #    $AB_ROUNDS times (default 2) in alternating processes, base then this tree: the same-run A/B.
 # On a machine still warm from an earlier call: REUSE=1 keeps the builds already in /tmp (built again where
 # absent), SUITE=0 skips step 2, CHECKS=0 step 3. PACK=1 leaves OUT as one archive, OUT.tgz.
+# Step 2 gets SECONDS - 90 s less what the builds took: on an H100 (2026-12-07) the suite alone took 115 s and
+# memcheck / racecheck over test_c4 77 s, over test_c128_offline more than 110 s; give SECONDS >= 300 where the
+# suite must finish (a call that times the benches first, SUITE=0, then the suite with REUSE=1, gets both).
 # OUT gets one file per step, each headed by the GPU, date, commit and command, and summary.txt. COMMIT and
 # BASE_COMMIT name the trees where they carry no git history (a copied working tree, a git archive).
 # REFERENCE_BUILD: benchmarks/reference/build.sh's output, carried to the GPU machine.
