@@ -54,8 +54,10 @@ if [ "${SUITE:-1}" != 0 ] && [ "$s" -gt 60 ]; then
       SANITIZE_TOOLS="memcheck racecheck" SANITIZE_LOGS="$out/sanitizer-logs" \
       timeout "$s" bash "$root/tests/sanitize.sh" "$out/sanitizer.txt" > /dev/null 2>&1 ) &
   wait
-  note "suite: $(grep -E '[0-9]+ (passed|failed|skipped)' "$out/gpu-suite.txt" | tail -1)"
-  note "sanitizer: $(grep -c FAIL "$out/sanitizer.txt" 2>/dev/null || echo '?') failing runs (sanitizer.txt)"
+  summary=$(grep -E '[0-9]+ (passed|failed|skipped)' "$out/gpu-suite.txt" | tail -1)
+  note "suite: ${summary:-no summary: cut off at $s s? (gpu-suite.txt)}"
+  fails=$(grep -c FAIL "$out/sanitizer.txt" 2>/dev/null)  # prints 0 (and fails) where none failed
+  note "sanitizer: ${fails:-?} failing runs (sanitizer.txt)"
 fi
 if [ "${CHECKS:-1}" != 0 ] && [ "$(left)" -gt 60 ]; then
   { head_of "reference c4 checks" "python3 -m pydsa.bench.c4 OUT --reference-build REF --only checks"

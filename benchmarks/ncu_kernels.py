@@ -6,6 +6,7 @@ inside an NVTX range naming the case; --only keeps the cases whose name matches.
 import argparse
 import re
 
+import numpy as np
 import torch
 
 from pydsa.bench import c4 as c4b, offline as off, reference
@@ -38,8 +39,11 @@ def main(reference_build, only=None, times=3, dev="cuda"):
                 if path != "per-compressor":
                     for side, calls in (("sglang", theirs), ("pydsa", mine)):
                         profiled(f"c4.b{b}.{'closing' if closing else 'random'}.{path}.{comp}.{side}", calls, times, only)
+    rng = np.random.default_rng(3)
     for name, (seqs, exts) in c4b.EXTEND_CASES.items():
-        if seqs is None or (only is not None and not re.search(only, f"c4x.{name}.pydsa")):
+        if seqs is None:  # the ragged case: drawn as the P29 rows draw it
+            seqs, exts = c4b.ragged_case(rng)
+        if only is not None and not re.search(only, f"c4x.{name}.pydsa"):
             continue
         ctx, plan, out_loc, kv = c4b.extend_case(ref, seqs, exts, False, seed=11)
         profiled(f"c4x.{name}.sglang", [lambda: c4b.sglang_layer(ref, ctx, kv, plan, out_loc)], times, only)

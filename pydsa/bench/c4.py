@@ -227,7 +227,7 @@ EXTEND_CASES = {
 }
 
 
-def _ragged(rng):
+def ragged_case(rng):
     ext = rng.integers(1, 601, 64)
     pre = rng.integers(0, 300, 64)
     return (pre + ext).tolist(), ext.tolist()
@@ -254,7 +254,7 @@ def extend_rows(ref, rounds):
     rng = np.random.default_rng(3)
     for name, (seqs, exts) in EXTEND_CASES.items():
         if seqs is None:
-            seqs, exts = _ragged(rng)
+            seqs, exts = ragged_case(rng)
         ctx, plan, out_loc, kv = extend_case(ref, seqs, exts, False, seed=11)
         cases = {"sglang": [lambda: sglang_layer(ref, ctx, kv, plan, out_loc)],
                  "pydsa": [lambda: pydsa_extend(ctx, kv, plan, out_loc)]}
@@ -432,7 +432,7 @@ def main(argv=None):
             if name == "1x8K":
                 continue
             if seqs is None:
-                seqs, exts = _ragged(rng)
+                seqs, exts = ragged_case(rng)
             checks.append(check_extend(ref, name, seqs, exts, bf16))
             print(json.dumps(checks[-1]), flush=True)
         checks.append(check_extend(ref, "8x1K+prefix R=16", EXTEND_CASES["8x1K+prefix"][0], [1024] * 8, bf16, 16))
