@@ -137,7 +137,11 @@ C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 1
 OFFLINE = [("offline 512 1", "8 256 8 1"), ("offline 512 255", "2040 256 8 1"), ("offline 128 3", "6 256 2 1"),
            ("offline 256 0", "0 256 4 1"), ("offline 512 256", "256 512 1 1"), ("offline 512 1000", "1000 512 1 1"),
            ("offline 128 300", "300 128 1 1"), ("offline 256 4096", "4096 256 1 1"),
-           ("offline 512 2147483647", "2147483647 512 1 1"), ("offline 512 2147483648", "2147483648 512 1 0")]
+           ("offline 512 2147483647", "2147483647 512 1 1"), ("offline 512 2147483648", "2147483648 512 1 0"),
+           # the slice form's channels a lane (bf16 ring, extend -> vec, threads): 4 on 16-byte loads, 2 in a bf16
+           # ring's extend (most of its window from the fp32 input), 16 window blocks of 64 / vec lanes
+           ("offline_vec 1 1", "2 512"), ("offline_vec 1 0", "4 256"), ("offline_vec 0 1", "4 256"),
+           ("offline_vec 0 0", "4 256")]
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 // write and chunk entry, an extend's compress pass; the store fused) and the entry points (check, then host or
 // device). An extend's write pass is the c4 write pass over rows of two D-wide parts (c4_device.cuh).
 #include <cooperative_groups.h>
+#include <type_traits>
 
 #include "c128_offline_host.h"
 #include "c128_offline_math.h"
@@ -145,10 +146,11 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 // so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
 // The slice form reads its window and writes its row in its own lines, not through the row form's helpers above:
 // written through them its code grew and its small-B cells ran 3-16 % slower (docs/performance.md).
-template <typename S, int kMode>
-__global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
-  constexpr int VEC = kOfflineVec;
-  static_assert(kOfflineThreads == kOfflineBlocks * kOfflineLanes, "a lane group a window block");
+template <typename S, int kMode, int VEC>
+__global__ void __launch_bounds__(offline_slice_threads(VEC))
+    offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
+  constexpr int kLanes = kOfflineSlice / VEC;
+  static_assert(offline_slice_threads(VEC) == kOfflineBlocks * kLanes, "a lane group a window block");
   __shared__ __align__(16) float block_max[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_num[kOfflineBlocks][kOfflineSlice];
   __shared__ __align__(16) float block_den[kOfflineBlocks][kOfflineSlice];
@@ -156,8 +158,8 @@ __global__ void __launch_bounds__(kOfflineThreads) offline_slice_kernel(const __
   const int D = p.head_dim, slices = D / kOfflineSlice;
   const unsigned rank = blockIdx.x % (unsigned)slices;  // clusters run along x: a row's slices are its blocks
   const int64_t i = blockIdx.x / (unsigned)slices;
-  // kOfflineLanes lanes per window block (VEC channels each: 16-byte loads), one window block of 8 rows each
-  const int blk = (int)threadIdx.x / kOfflineLanes, lane = (int)threadIdx.x % kOfflineLanes;
+  // kLanes lanes per window block (VEC channels each), one window block of 8 rows each
+  const int blk = (int)threadIdx.x / kLanes, lane = (int)threadIdx.x % kLanes;
   const int ch = (int)rank * kOfflineSlice + VEC * lane;
   wait_for_producers();
   allow_dependents();
@@ -409,8 +411,9 @@ OfflineLaunch offline_launch(const dsa_c128_offline_params& p, const OfflineChec
 template <typename S, int kMode>
 dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int64_t count, const void* records,
                           cudaStream_t stream, const char* op) {
+  constexpr int kVec = offline_slice_vec(std::is_same<S, Bf16>::value, kMode == kCompress);
   a.count = count, a.records = records;
-  const Shape shape = offline_shape(p.head_dim, count);
+  const Shape shape = offline_shape(p.head_dim, count, kVec);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   if (offline_row_form(count))
     return launch_status(launch(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape), stream, mode, a), op);
@@ -425,7 +428,7 @@ dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int
   cudaLaunchConfig_t config = {};
   config.gridDim = grid_of(shape), config.blockDim = block_of(shape), config.stream = stream;
   config.attrs = attributes, config.numAttrs = n;
-  return launch_status(cudaLaunchKernelEx(&config, offline_slice_kernel<S, kMode>, a), op);
+  return launch_status(cudaLaunchKernelEx(&config, offline_slice_kernel<S, kMode, kVec>, a), op);
 }
 
 // The write pass: the c4 write kernel over one ring of rows [kv | score].

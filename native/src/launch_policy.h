@@ -366,11 +366,13 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 //   4-channel form now wins). The slice form's 4 channels a lane ran 1.02-1.48x the pace of 2 in the decode cells
 //   and fp32 extends, and 4-13 % slower in a bf16 ring's long extends (docs/performance.md, round 7).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
-constexpr int kOfflineVec = 4;        // channels per lane: 16-byte loads
-constexpr int kOfflineLanes = kOfflineSlice / kOfflineVec;  // lanes of a row slice
-constexpr int kOfflineThreads = 16 * kOfflineLanes;  // the 16 window blocks of 8 rows, a lane group each
 constexpr int kOfflineMaxDim = 512;   // the row form's largest block: a thread a channel
-static_assert(kOfflineMaxDim / 2 <= kOfflineThreads, "a slice block holds the store's D / 2 threads");
+// Channels per lane of the slice form: 4 (16-byte loads), but 2 in a bf16 ring's extend, whose compress records
+// read most of their window from the fp32 input and ran 4-13 % slower with 4.
+constexpr int offline_slice_vec(bool bf16_ring, bool extend) { return bf16_ring && extend ? 2 : 4; }
+// Threads of a slice block: the 16 window blocks of 8 rows, a lane group of kOfflineSlice / vec lanes each.
+constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec); }
+static_assert(kOfflineMaxDim / 2 <= offline_slice_threads(4), "a slice block holds the store's D / 2 threads");
 constexpr int64_t kOfflineRowsFrom = 256;
 
 inline int offline_slices(int head_dim) { return head_dim / kOfflineSlice; }
@@ -379,11 +381,11 @@ inline bool offline_row_form(int64_t count) { return count >= kOfflineRowsFrom; 
 inline int offline_cluster(int head_dim, int64_t count) { return offline_row_form(count) ? 1 : offline_slices(head_dim); }
 
 // Blocks of a closing launch over `count` rows; fits false: too many.
-inline Shape offline_shape(int head_dim, int64_t count) {
+inline Shape offline_shape(int head_dim, int64_t count, int vec = 4) {
   Shape s;
   const bool rows = offline_row_form(count);
   s.grid_x = rows ? count : count * offline_slices(head_dim);
-  s.grid_y = s.grid_z = 1, s.block_x = rows ? head_dim : kOfflineThreads, s.block_y = 1;
+  s.grid_y = s.grid_z = 1, s.block_x = rows ? head_dim : offline_slice_threads(vec), s.block_y = 1;
   s.fits = s.grid_x <= INT32_MAX;
   return s;
 }
