@@ -94,6 +94,12 @@ def test_step_bytes_counts_the_inputs_states_entries_and_windows():
     assert v.step_bytes(1, 0, seq, 4) == c128
     assert v.step_bytes(0, 1, seq, 4) == c4
     assert v.step_bytes(3, 2, seq, 4) == 3 * c128 + 2 * c4
+    # sglang's default c128 layers: rings of raw rows; the closing row reads its 127 earlier rows back
+    for ring in (4, 2):
+        row = 2 * 512 * ring
+        offline = 2 * 2 * 512 * 4 + 1 * row + (127 * row + 584) + 128 * 512 * 4
+        assert v.step_bytes(1, 0, seq, ring, offline=True) == offline
+        assert v.step_bytes(2, 1, seq, ring, offline=True) == 2 * offline + v.step_bytes(0, 1, seq, ring)
 
 
 def test_the_recorded_check_sees_one_step_flips_and_anything_more():
