@@ -1,7 +1,8 @@
 """Kernel by kernel under ncu (run it as ncu ... python3 benchmarks/ncu_kernels.py REFERENCE_BUILD [--only REGEX]
 [--times N], from outside the clone): the P35 c4 calls (each pydsa.sglang call and the plugin route beside sglang
-0.5.23's; B = 1 / 256 / 1024), the P29 c4 extends (`c4x.<case>`: both compressors and stores, pydsa's two launches
-beside sglang's six) and the offline c128 decode + store (B = 1 / 32 / 1024), both sides, each call N times (3)
+0.5.23's; B = 1 / 32 / 256 / 1024), the P29 c4 extends (`c4x.<case>`: both compressors and stores, pydsa's two launches
+beside sglang's six), the offline c128 decode + store (B = 1 / 32 / 1024) and its P34 extends + store
+(`offx.<case>`, fp32 ring), both sides, each call N times (3)
 inside an NVTX range naming the case; --only keeps the cases whose name matches."""
 import argparse
 import re
@@ -30,7 +31,7 @@ def profiled(name, calls, times=3, only=None):
 
 def main(reference_build, only=None, times=3, dev="cuda"):
     ref = reference.load(reference_build)
-    for b in (1, 256, 1024):
+    for b in (1, 32, 256, 1024):
         for closing in (False, True):
             geo = Geometry(step_lengths(b, closing, 35 * b + closing, dev, ratio=4))
             layer = C4Layer(geo, torch.float32, torch.Generator(device=dev).manual_seed(5 * b + closing))
@@ -53,6 +54,16 @@ def main(reference_build, only=None, times=3, dev="cuda"):
             case = off.decode_case(ref, b, closing, torch.float32)
             for side, calls in (("sglang", off.sglang_calls(ref, case)), ("pydsa", [lambda: off.pydsa_call(case)])):
                 profiled(f"off.b{b}.{'closing' if closing else 'random'}.{side}", calls, times, only)
+    rng = np.random.default_rng(34)
+    for name, lengths in off.P34_CASES.items():
+        if lengths is None:  # the ragged case: drawn as the P34 rows draw it
+            lengths = off.ragged_case(rng)
+        if only is not None and not re.search(only, f"offx.{name}.pydsa"):
+            continue
+        case = off.extend_case(ref, *lengths, torch.float32, dev)
+        profiled(f"offx.{name}.sglang", off.sglang_calls(ref, case), times, only)
+        profiled(f"offx.{name}.pydsa", [lambda: off.pydsa_call(case)], times, only)
+        del case
 
 
 if __name__ == "__main__":

@@ -290,3 +290,12 @@ def test_the_bench_checks_of_p33_and_p34_run_with_pydsa_sglang_standing_in_for_s
         ref, 1, False, dtype, device), 3.0)
     case.plan.plan_w[0, 4] ^= 1  # sglang's records no longer pydsa.sglang's: the check says so
     assert not bench.check(ref, case)["plan_bytes_equal"]
+
+
+def test_the_p34_ragged_draw_is_64_requests_of_1_to_600_tokens_behind_prefixes():
+    """pydsa/bench/offline.py's ragged P34 case (the release rows and the ncu script draw it alike)."""
+    from pydsa.bench import offline as bench
+    seqs, exts = bench.ragged_case(np.random.default_rng(34))
+    assert len(seqs) == len(exts) == 64 and min(exts) >= 1 and max(exts) <= 600
+    assert all(s >= e for s, e in zip(seqs, exts)) and len(set(exts)) > 32
+    assert bench.ragged_case(np.random.default_rng(34)) == (seqs, exts)

@@ -121,6 +121,12 @@ P34_CASES = {  # name: (seq_lens, extend_lens); None: 64 requests of 1-600 new t
     "1x8K": ([8192], [8192]), "1x32K": ([32768], [32768]), "64x(1-600) prefixes": None}
 
 
+def ragged_case(rng):
+    """P34's ragged extend: 64 requests of 1-600 new tokens behind random prefixes, (seq_lens, extend_lens)."""
+    ext = rng.integers(1, 601, 64)
+    return (ext + rng.integers(0, 100_000, 64)).tolist(), ext.tolist()
+
+
 class OfflineCase:
     """One offline c128 layer in sglang's pool layout (request b in ring slot b: rows b * 128 .. of a flat ring of
     B * 128 + 129 rows rounded to 128, as sglang's CompressStatePool sizes it; cache slots per token), its store's
@@ -296,8 +302,7 @@ def p34_rows(ref, rounds, dtypes, copy_tbps, device="cuda") -> list:
     rng = np.random.default_rng(34)
     for name, lengths in P34_CASES.items():
         if lengths is None:
-            ext = rng.integers(1, 601, 64)
-            lengths = ((ext + rng.integers(0, 100_000, 64)).tolist(), ext.tolist())
+            lengths = ragged_case(rng)
         for dtype in dtypes:
             case = extend_case(ref, *lengths, dtype, device, seed=len(rows))
             head = {"key": "P34 speedup", "case": name, "tokens": int(sum(lengths[1])),
