@@ -350,7 +350,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="fewer rounds")
     ap.add_argument("--commit", help="the commit measured (where the checkout's git does not know it)")
     ap.add_argument("--only", choices=["store", "decode", "prefill", "verify", "commit", "step", "floor", "sglang-api", "planning", "offline",
-                                       "v4-step"],
+                                       "v4-step", "c4-paths"],
                     help="one part")
     args = ap.parse_args(argv)
     ref = _load(args.reference_build)
@@ -389,6 +389,8 @@ def main(argv=None):
     if args.only == "v4-step":  # P31, P35 (pydsa/bench/v4_step.py): on request only
         result["v4_step"] = v4_step.rows(ref, rounds)
         result["v4_step"]["rows"] += c4_paths.path_rows(ref, rounds)
+    if args.only == "c4-paths":  # P35 alone (the plugin's route and each drop-in c4 call), for a quick A/B
+        result["v4_step"] = {"rows": c4_paths.path_rows(ref, rounds)}
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1)
 
