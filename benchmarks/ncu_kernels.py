@@ -58,11 +58,12 @@ def main(reference_build, only=None, times=3, dev="cuda"):
     for name, lengths in off.P34_CASES.items():
         if lengths is None:  # the ragged case: drawn as the P34 rows draw it
             lengths = off.ragged_case(rng)
-        if only is not None and not re.search(only, f"offx.{name}.pydsa"):
+        tag = "offx." + name.replace(" ", "_")  # a range name without spaces (ncu --nvtx-include takes it unquoted)
+        if only is not None and not re.search(only, f"{tag}.pydsa"):
             continue
         case = off.extend_case(ref, *lengths, torch.float32, dev)
-        profiled(f"offx.{name}.sglang", off.sglang_calls(ref, case), times, only)
-        profiled(f"offx.{name}.pydsa", [lambda: off.pydsa_call(case)], times, only)
+        profiled(f"{tag}.sglang", off.sglang_calls(ref, case), times, only)
+        profiled(f"{tag}.pydsa", [lambda: off.pydsa_call(case)], times, only)
         del case
 
 
