@@ -49,7 +49,7 @@ def _sass(source: str, tmp_path) -> dict[str, list[str]]:
             name = line.split("Function :")[1].strip()
             kernels[name] = []
         elif name is not None:
-            m = re.search(r"/\*[0-9a-f]{4}\*/\s+(.*?);", line)
+            m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?);", line)
             if m:
                 kernels[name].append(m.group(1).strip())
     return kernels
