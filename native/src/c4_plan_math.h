@@ -42,36 +42,60 @@ DSA_HD uint32_t log2_u32(uint32_t m) {
 DSA_HD uint32_t quot_u32(uint32_t a, uint32_t m) { return (m & (m - 1)) == 0 ? a >> log2_u32(m) : a / m; }
 DSA_HD uint32_t rem_u32(uint32_t a, uint32_t m) { return (m & (m - 1)) == 0 ? a & (m - 1) : a % m; }
 
-// The ring row of position `pos` of request row `rid`, or -1 where the tables address none.
-DSA_HD int64_t plan_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
-  if (p.use_req_ring) {
-    if (rid < 0) return -1;
-    const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)pos, (uint32_t)p.ring_size)
-                                                         : floor_mod(pos, p.ring_size);
-    return wrap_add(wrap_mul(rid, p.ring_size), within);
-  }
-  if (rid < 0 || rid >= p.token_rows || pos < 0 || pos >= p.token_cols) return -1;
-  const int64_t token = p.req_to_token[rid * p.token_stride + pos];
-  if (token < 0 || token >= p.num_full) return -1;
-  const int64_t slot = p.full_to_state[token];
+// The ring row of a position, in the steps of its table reads (each -1 where the tables address none), so that
+// a caller of two positions issues each table's two reads together: where req_to_token holds position `pos` of
+// request row `rid`; the token there; its state slot; the slot's ring row. Or, with request-scoped rings, the
+// row without reads.
+DSA_HD int64_t token_index(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
+  return rid < 0 || rid >= p.token_rows || pos < 0 || pos >= p.token_cols ? -1 : rid * p.token_stride + pos;
+}
+DSA_HD int64_t token_at(const dsa_c4_plan_params& p, int64_t at) { return at < 0 ? -1 : p.req_to_token[at]; }
+DSA_HD int64_t slot_of(const dsa_c4_plan_params& p, int64_t token) {
+  return token < 0 || token >= p.num_full ? -1 : p.full_to_state[token];
+}
+DSA_HD int64_t slot_ring_row(const dsa_c4_plan_params& p, int64_t slot) {
   if (slot < 0) return -1;
   if (slot <= 0x7FFFFFFF)  // the usual case, in 32-bit division (the same quotient; a 64-bit one is far slower on a GPU)
     return wrap_add(wrap_mul(quot_u32((uint32_t)slot, (uint32_t)p.swa_page_size), p.ring_size),
                     rem_u32((uint32_t)slot, (uint32_t)p.ring_size));
   return wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size);
 }
+DSA_HD int64_t request_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
+  if (rid < 0) return -1;
+  const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)pos, (uint32_t)p.ring_size)
+                                                       : floor_mod(pos, p.ring_size);
+  return wrap_add(wrap_mul(rid, p.ring_size), within);
+}
+
+// The ring rows of positions a and b of request row rid (-1 for one not wanted: its tables are not read): each
+// table's two reads issued together (a decode record's chain is then three dependent reads: its length and
+// request row, the tokens, the slots).
+struct RingRows {
+  int64_t a, b;
+};
+DSA_HD RingRows plan_ring_rows(const dsa_c4_plan_params& p, int64_t rid, int64_t a, int64_t b, bool want_a = true,
+                               bool want_b = true) {
+  if (p.use_req_ring)
+    return RingRows{want_a ? request_ring_row(p, rid, a) : -1, want_b ? request_ring_row(p, rid, b) : -1};
+  const int64_t token_a = token_at(p, want_a ? token_index(p, rid, a) : -1);
+  const int64_t token_b = token_at(p, want_b ? token_index(p, rid, b) : -1);
+  const int64_t slot_a = slot_of(p, token_a), slot_b = slot_of(p, token_b);
+  return RingRows{slot_ring_row(p, slot_a), slot_ring_row(p, slot_b)};
+}
 
 // The decode record of request b: the new token's row and group, the previous quartet's group. A length
 // past a record's 31 bits is a record the ops skip and count (seq_len 2^31 - 1 closes nothing, its rows
-// -1), never one wrapped into a padding record that nothing counts or into a real length.
+// -1), never one wrapped into a padding record that nothing counts or into a real length. The length and
+// the request row are read together, and the tables read before that test (their reads are bounds-checked):
+// a branch on the length between them would make them two trips.
 DSA_HD dsa_c4_decode_record plan_decode_record(const dsa_c4_plan_params& p, int64_t b) {
   const int64_t seq = plan_length(p.seq_lens, p.seq_lens_int32, b), rid = p.req_pool_indices[b];
-  if (seq > 0x7FFFFFFF) return dsa_c4_decode_record{0x7FFFFFFFu, -1, -1, -1};
   const int64_t last = wrap_sub(seq, 1);
   const int64_t p1 = last > 0 ? last : 0, p0 = p1 > 4 ? p1 - 4 : 0;
-  const int64_t row = plan_ring_row(p, rid, p1), previous = plan_ring_row(p, rid, p0);
-  return dsa_c4_decode_record{(uint32_t)low32(seq > 0 ? seq : 0), low32(row), low32(floor_div(previous, 4)),
-                              low32(floor_div(row, 4))};
+  const RingRows rows = plan_ring_rows(p, rid, p1, p0);
+  if (seq > 0x7FFFFFFF) return dsa_c4_decode_record{0x7FFFFFFFu, -1, -1, -1};
+  return dsa_c4_decode_record{(uint32_t)low32(seq > 0 ? seq : 0), low32(rows.a), low32(floor_div(rows.b, 4)),
+                              low32(floor_div(rows.a, 4))};
 }
 
 // Ragged rows a request's extend covers: its extend length, a negative one counted as 0, clipped to the rows.
@@ -158,9 +182,9 @@ DSA_HD PlanToken plan_token(const dsa_c4_plan_params& p, const PlanRequest& r, i
   k.kept = plan_kept(p, r, pos);
   const int ring_rows = j + 1 < kPlanWindow ? kPlanWindow - (int)(j + 1) : 0;
   const bool from_ring = k.closes && ring_rows > 0;
-  const int64_t row = k.kept || from_ring ? plan_ring_row(p, r.rid, pos) : -1;
   const int64_t before = wrap_sub(pos, 4);
-  const int64_t previous = from_ring ? plan_ring_row(p, r.rid, before > 0 ? before : 0) : -1;
+  const RingRows rows = plan_ring_rows(p, r.rid, pos, before > 0 ? before : 0, k.kept || from_ring, from_ring);
+  const int64_t row = rows.a, previous = rows.b;
   k.compress = dsa_c4_compress_record{(uint32_t)low32(wrap_add(pos, 1)), (uint16_t)t, (uint16_t)ring_rows,
                                       ring_rows > 0 ? low32(floor_div(previous, 4)) : -1,
                                       ring_rows > 0 ? low32(floor_div(row, 4)) : (int32_t)b};
