@@ -60,7 +60,7 @@ DSA_HD int64_t slot_ring_row(const dsa_c4_plan_params& p, int64_t slot) {
                     rem_u32((uint32_t)slot, (uint32_t)p.ring_size));
   return wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size);
 }
-DSA_HD int64_t request_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
+DSA_HD int64_t scoped_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
   if (rid < 0) return -1;
   const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)pos, (uint32_t)p.ring_size)
                                                        : floor_mod(pos, p.ring_size);
@@ -76,7 +76,7 @@ struct RingRows {
 DSA_HD RingRows plan_ring_rows(const dsa_c4_plan_params& p, int64_t rid, int64_t a, int64_t b, bool want_a = true,
                                bool want_b = true) {
   if (p.use_req_ring)
-    return RingRows{want_a ? request_ring_row(p, rid, a) : -1, want_b ? request_ring_row(p, rid, b) : -1};
+    return RingRows{want_a ? scoped_ring_row(p, rid, a) : -1, want_b ? scoped_ring_row(p, rid, b) : -1};
   const int64_t token_a = token_at(p, want_a ? token_index(p, rid, a) : -1);
   const int64_t token_b = token_at(p, want_b ? token_index(p, rid, b) : -1);
   const int64_t slot_a = slot_of(p, token_a), slot_b = slot_of(p, token_b);
