@@ -66,6 +66,89 @@ __device__ __forceinline__ void prefetch_window(const C4Side& c, const C4DecodeR
   }
 }
 
+// A closing decode row's entry once its checks passed: the store's slot and operands, then the window as
+// read(j, bias, value, score) gives it (from memory or from registers), then the entry.
+template <int VEC, bool kStore, typename Read>
+__device__ __forceinline__ void close_decode_row(const C4Launch& p, const C4Thread& t, const C4DecodeRecord& r,
+                                                 bool ahead, int64_t loc, Read&& read) {
+  const C4Side& c = *t.c;
+  const bool overlap = r.seq_len > kC4Quartet;
+  StoreOperands<VEC> o;
+  if (kStore && c.store_kind && !ahead) loc = __ldg(c.store.cache_slots + t.i);
+  const int64_t pos = (int64_t)r.seq_len - kC4Quartet;
+  if constexpr (kStore && C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
+  float kv[kC4Window][VEC], z[kC4Window][VEC];
+#pragma unroll
+  for (int j = 0; j < kC4Window; ++j) {
+    if (j < 4 && !overlap) continue;
+    Lanes<VEC> bias, value, score;
+    read(j, bias, value, score);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
+  }
+  close_entry<kStore>(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
+}
+
+// A decode row in the window-first form (C4Form::kWindowFirst): the record's checks become flags, and the
+// window's rows and ape rows are loaded before any exit or store of the row, so the loads leave together with
+// (or right behind) the record's and a closing row's chain is two memory trips (record, window), not three
+// (record, input row, then the window the row's store held back). Wherever the window names the token's own row,
+// its values come from registers as stored (a bf16 ring rounds them), which is what writing first and reading
+// back gives for any record. Then the checks, the row's write and the entry, as the plain form.
+template <typename S, int kMode, int VEC, bool kStore>
+__device__ __forceinline__ void decode_window_first(const C4Launch& p, const C4Thread& t, const Lanes<VEC> (&half)[4],
+                                                    C4DecodeRecord r, bool ahead, int64_t loc) {
+  const C4Side& c = *t.c;
+  const int D = t.D, ch = t.ch;
+  bool live;
+  if constexpr (kMode == kC4Records) {
+    if (!ahead) r = load_decode_record(p.records, t.i);
+    live = r.seq_len != 0u && r.seq_len <= 0x7FFFFFFFu;
+  } else {
+    const int32_t seq = __ldg(p.seq_lens + t.i), slot = __ldg(p.slots + t.i);
+    r = c4_decode_record(seq, slot, p.ring_size);
+    live = seq > 0 && slot >= 0;
+  }
+  const bool row_ok = r.write_row >= 0 && r.write_row < c.ring_rows;
+  const bool overlap = r.seq_len > kC4Quartet;
+  const bool groups_ok = group_ok(r.current_group, c.ring_rows) && (!overlap || group_ok(r.previous_group, c.ring_rows));
+  const bool closing = live && row_ok && r.seq_len % kC4Quartet == 0u && groups_ok;
+  const S* ring = static_cast<const S*>(c.ring);
+  Lanes<VEC> value[kC4Window], score[kC4Window], bias[kC4Window];
+  bool own[kC4Window];
+#pragma unroll
+  for (int j = 0; j < kC4Window; ++j) {
+    bias[j] = load_lanes<VEC>(c.ape + j * D + ch);
+    const int64_t row = 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3);
+    own[j] = row == r.write_row;
+    if (closing && (j >= 4 || overlap) && !own[j]) {
+      const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
+      value[j] = load_state<VEC, S>(at), score[j] = load_state<VEC, S>(at + 2 * D);
+    }
+  }
+  if (!live) return;  // padding
+  if (!row_ok) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  ring_store<S, VEC, 4>(static_cast<S*>(c.ring), r.write_row, D, ch, half);
+  if (r.seq_len % kC4Quartet != 0) return;
+  if (!groups_ok) {
+    if (ch == 0) count_error(p.error_count);
+    return;
+  }
+  close_decode_row<VEC, kStore>(p, t, r, ahead, loc, [&](int j, Lanes<VEC>& b, Lanes<VEC>& v, Lanes<VEC>& sc) {
+    b = bias[j];
+    if (own[j]) {
+#pragma unroll
+      for (int k = 0; k < VEC; ++k)
+        v.v[k] = as_stored<S>(half[j < 4 ? 0 : 1].v[k]), sc.v[k] = as_stored<S>(half[j < 4 ? 2 : 3].v[k]);
+    } else {
+      v = value[j], sc = score[j];
+    }
+  });
+}
+
 // Decode: one request per row of lanes; its token's row is written, and a closing token's entry is
 // computed from the ring's 8 rows (the token's own from registers when it is the current group's last row,
 // as written: a bf16 ring rounds it). kStore: whether a compressor of the launch stores (a launch without
@@ -102,6 +185,10 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
   Lanes<VEC> half[4];
 #pragma unroll
   for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
+  if constexpr (C4Form<VEC>::kWindowFirst) {
+    decode_window_first<S, kMode, VEC, kStore>(p, t, half, r, ahead, loc);
+    return;
+  }
   if constexpr (kMode == kC4Records) {
     if (!ahead) r = load_decode_record(p.records, t.i);
   } else {
@@ -122,16 +209,8 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
     if (ch == 0) count_error(p.error_count);
     return;
   }
-  StoreOperands<VEC> o;
-  if (kStore && c.store_kind && !ahead) loc = __ldg(c.store.cache_slots + t.i);
-  const int64_t pos = (int64_t)r.seq_len - kC4Quartet;
-  if constexpr (kStore && C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
-  float kv[kC4Window][VEC], z[kC4Window][VEC];
-#pragma unroll
-  for (int j = 0; j < kC4Window; ++j) {
-    if (j < 4 && !overlap) continue;
-    const Lanes<VEC> bias = load_lanes<VEC>(c.ape + j * D + ch);
-    Lanes<VEC> value, score;
+  close_decode_row<VEC, kStore>(p, t, r, ahead, loc, [&](int j, Lanes<VEC>& bias, Lanes<VEC>& value, Lanes<VEC>& score) {
+    bias = load_lanes<VEC>(c.ape + j * D + ch);
     if (j == kC4Window - 1 && r.write_row == 4 * r.current_group + 3) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) value.v[k] = as_stored<S>(half[1].v[k]), score.v[k] = as_stored<S>(half[3].v[k]);
@@ -140,10 +219,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
       const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
       value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + 2 * D);
     }
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
-  }
-  close_entry<kStore>(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
+  });
 }
 
 // The entry a compress record closes (seq_len = closing position + 1; window rows 0 .. ring_rows - 1 from the

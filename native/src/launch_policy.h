@@ -316,6 +316,9 @@ struct C4Form {
   static constexpr int kThreadsLog2 = VEC == 2 ? 8 : 7;  // kC4MaxDim / VEC threads (kC4MaxDim is 512)
   static constexpr int kThreads = 1 << kThreadsLog2;
   static constexpr bool kAimsEarly = VEC == 2;
+  // Whether a decode issues its window's loads before any exit or store of the row: one memory trip fewer on
+  // a closing row's chain (the record, then the window), for more registers held across the loads.
+  static constexpr bool kWindowFirst = VEC == 2;
   static_assert(kThreads == kC4MaxDim / VEC, "a block holds one row of the largest D");
 };
 // The host's reading of the same form (the launch's block size).
