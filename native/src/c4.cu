@@ -106,8 +106,8 @@ __device__ __forceinline__ void decode_window_first(const C4Launch& p, const C4T
     live = r.seq_len != 0u && r.seq_len <= 0x7FFFFFFFu;
   } else {
     const int32_t seq = __ldg(p.seq_lens + t.i), slot = __ldg(p.slots + t.i);
-    r = c4_decode_record(seq, slot, p.ring_size);
     live = seq > 0 && slot >= 0;
+    r = c4_decode_record(live ? seq : 1, live ? slot : 0, p.ring_size);  // its arithmetic wants seq >= 1
   }
   const bool row_ok = r.write_row >= 0 && r.write_row < c.ring_rows;
   const bool overlap = r.seq_len > kC4Quartet;
