@@ -3,6 +3,7 @@
 // addressing (the indexer's store lives with the other store in store_math.h).
 #pragma once
 
+#include "int_math.h"
 #include "store_math.h"
 #include "window_math.h"
 
@@ -48,9 +49,11 @@ struct C4WriteRecord {
 constexpr uint32_t kC4Padding = 0xFFFFFFFFu;
 
 // The ring row of position p of a request-scoped ring (slot's R rows), in 64 bits: a slot past the ring
-// gives a row past the ring, which the ops skip and count (never narrowed into another slot's rows).
+// gives a row past the ring, which the ops skip and count (never narrowed into another slot's rows). A
+// position of 31 bits takes the 32-bit remainder (a shift and a mask for a power-of-two R), the same value.
 DSA_HD int64_t request_ring_row(int32_t slot, int32_t ring_size, int64_t p) {
-  return (int64_t)slot * ring_size + p % ring_size;
+  const int64_t within = p >= 0 && p <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)p, (uint32_t)ring_size) : p % ring_size;
+  return (int64_t)slot * ring_size + within;
 }
 
 // A ring row as the records hold it (int32), or -1 where it cannot be one: the checks then skip and count.

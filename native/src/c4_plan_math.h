@@ -8,6 +8,7 @@
 
 #include "dsa_kernels.h"
 #include "host_device.h"
+#include "int_math.h"
 
 namespace dsa {
 
@@ -29,18 +30,6 @@ DSA_HD int32_t low32(int64_t v) { return (int32_t)(uint32_t)(uint64_t)v; }
 DSA_HD int64_t plan_length(const void* lengths, int32_t is_int32, int64_t b) {
   return is_int32 ? (int64_t) static_cast<const int32_t*>(lengths)[b] : static_cast<const int64_t*>(lengths)[b];
 }
-
-// a / m and a % m for m >= 1, by a shift and a mask where m is a power of two (an engine's page and ring sizes
-// are): a 32-bit division is a chain of some twenty instructions on a GPU, on the decode plan's critical path.
-DSA_HD uint32_t log2_u32(uint32_t m) {
-#if defined(__CUDA_ARCH__)
-  return (uint32_t)(__ffs((int)m) - 1);
-#else
-  return (uint32_t)__builtin_ctz(m);
-#endif
-}
-DSA_HD uint32_t quot_u32(uint32_t a, uint32_t m) { return (m & (m - 1)) == 0 ? a >> log2_u32(m) : a / m; }
-DSA_HD uint32_t rem_u32(uint32_t a, uint32_t m) { return (m & (m - 1)) == 0 ? a & (m - 1) : a % m; }
 
 // The ring row of a position, in the steps of its table reads (each -1 where the tables address none), so that
 // a caller of two positions issues each table's two reads together: where req_to_token holds position `pos` of
