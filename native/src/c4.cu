@@ -89,10 +89,10 @@ __device__ __forceinline__ void close_decode_row(const C4Launch& p, const C4Thre
   close_entry<kStore>(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
 }
 
-// A decode row in the window-first form (C4Form::kWindowFirst): the record's checks become flags, and the
-// window's rows and ape rows are loaded before any exit or store of the row, so the loads leave together with
+// A decode row in the window-first form (C4Form::kWindowFirst): the record's checks become flags, and a closing
+// row's window rows and ape rows are loaded before any exit or store of the row, so the loads leave together with
 // (or right behind) the record's and a closing row's chain is two memory trips (record, window), not three
-// (record, input row, then the window the row's store held back). Wherever the window names the token's own row,
+// (record, input row, then the window the row's store held back); a row that closes nothing loads none of them. Wherever the window names the token's own row,
 // its values come from registers as stored (a bf16 ring rounds them), which is what writing first and reading
 // back gives for any record. Then the checks, the row's write and the entry, as the plain form.
 template <typename S, int kMode, int VEC, bool kStore>
@@ -118,12 +118,14 @@ __device__ __forceinline__ void decode_window_first(const C4Launch& p, const C4T
   bool own[kC4Window];
 #pragma unroll
   for (int j = 0; j < kC4Window; ++j) {
-    bias[j] = load_lanes<VEC>(c.ape + j * D + ch);
     const int64_t row = 4 * (int64_t)(j < 4 ? r.previous_group : r.current_group) + (j & 3);
     own[j] = row == r.write_row;
-    if (closing && (j >= 4 || overlap) && !own[j]) {
-      const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
-      value[j] = load_state<VEC, S>(at), score[j] = load_state<VEC, S>(at + 2 * D);
+    if (closing) {  // a row that closes nothing reads nothing more: its exit would wait for the loads
+      bias[j] = load_lanes<VEC>(c.ape + j * D + ch);
+      if ((j >= 4 || overlap) && !own[j]) {
+        const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
+        value[j] = load_state<VEC, S>(at), score[j] = load_state<VEC, S>(at + 2 * D);
+      }
     }
   }
   if (!live) return;  // padding
