@@ -89,7 +89,7 @@ __device__ __forceinline__ void close_decode_row(const C4Launch& p, const C4Thre
   close_entry<kStore>(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
 }
 
-// A decode row in the window-first form (C4Form::kWindowFirst): the record's checks become flags, and a closing
+// A decode row in the window-first form (C4Form::window_first): the record's checks become flags, and a closing
 // row's window rows and ape rows are loaded before any exit or store of the row, so the loads leave together with
 // (or right behind) the record's and a closing row's chain is two memory trips (record, window), not three
 // (record, input row, then the window the row's store held back); a row that closes nothing loads none of them. Wherever the window names the token's own row,
@@ -187,7 +187,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
   Lanes<VEC> half[4];
 #pragma unroll
   for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
-  if constexpr (C4Form<VEC>::kWindowFirst) {
+  if constexpr (C4Form<VEC>::window_first(sizeof(S))) {
     decode_window_first<S, kMode, VEC, kStore>(p, t, half, r, ahead, loc);
     return;
   }

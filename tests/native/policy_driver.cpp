@@ -74,7 +74,8 @@ int main() {
     } else if (what == "c4vec") {  // count
       long long n;
       in >> n;
-      std::printf("%d\n", c4_channels(n));
+      std::printf("%d %d %d\n", c4_channels(n), (int)C4Form<2>::window_first(4) + 2 * (int)C4Form<4>::window_first(4),
+                  (int)C4Form<2>::window_first(2) + 2 * (int)C4Form<4>::window_first(2));
     } else if (what == "c4plan") {  // B
       long long b;
       in >> b;
