@@ -92,9 +92,10 @@ __device__ __forceinline__ void close_decode_row(const C4Launch& p, const C4Thre
 // A decode row in the window-first form (C4Form::window_first): the record's checks become flags, and a closing
 // row's window rows and ape rows are loaded before any exit or store of the row, so the loads leave together with
 // (or right behind) the record's and a closing row's chain is two memory trips (record, window), not three
-// (record, input row, then the window the row's store held back); a row that closes nothing loads none of them. Wherever the window names the token's own row,
-// its values come from registers as stored (a bf16 ring rounds them), which is what writing first and reading
-// back gives for any record. Then the checks, the row's write and the entry, as the plain form.
+// (record, input row, then the window the row's store held back); a row that closes nothing loads none of them.
+// Wherever the window names the token's own row, its values come from registers as stored (a bf16 ring rounds
+// them), which is what writing first and reading back gives for any record. Then the checks, the row's write and
+// the entry, as the plain form.
 template <typename S, int kMode, int VEC, bool kStore>
 __device__ __forceinline__ void decode_window_first(const C4Launch& p, const C4Thread& t, const Lanes<VEC> (&half)[4],
                                                     C4DecodeRecord r, bool ahead, int64_t loc) {
