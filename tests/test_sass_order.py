@@ -84,16 +84,18 @@ def _loads_after_wait_before_first_store(code: list[str]) -> int:
     return sum(1 for ins in code[wait:store] if re.match(r"(@!?P\d+ )?LDG", ins))
 
 
-def test_the_c4_decode_over_an_fp32_ring_loads_its_window_before_its_row_store(tmp_path):
-    """The window-first form (launch_policy.h, C4Form::window_first): in every 2-lane decode over an fp32 ring the
-    window's 16 ring loads and 8 ape loads leave before the row's ring store (one trip fewer on a closing row's
-    chain); over a bf16 ring the plain form, its row stored before any window load (measured slower there)."""
+def test_the_c4_decode_loads_its_window_before_its_row_store_and_widens_after(tmp_path):
+    """The window-first form (launch_policy.h, C4Form::window_first): every 2-lane decode (fp32 and bf16 rings,
+    records and seq_lens, with and without stores) issues its input row, its window's 16 ring loads and 8 ape loads
+    before the row's ring store (one trip fewer on a closing row's chain), and widens no bf16 value between those
+    loads (a widening there waits for its load, so the next row's loads would leave a trip later)."""
     kernels = _sass("c4.cu", tmp_path)
     narrow = {k: v for k, v in kernels.items() if re.search(r"c4_decode_kernelI(f|NS_4Bf16E)Li[01]ELi2ELb[01]E", k)}
     assert len(narrow) == 8, sorted(kernels)
     for name, code in narrow.items():
-        loads = _loads_after_wait_before_first_store(code)
-        if "NS_4Bf16E" in name:
-            assert loads <= 8, (name, loads)  # the record and the token's input row
-        else:
-            assert loads >= 4 + 16 + 8, (name, loads)  # the input row, the window, the ape rows
+        assert _loads_after_wait_before_first_store(code) >= 4 + 16 + 8, name  # input row, window, ape rows
+        wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
+        store = next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?STG", code[i]))
+        last = max(i for i in range(wait, store) if re.match(r"(@!?P\d+ )?LDG", code[i]))
+        widening = [ins for ins in code[wait:last] if re.search(r"\bPRMT\b|IMAD\.U32 .*0x10000|SHF\.L\.U32 .*0x10,", ins)]
+        assert widening == [], (name, widening[:4])

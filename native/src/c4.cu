@@ -89,6 +89,22 @@ __device__ __forceinline__ void close_decode_row(const C4Launch& p, const C4Thre
   close_entry<kStore>(t, kv, z, overlap ? 0 : 4, t.i, o, loc, pos, p.error_count);
 }
 
+// How the window-first form holds a ring row from its load to the entry: an fp32 ring's as floats; a bf16 ring's
+// as the words loaded, widened at the entry (widened where loaded, each row's conversion consumed its loads inside
+// the row's branch, so the next row's left only once they landed: one memory trip a row, measured 30 % slower).
+template <int VEC, typename S>
+using HeldRow = std::conditional_t<std::is_same<S, float>::value, Lanes<VEC>, Words<VEC, S>>;
+template <int VEC, typename S>
+__device__ __forceinline__ HeldRow<VEC, S> hold_row(const S* at) {
+  if constexpr (std::is_same<S, float>::value) return load_state<VEC, S>(at);
+  else return load_words<VEC, S>(at);
+}
+template <int VEC, typename S>
+__device__ __forceinline__ Lanes<VEC> held_lanes(const HeldRow<VEC, S>& h) {
+  if constexpr (std::is_same<S, float>::value) return h;
+  else return widen_words<VEC, S>(h);
+}
+
 // A decode row in the window-first form (C4Form::window_first): the record's checks become flags, and a closing
 // row's window rows and ape rows are loaded before any exit or store of the row, so the loads leave together with
 // (or right behind) the record's and a closing row's chain is two memory trips (record, window), not three
@@ -115,7 +131,8 @@ __device__ __forceinline__ void decode_window_first(const C4Launch& p, const C4T
   const bool groups_ok = group_ok(r.current_group, c.ring_rows) && (!overlap || group_ok(r.previous_group, c.ring_rows));
   const bool closing = live && row_ok && r.seq_len % kC4Quartet == 0u && groups_ok;
   const S* ring = static_cast<const S*>(c.ring);
-  Lanes<VEC> value[kC4Window], score[kC4Window], bias[kC4Window];
+  HeldRow<VEC, S> value[kC4Window], score[kC4Window];
+  Lanes<VEC> bias[kC4Window];
   bool own[kC4Window];
 #pragma unroll
   for (int j = 0; j < kC4Window; ++j) {
@@ -125,7 +142,7 @@ __device__ __forceinline__ void decode_window_first(const C4Launch& p, const C4T
       bias[j] = load_lanes<VEC>(c.ape + j * D + ch);
       if ((j >= 4 || overlap) && !own[j]) {
         const S* at = ring + row * 4 * D + ch + (j < 4 ? 0 : D);
-        value[j] = load_state<VEC, S>(at), score[j] = load_state<VEC, S>(at + 2 * D);
+        value[j] = hold_row<VEC, S>(at), score[j] = hold_row<VEC, S>(at + 2 * D);
       }
     }
   }
@@ -147,7 +164,7 @@ __device__ __forceinline__ void decode_window_first(const C4Launch& p, const C4T
       for (int k = 0; k < VEC; ++k)
         v.v[k] = as_stored<S>(half[j < 4 ? 0 : 1].v[k]), sc.v[k] = as_stored<S>(half[j < 4 ? 2 : 3].v[k]);
     } else {
-      v = value[j], sc = score[j];
+      v = held_lanes<VEC, S>(value[j]), sc = held_lanes<VEC, S>(score[j]);
     }
   });
 }

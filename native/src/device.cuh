@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 
 #include "bf16.h"
 #include "common.h"
@@ -43,6 +44,39 @@ struct alignas(sizeof(S) * VEC) Pack {
   S e[VEC];
 };
 // State may be written by this launch (another segment's slot), so it bypasses the read-only path.
+// VEC state elements as loaded: whole 32-bit words, so holding them costs no instruction (a Pack of bf16 pairs
+// would be split into halves where it is assigned).
+template <int VEC, typename S>
+struct Words {
+  static constexpr int kWords = (int)sizeof(Pack<S, VEC>) / 4;
+  static_assert(kWords >= 1 && kWords <= 4, "one vector access of 4 to 16 bytes");
+  uint32_t w[kWords];
+};
+template <int VEC, typename S>
+__device__ __forceinline__ Words<VEC, S> load_words(const S* p) {
+  Words<VEC, S> r;
+  constexpr int n = Words<VEC, S>::kWords;
+  if constexpr (n == 4) {
+    const uint4 x = *reinterpret_cast<const uint4*>(p);
+    r.w[0] = x.x, r.w[1] = x.y, r.w[2] = x.z, r.w[3] = x.w;
+  } else if constexpr (n == 2) {
+    const uint2 x = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = x.x, r.w[1] = x.y;
+  } else {
+    r.w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+  return r;
+}
+template <int VEC, typename S>
+__device__ __forceinline__ Lanes<VEC> widen_words(const Words<VEC, S>& x) {
+  Pack<S, VEC> e;
+  static_assert(sizeof(e) == sizeof(x.w), "the words are the pack");
+  memcpy(&e, x.w, sizeof(e));
+  Lanes<VEC> r;
+#pragma unroll
+  for (int i = 0; i < VEC; ++i) r.v[i] = widen(e.e[i]);
+  return r;
+}
 template <int VEC, typename S>
 __device__ __forceinline__ Lanes<VEC> load_state(const S* p) {
   const Pack<S, VEC> x = *reinterpret_cast<const Pack<S, VEC>*>(p);

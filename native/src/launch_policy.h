@@ -319,8 +319,9 @@ struct C4Form {
   // Whether a decode over a ring of state_bytes-byte values issues its window's loads before any exit or store
   // of the row: one memory trip fewer on a closing row's chain (the record, then the window), for more registers
   // held across the loads. Measured (docs/performance.md, "c4 layers"): 4-9 % off the fp32 ring's decode at
-  // B <= 32; 30 % onto the bf16 ring's, which keeps the plain form.
-  static constexpr bool window_first(int state_bytes) { return VEC == 2 && state_bytes == 4; }
+  // B <= 32. A bf16 ring's too since its rows are held as loaded (its first form, widening each row in the load's
+  // branch, was 30 % slower).
+  static constexpr bool window_first(int state_bytes) { return VEC == 2 && (state_bytes == 4 || state_bytes == 2); }
   static_assert(kThreads == kC4MaxDim / VEC, "a block holds one row of the largest D");
 };
 // The host's reading of the same form (the launch's block size).
