@@ -85,13 +85,13 @@ def _loads_after_wait_before_first_store(code: list[str]) -> int:
 
 
 def test_the_c4_decode_loads_its_window_before_its_row_store_and_widens_after(tmp_path):
-    """The window-first form (launch_policy.h, C4Form::window_first): every 2-lane decode (fp32 and bf16 rings,
+    """The window-first form (launch_policy.h, C4Form::window_first): every decode (2 and 4 lanes, fp32 and bf16 rings,
     records and seq_lens, with and without stores) issues its input row, its window's 16 ring loads and 8 ape loads
     before the row's ring store (one trip fewer on a closing row's chain), and widens no bf16 value between those
     loads (a widening there waits for its load, so the next row's loads would leave a trip later)."""
     kernels = _sass("c4.cu", tmp_path)
-    narrow = {k: v for k, v in kernels.items() if re.search(r"c4_decode_kernelI(f|NS_4Bf16E)Li[01]ELi2ELb[01]E", k)}
-    assert len(narrow) == 8, sorted(kernels)
+    narrow = {k: v for k, v in kernels.items() if re.search(r"c4_decode_kernelI(f|NS_4Bf16E)Li[01]ELi[24]ELb[01]E", k)}
+    assert len(narrow) == 16, sorted(kernels)
     for name, code in narrow.items():
         assert _loads_after_wait_before_first_store(code) >= 4 + 16 + 8, name  # input row, window, ape rows
         wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))

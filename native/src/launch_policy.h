@@ -320,8 +320,10 @@ struct C4Form {
   // of the row: one memory trip fewer on a closing row's chain (the record, then the window), for more registers
   // held across the loads. Measured (docs/performance.md, "c4 layers"): 4-9 % off the fp32 ring's decode at
   // B <= 32. A bf16 ring's too since its rows are held as loaded (its first form, widening each row in the load's
-  // branch, was 30 % slower).
-  static constexpr bool window_first(int state_bytes) { return VEC == 2 && (state_bytes == 4 || state_bytes == 2); }
+  // branch, was 30 % slower). The 4-lane launches too: their plain form made 4-7 trips after the wait (the row's
+  // store held the window, whose rows the score sums then consumed between loads), this one 1-2, for 136-153
+  // registers a thread (fp32; 88-100 plain) and so 3 blocks of 128 threads an SM, not 5.
+  static constexpr bool window_first(int state_bytes) { return state_bytes == 4 || state_bytes == 2; }
   static_assert(kThreads == kC4MaxDim / VEC, "a block holds one row of the largest D");
 };
 // The host's reading of the same form (the launch's block size).
