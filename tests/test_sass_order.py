@@ -99,3 +99,17 @@ def test_the_c4_decode_loads_its_window_before_its_row_store_and_widens_after(tm
         last = max(i for i in range(wait, store) if re.match(r"(@!?P\d+ )?LDG", code[i]))
         widening = [ins for ins in code[wait:last] if re.search(r"\bPRMT\b|IMAD\.U32 .*0x10000|SHF\.L\.U32 .*0x10,", ins)]
         assert widening == [], (name, widening[:4])
+
+
+def test_the_c4_verify_reads_its_input_rows_before_its_entry(tmp_path):
+    """A draft's input rows (written into the ring after its entry) are read with its window: after the first store
+    of a verify at most the 4-lane store's two operand loads remain (reading them after the entry was one more
+    memory trip at the end of a draft's chain: 8-10 loads there before)."""
+    kernels = _sass("c4.cu", tmp_path)
+    verify = {k: v for k, v in kernels.items() if "c4_verify_kernel" in k}
+    assert len(verify) == 8, sorted(kernels)
+    for name, code in verify.items():
+        wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
+        first = next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?(STG|RED)", code[i]))
+        late = sum(1 for ins in code[first:] if re.match(r"(@!?P\d+ )?LDG", ins))
+        assert late <= 2, (name, late)

@@ -257,25 +257,42 @@ __device__ __forceinline__ void compress_entry(const C4Launch& p, const C4Thread
   StoreOperands<VEC> o;
   const int64_t loc = kStore && c.store_kind ? __ldg(c.store.cache_slots + ragged) : 0;
   const int64_t pos = (int64_t)seq_len - kC4Quartet;
-  if constexpr (kStore && C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
   const bool overlap = seq_len > (uint32_t)kC4Quartet;
   const S* ring = static_cast<const S*>(c.ring);
+  // Every window row's loads leave before any arithmetic on them or on the slot (the store's aim): summed as they
+  // came, each row's sums waited for its loads before the next row's left (SASS: a memory trip a row). A row from
+  // the ring is held as loaded (HeldRow); over an fp32 ring a row from the input shares its registers (one load
+  // from either address).
+  constexpr bool kFloatRing = std::is_same<S, float>::value;
+  Lanes<VEC> bias[kC4Window];
+  HeldRow<VEC, S> held_value[kC4Window], held_score[kC4Window];
+  Lanes<VEC> input_value[kC4Window], input_score[kC4Window];  // a bf16 ring's input rows
+#pragma unroll
+  for (int j = 0; j < kC4Window; ++j) {
+    if (j < 4 && !overlap) continue;
+    bias[j] = load_lanes<VEC>(c.ape + j * D + ch);
+    const int offset = j < 4 ? 0 : D;
+    const S* ring_at = ring + (4 * (int64_t)(j < 4 ? previous : current) + (j & 3)) * 4 * D + ch + offset;
+    const float* input_at = c.kv_score + (ragged - (kC4Window - 1) + j) * 4 * D + ch + offset;
+    if constexpr (kFloatRing) {
+      const float* at = j < ring_rows ? ring_at : input_at;
+      held_value[j] = load_state<VEC, float>(at), held_score[j] = load_state<VEC, float>(at + 2 * D);
+    } else if (j < ring_rows) {
+      held_value[j] = hold_row<VEC, S>(ring_at), held_score[j] = hold_row<VEC, S>(ring_at + 2 * D);
+    } else {
+      input_value[j] = load_lanes<VEC>(input_at), input_score[j] = load_lanes<VEC>(input_at + 2 * D);
+    }
+  }
+  if constexpr (kStore && C4Form<VEC>::kAimsEarly) aim_c4_store<VEC>(t, o, loc, pos);
   float kv[kC4Window][VEC], z[kC4Window][VEC];
 #pragma unroll
   for (int j = 0; j < kC4Window; ++j) {
     if (j < 4 && !overlap) continue;
-    const Lanes<VEC> bias = load_lanes<VEC>(c.ape + j * D + ch);
-    const int offset = j < 4 ? 0 : D;
-    Lanes<VEC> value, score;
-    if (j < ring_rows) {
-      const S* at = ring + (4 * (int64_t)(j < 4 ? previous : current) + (j & 3)) * 4 * D + ch + offset;
-      value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + 2 * D);
-    } else {
-      const float* at = c.kv_score + (ragged - (kC4Window - 1) + j) * 4 * D + ch + offset;
-      value = load_lanes<VEC>(at), score = load_lanes<VEC>(at + 2 * D);
-    }
+    const bool from_ring = kFloatRing || j < ring_rows;
+    const Lanes<VEC> value = from_ring ? held_lanes<VEC, S>(held_value[j]) : input_value[j];
+    const Lanes<VEC> score = from_ring ? held_lanes<VEC, S>(held_score[j]) : input_score[j];
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias.v[k];
+    for (int k = 0; k < VEC; ++k) kv[j][k] = value.v[k], z[j][k] = score.v[k] + bias[j].v[k];
   }
   close_entry<kStore>(t, kv, z, overlap ? 0 : 4, out_row, o, loc, pos, p.error_count);
 }
@@ -309,13 +326,18 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_verify_kernel(const 
   const int32_t seq = __ldg(p.seq_lens + b), slot = __ldg(p.slots + b);
   if (seq < 0 || slot < 0) return;  // a request not held here
   const C4CompressRecord r = c4_draft_record(seq, j, slot, p.ring_size, p.num_drafts, b);
+  // The input rows this draft writes are read with its window, ahead of the entry (read after it, they were one
+  // more memory trip at the end of the chain); written after it, as before.
+  const int32_t late = p.ring_size - 7;
+  const bool second = j == 0 && late < p.num_drafts;
+  Lanes<VEC> own[4], other[4];
+  load_input_row<VEC, 4>(p, t, t.i, own);
+  if (second) load_input_row<VEC, 4>(p, t, t.i + late, other);
   if (r.seq_len != kC4Padding)
     compress_entry<S, VEC, kStore>(p, t, r.seq_len, t.i, r.ring_rows, r.previous_group, r.current_group, t.i);
-  const int32_t late = p.ring_size - 7;
-  if (j != late)
-    write_ring_row<S, VEC, 4>(p, t, t.i, request_ring_row(slot, p.ring_size, (int64_t)seq + j));
-  if (j == 0 && late < p.num_drafts)
-    write_ring_row<S, VEC, 4>(p, t, t.i + late, request_ring_row(slot, p.ring_size, (int64_t)seq + late));
+  if (j != late) put_ring_row<S, VEC, 4>(p, t, t.i, request_ring_row(slot, p.ring_size, (int64_t)seq + j), own);
+  if (second)
+    put_ring_row<S, VEC, 4>(p, t, t.i + late, request_ring_row(slot, p.ring_size, (int64_t)seq + late), other);
 }
 
 // ---- checks and launches ----------------------------------------------------------------------------

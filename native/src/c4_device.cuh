@@ -79,18 +79,31 @@ __device__ __forceinline__ void ring_store(S* ring, int64_t row, int D, int ch, 
 // Input row `ragged` into ring row `row`, this thread's VEC channels of each of its kHalves D-wide parts (4 for
 // a c4 row [kv_A | kv_B | score_A | score_B], 2 for an offline c128 row [kv | score]); a row outside the input
 // or the ring is skipped and counted.
+// (split: load_input_row where the row is read, put_ring_row where it is written; a row outside the input is
+// not read.)
+template <int VEC, int kHalves>
+__device__ __forceinline__ void load_input_row(const C4Launch& p, const C4Thread& t, int64_t ragged,
+                                               Lanes<VEC> (&half)[kHalves]) {
+  if (ragged >= p.num_tokens) return;
+  const float* in = t.c->kv_score + ragged * kHalves * t.D + t.ch;
+#pragma unroll
+  for (int h = 0; h < kHalves; ++h) half[h] = load_lanes<VEC>(in + h * t.D);
+}
 template <typename S, int VEC, int kHalves>
-__device__ __forceinline__ void write_ring_row(const C4Launch& p, const C4Thread& t, int64_t ragged, int64_t row) {
+__device__ __forceinline__ void put_ring_row(const C4Launch& p, const C4Thread& t, int64_t ragged, int64_t row,
+                                             const Lanes<VEC> (&half)[kHalves]) {
   const C4Side& c = *t.c;
   if (ragged >= p.num_tokens || row < 0 || row >= c.ring_rows) {
     if (t.ch == 0) count_error(p.error_count);
     return;
   }
-  Lanes<VEC> half[kHalves];
-  const float* in = c.kv_score + ragged * kHalves * t.D + t.ch;
-#pragma unroll
-  for (int h = 0; h < kHalves; ++h) half[h] = load_lanes<VEC>(in + h * t.D);
   ring_store<S, VEC, kHalves>(static_cast<S*>(c.ring), row, t.D, t.ch, half);
+}
+template <typename S, int VEC, int kHalves>
+__device__ __forceinline__ void write_ring_row(const C4Launch& p, const C4Thread& t, int64_t ragged, int64_t row) {
+  Lanes<VEC> half[kHalves];
+  load_input_row<VEC, kHalves>(p, t, ragged, half);
+  put_ring_row<S, VEC, kHalves>(p, t, ragged, row, half);
 }
 
 // Extend write pass: one write record per row of lanes (the offline c128 extend takes the same records).
