@@ -123,8 +123,9 @@ ROUTE = [
 C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 128 2 0", "0"),
       ("c4 512 4 33", "33"), ("c4 128 4 33", "9"), ("c4 128 4 8", "2"), ("c4 256 4 3", "2"),
       # channels per thread of a decode / compress launch of `count` rows: 2 up to 128 rows, then 4; then which
-      # channel counts decode in the window-first form (bit 0: 2, bit 1: 4) over an fp32 ring, and over a bf16 ring
-      ("c4vec 1", "2 3 3"), ("c4vec 128", "2 3 3"), ("c4vec 129", "4 3 3"), ("c4vec 1024", "4 3 3"),
+      # channel counts decode in the window-first form (bit 0: 2, bit 1: 4) over an fp32 ring, storing and storeless,
+      # then over a bf16 ring: 2 lanes always, 4 only without stores
+      ("c4vec 1", "2 1 3 1 3"), ("c4vec 128", "2 1 3 1 3"), ("c4vec 129", "4 1 3 1 3"), ("c4vec 1024", "4 1 3 1 3"),
       # the decode plan: one request per thread, 128 threads a block, at most 4096 blocks (threads then loop)
       ("c4plan 1", "1 128"), ("c4plan 128", "1 128"), ("c4plan 129", "2 128"), ("c4plan 1024", "8 128"),
       ("c4plan 524288", "4096 128"), ("c4plan 600000", "4096 128"),

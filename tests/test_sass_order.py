@@ -85,15 +85,20 @@ def _loads_after_wait_before_first_store(code: list[str]) -> int:
 
 
 def test_the_c4_decode_loads_its_window_before_its_row_store_and_widens_after(tmp_path):
-    """The window-first form (launch_policy.h, C4Form::window_first): every decode (2 and 4 lanes, fp32 and bf16 rings,
-    records and seq_lens, with and without stores) issues its input row, its window's 16 ring loads and 8 ape loads
+    """The window-first form (launch_policy.h, C4Form::window_first): every 2-lane decode and every storeless 4-lane
+    one (fp32 and bf16 rings, records and seq_lens) issues its input row, its window's 16 ring loads and 8 ape loads
     before the row's ring store (one trip fewer on a closing row's chain), and widens no bf16 value between those
-    loads (a widening there waits for its load, so the next row's loads would leave a trip later)."""
+    loads (a widening there waits for its load, so the next row's loads would leave a trip later); a storing 4-lane
+    decode keeps the plain form, its row stored before any window load (measured faster there)."""
     kernels = _sass("c4.cu", tmp_path)
-    narrow = {k: v for k, v in kernels.items() if re.search(r"c4_decode_kernelI(f|NS_4Bf16E)Li[01]ELi[24]ELb[01]E", k)}
-    assert len(narrow) == 16, sorted(kernels)
-    for name, code in narrow.items():
-        assert _loads_after_wait_before_first_store(code) >= 4 + 16 + 8, name  # input row, window, ape rows
+    decodes = {k: v for k, v in kernels.items() if re.search(r"c4_decode_kernelI(f|NS_4Bf16E)Li[01]ELi[24]ELb[01]E", k)}
+    assert len(decodes) == 16, sorted(kernels)
+    for name, code in decodes.items():
+        loads = _loads_after_wait_before_first_store(code)
+        if re.search(r"Li4ELb1E", name):
+            assert loads <= 8, (name, loads)  # the record and the token's input row
+            continue
+        assert loads >= 4 + 16 + 8, (name, loads)  # input row, window, ape rows
         wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
         store = next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?STG", code[i]))
         last = max(i for i in range(wait, store) if re.match(r"(@!?P\d+ )?LDG", code[i]))

@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(C4Form<VEC>::kThreads) c4_decode_kernel(const 
   Lanes<VEC> half[4];
 #pragma unroll
   for (int h = 0; h < 4; ++h) half[h] = load_lanes<VEC>(in + h * D);
-  if constexpr (C4Form<VEC>::window_first(sizeof(S))) {
+  if constexpr (C4Form<VEC>::window_first(sizeof(S), kStore)) {
     decode_window_first<S, kMode, VEC, kStore>(p, t, half, r, ahead, loc);
     return;
   }

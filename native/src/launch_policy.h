@@ -318,12 +318,13 @@ struct C4Form {
   static constexpr bool kAimsEarly = VEC == 2;
   // Whether a decode over a ring of state_bytes-byte values issues its window's loads before any exit or store
   // of the row: one memory trip fewer on a closing row's chain (the record, then the window), for more registers
-  // held across the loads. Measured (docs/performance.md, "c4 layers"): 4-9 % off the fp32 ring's decode at
-  // B <= 32. A bf16 ring's too since its rows are held as loaded (its first form, widening each row in the load's
-  // branch, was 30 % slower). The 4-lane launches too: their plain form made 4-7 trips after the wait (the row's
-  // store held the window, whose rows the score sums then consumed between loads), this one 1-2, for 136-153
-  // registers a thread (fp32; 88-100 plain) and so 3 blocks of 128 threads an SM, not 5.
-  static constexpr bool window_first(int state_bytes) { return state_bytes == 4 || state_bytes == 2; }
+  // held across the loads (a bf16 ring's rows held as the words loaded). Measured (docs/performance.md, "c4
+  // layers"): 4-9 % off the decode at B <= 32 over either ring. In a 4-lane launch (136-153 registers a thread
+  // against 88-100) only without stores: the storeless compress 9-22 % faster at B = 256 / 1024 random, where a
+  // storing launch of 256 rows lost 13 % with every row closing and one of 1024 3-10 %.
+  static constexpr bool window_first(int state_bytes, bool stores) {
+    return (state_bytes == 4 || state_bytes == 2) && (VEC == 2 || !stores);
+  }
   static_assert(kThreads == kC4MaxDim / VEC, "a block holds one row of the largest D");
 };
 // The host's reading of the same form (the launch's block size).

@@ -74,8 +74,10 @@ int main() {
     } else if (what == "c4vec") {  // count
       long long n;
       in >> n;
-      std::printf("%d %d %d\n", c4_channels(n), (int)C4Form<2>::window_first(4) + 2 * (int)C4Form<4>::window_first(4),
-                  (int)C4Form<2>::window_first(2) + 2 * (int)C4Form<4>::window_first(2));
+      auto first = [](int bytes, bool stores) {
+        return (int)C4Form<2>::window_first(bytes, stores) + 2 * (int)C4Form<4>::window_first(bytes, stores);
+      };
+      std::printf("%d %d %d %d %d\n", c4_channels(n), first(4, true), first(4, false), first(2, true), first(2, false));
     } else if (what == "c4plan") {  // B
       long long b;
       in >> b;
