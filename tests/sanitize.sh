@@ -3,7 +3,8 @@
 # SANITIZE_TOOLS pick fewer), one test
 # module per process and tool, all in parallel, with the caching allocator off so that overruns
 # cannot hide inside cached blocks. Writes one log per run and a summary to $1 (default
-# sanitizer-summary.txt); exits non-zero if any run reported an error or failed. The tests run from
+# sanitizer-summary.txt); exits non-zero if any run reported an error or failed, or was stopped before the tool's
+# summary (INCOMPLETE). SANITIZE_SKIP_RUN=1 only summarizes the logs already in SANITIZE_LOGS. The tests run from
 # outside the clone, so they import the installed pydsa (a wheel or an editable install), never the
 # source tree's.
 set -uo pipefail
@@ -36,11 +37,18 @@ summarize() {
       log="$logs/$m.$t.log"
       errors=$(grep -Eo "(ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazard)" "$log" | tail -1 | grep -Eo "[0-9]+" || echo "?")
       result=$(grep -E "passed|failed|error" "$log" | grep -E "[0-9]+ (passed|failed)" | tail -1)
+      # what the tool reported before its summary (a run stopped after its tests has no summary line)
+      findings=$(grep -E "^========= " "$log" 2>/dev/null | grep -vcE "COMPUTE-SANITIZER|SUMMARY")
       verdict=ok
-      if [ "$errors" != "0" ] || ! grep -qE "[0-9]+ passed" "$log" || grep -qE "[0-9]+ failed" "$log"; then verdict=FAIL; fi
-      echo "$m $t: $verdict; sanitizer errors/hazards ${errors}; pytest: ${result:-no result}"
+      if [ "$errors" = "?" ] && [ "${findings:-0}" = 0 ] && grep -qE "[0-9]+ passed" "$log" \
+         && ! grep -qE "[0-9]+ failed" "$log"; then
+        verdict=INCOMPLETE  # its tests passed, no finding printed, but the tool was stopped before its summary
+      elif [ "$errors" != "0" ] || ! grep -qE "[0-9]+ passed" "$log" || grep -qE "[0-9]+ failed" "$log"; then
+        verdict=FAIL
+      fi
+      echo "$m $t: $verdict; sanitizer errors/hazards ${errors} (findings in the log: ${findings:-0}); pytest: ${result:-no result}"
     done
   done
 }
 summarize | tee "$summary"
-! grep -q ": FAIL;" "$summary"
+! grep -qE ": (FAIL|INCOMPLETE);" "$summary"

@@ -1,6 +1,9 @@
 """Careless inputs meet a named error, never a silent acceptance or an internal exception."""
 from __future__ import annotations
 
+import pathlib
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -183,3 +186,32 @@ def test_bench_host_on_a_cpu_says_no_row_ran():
     import sys
     r = subprocess.run([sys.executable, "-m", "pydsa", "bench", "host"], capture_output=True, text=True, timeout=300)
     assert "no CUDA GPU: the host rows need one and did not run; no row ran" in r.stdout, r.stdout + r.stderr
+
+
+def _sanitizer_summary(tmp_path, logs: dict[str, str]):
+    """tests/sanitize.sh's summary (SANITIZE_SKIP_RUN=1) over the given test_x.<tool>.log texts."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    for name, text in logs.items():
+        (folder / name).write_text(text)
+    script = pathlib.Path(__file__).with_name("sanitize.sh")
+    env = {"PATH": "/usr/bin:/bin", "SANITIZE_SKIP_RUN": "1", "SANITIZE_MODULES": "test_x",
+           "SANITIZE_TOOLS": "racecheck", "SANITIZE_LOGS": str(folder)}
+    run = subprocess.run(["bash", str(script), str(tmp_path / "summary.txt")], env=env, capture_output=True,
+                         text=True, cwd=tmp_path)
+    return run.returncode, (tmp_path / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize("log, verdict, rc", [
+    ("========= COMPUTE-SANITIZER\n3 passed in 1.0s\n========= RACECHECK SUMMARY: 0 hazards displayed\n", "ok", 0),
+    ("========= COMPUTE-SANITIZER\n3 passed in 1.0s\n========= RACECHECK SUMMARY: 2 hazards displayed\n", "FAIL", 1),
+    # stopped after its tests passed, before the tool's summary: not reported clean
+    ("========= COMPUTE-SANITIZER\n3 passed in 1.0s\n", "INCOMPLETE", 1),
+    # stopped with a finding already printed, or before its tests ended
+    ("========= COMPUTE-SANITIZER\n========= Race reported between Write access\n3 passed in 1.0s\n", "FAIL", 1),
+    ("========= COMPUTE-SANITIZER\n..\n", "FAIL", 1),
+])
+def test_a_sanitizer_run_is_clean_only_when_the_tool_said_so(tmp_path, log, verdict, rc):
+    code, summary = _sanitizer_summary(tmp_path, {"test_x.racecheck.log": log})
+    assert f"test_x racecheck: {verdict};" in summary, summary
+    assert code == rc
