@@ -50,12 +50,15 @@ if [ "${SUITE:-1}" != 0 ] && [ "$s" -gt 60 ]; then
   ( { head_of "GPU suite" "pytest -q -m gpu tests (installed build)"
       timeout "$s" python3 -m pytest -q -p no:cacheprovider -m gpu -rfs "$root/tests" 2>&1; echo "rc=$?"; } \
       > "$out/gpu-suite.txt" ) &
-  export SANITIZE_MODULES="${SANITIZE_MODULES:-test_c4 test_store test_sglang_c4 test_c128_offline test_c4_plan}" \
-    SANITIZE_TOOLS="memcheck racecheck" SANITIZE_LOGS="$out/sanitizer-logs"
-  ( timeout "$s" bash "$root/tests/sanitize.sh" "$out/sanitizer.txt" > /dev/null 2>&1 ) &
+  sanitize() {  # the runs, or (SANITIZE_SKIP_RUN=1) the summary of their logs as they stand
+    SANITIZE_MODULES="${SANITIZE_MODULES:-test_c4 test_store test_sglang_c4 test_c128_offline test_c4_plan}" \
+      SANITIZE_TOOLS="memcheck racecheck" SANITIZE_LOGS="$out/sanitizer-logs" \
+      "$@" bash "$root/tests/sanitize.sh" "$out/sanitizer.txt" > /dev/null 2>&1
+  }
+  ( sanitize timeout "$s" ) &
   wait
   # stopped by the budget: the logs summarized as they stand (a run stopped after its tests: INCOMPLETE)
-  [ -f "$out/sanitizer.txt" ] || SANITIZE_SKIP_RUN=1 bash "$root/tests/sanitize.sh" "$out/sanitizer.txt" > /dev/null 2>&1
+  [ -f "$out/sanitizer.txt" ] || SANITIZE_SKIP_RUN=1 sanitize
   summary=$(grep -E '[0-9]+ (passed|failed|skipped)' "$out/gpu-suite.txt" | tail -1)
   note "suite: ${summary:-no summary: cut off at $s s? (gpu-suite.txt)}"
   fails=$(grep -c ": FAIL;" "$out/sanitizer.txt" 2>/dev/null)  # prints 0 (and fails) where none failed

@@ -78,10 +78,9 @@ def test_the_store_over_records_reads_its_record_and_slot_before_the_wait(tmp_pa
     assert all(_loads_before_wait(code) >= 2 for code in plain.values())
 
 
-def _loads_after_wait_before_first_store(code: list[str]) -> int:
+def _wait_and_first_store(code: list[str]) -> tuple[int, int]:
     wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
-    store = next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?STG", code[i]))
-    return sum(1 for ins in code[wait:store] if re.match(r"(@!?P\d+ )?LDG", ins))
+    return wait, next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?STG", code[i]))
 
 
 def test_the_c4_decode_loads_its_window_before_its_row_store_and_widens_after(tmp_path):
@@ -94,13 +93,12 @@ def test_the_c4_decode_loads_its_window_before_its_row_store_and_widens_after(tm
     decodes = {k: v for k, v in kernels.items() if re.search(r"c4_decode_kernelI(f|NS_4Bf16E)Li[01]ELi[24]ELb[01]E", k)}
     assert len(decodes) == 16, sorted(kernels)
     for name, code in decodes.items():
-        loads = _loads_after_wait_before_first_store(code)
+        wait, store = _wait_and_first_store(code)
+        loads = sum(1 for ins in code[wait:store] if re.match(r"(@!?P\d+ )?LDG", ins))
         if re.search(r"Li4ELb1E", name):
             assert loads <= 8, (name, loads)  # the record and the token's input row
             continue
         assert loads >= 4 + 16 + 8, (name, loads)  # input row, window, ape rows
-        wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
-        store = next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?STG", code[i]))
         last = max(i for i in range(wait, store) if re.match(r"(@!?P\d+ )?LDG", code[i]))
         widening = [ins for ins in code[wait:last] if re.search(r"\bPRMT\b|IMAD\.U32 .*0x10000|SHF\.L\.U32 .*0x10,", ins)]
         assert widening == [], (name, widening[:4])
