@@ -142,8 +142,8 @@ OFFLINE = [("offline 512 1", "8 256 8 1"), ("offline 512 255", "2040 256 8 1"), 
            ("offline 512 2147483647", "2147483647 512 1 1"), ("offline 512 2147483648", "2147483648 512 1 0"),
            # the slice form's channels a lane (bf16 ring, extend -> vec, threads): 4 on 16-byte loads, 2 in a bf16
            # ring's extend (most of its window from the fp32 input), 16 window blocks of 64 / vec lanes
-           ("offline_vec 1 1", "2 512"), ("offline_vec 1 0", "4 256"), ("offline_vec 0 1", "4 256"),
-           ("offline_vec 0 0", "4 256")]
+           ("offline_vec 1 1", "2 512 0"), ("offline_vec 1 0", "4 256 0"), ("offline_vec 0 1", "4 256 1"),
+           ("offline_vec 0 0", "4 256 0")]
 
 
 @pytest.fixture(scope="module")

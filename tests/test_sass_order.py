@@ -116,3 +116,19 @@ def test_the_c4_verify_reads_its_input_rows_before_its_entry(tmp_path):
         first = next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?(STG|RED)", code[i]))
         late = sum(1 for ins in code[first:] if re.match(r"(@!?P\d+ )?LDG", ins))
         assert late <= 2, (name, late)
+
+
+def test_the_offline_slice_form_over_an_fp32_ring_extends_with_its_store_operands_read_early(tmp_path):
+    """The offline c128 slice form's loads-first form (launch_policy.h, offline_loads_first): an extend over an fp32
+    ring reads the cache slot, norm weights and rotary pairs with the window, none after the cluster's last barrier;
+    every other slice instance reads them after it (measured faster there)."""
+    kernels = _sass("c128_offline.cu", tmp_path)
+    slices = {k: v for k, v in kernels.items() if "offline_slice_kernel" in k}
+    assert len(slices) == 6, sorted(kernels)
+    for name, code in slices.items():
+        last = max(i for i, ins in enumerate(code) if ins.startswith("UCGABAR_WAIT"))
+        late = [ins for ins in code[last:] if re.match(r"(@!?U?P\w+ )?LDG", ins)]
+        if re.search(r"offline_slice_kernelIfLi2E", name):
+            assert late == [], name
+        else:
+            assert len(late) >= 3, (name, late)

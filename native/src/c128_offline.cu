@@ -195,25 +195,55 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
     if (first) count_error(p.error_count);
     return;
   }
+  // The loads-first form (launch_policy.h, offline_loads_first; an extend over an fp32 ring): the storing threads'
+  // cache slot, norm weights and rotary pairs leave with the window, not after the cluster's two barriers (one
+  // trip at the end of the chain), and every window row's loads before any sum on them (summed as loaded, each
+  // row's sums waited for its loads before the next row's left: one trip a row in the SASS).
+  constexpr bool kFirst = offline_loads_first(std::is_same<S, Bf16>::value, kMode == kCompress);
+  const bool storer = kFirst && p.stores && rank == 0 && (int)threadIdx.x < D / 2;
+  int64_t early_loc = 0;
+  StoreOperands<2> early;
+  if (storer) {
+    early_loc = __ldg(p.store.cache_slots + r.ragged);
+    load_weights<2>(early, p.store, 2 * (int)threadIdx.x);
+    load_rotary<2>(early, p.store, D, 2 * (int)threadIdx.x, (int64_t)r.seq_len - kOfflineWindow);
+  }
   // this thread sums window rows 8 blk .. 8 blk + 7 of its VEC channels (window_math.h's block)
   float kv[VEC][kOfflineBlockRows], z[VEC][kOfflineBlockRows];
+  if constexpr (kFirst) {  // a window row from the ring or the input, one load either way
+    Lanes<VEC> bias[kOfflineBlockRows], value[kOfflineBlockRows], score[kOfflineBlockRows];
 #pragma unroll
-  for (int k = 0; k < kOfflineBlockRows; ++k) {
-    const int j = blk * kOfflineBlockRows + k;
-    const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
-    Lanes<VEC> value, score;
-    if (kMode != kCompress && own && blk == kLastBlock && k == kOfflineBlockRows - 1) {
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
-    } else if (kMode != kCompress || j < r.ring_rows) {
-      const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
-      value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + D);
-    } else {
-      const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
-      value = load_lanes<VEC>(at), score = load_lanes<VEC>(at + D);
+    for (int k = 0; k < kOfflineBlockRows; ++k) {
+      const int j = blk * kOfflineBlockRows + k;
+      bias[k] = load_lanes<VEC>(p.ape + j * D + ch);
+      const S* ring_at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+      const float* input_at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+      const float* at = j < r.ring_rows ? ring_at : input_at;
+      value[k] = load_state<VEC, float>(at), score[k] = load_state<VEC, float>(at + D);
     }
 #pragma unroll
-    for (int c = 0; c < VEC; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
+    for (int k = 0; k < kOfflineBlockRows; ++k)
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) kv[c][k] = value[k].v[c], z[c][k] = score[k].v[c] + bias[k].v[c];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kOfflineBlockRows; ++k) {
+      const int j = blk * kOfflineBlockRows + k;
+      const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
+      Lanes<VEC> value, score;
+      if (kMode != kCompress && own && blk == kLastBlock && k == kOfflineBlockRows - 1) {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
+      } else if (kMode != kCompress || j < r.ring_rows) {
+        const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+        value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + D);
+      } else {
+        const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+        value = load_lanes<VEC>(at), score = load_lanes<VEC>(at + D);
+      }
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
+    }
   }
   WindowSum w[VEC];
 #pragma unroll
@@ -244,11 +274,14 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
   cluster_sync();  // every slice read: the other blocks may leave
   if (!storing) return;
   const int c = 2 * (int)threadIdx.x;
-  const int64_t loc = __ldg(p.store.cache_slots + (kMode == kCompress ? r.ragged : i));
   const int64_t pos = (int64_t)r.seq_len - kOfflineWindow;
-  StoreOperands<2> o;
-  load_weights<2>(o, p.store, c);
-  load_rotary<2>(o, p.store, D, c, pos);
+  int64_t loc = early_loc;
+  StoreOperands<2> o = early;
+  if constexpr (!kFirst) {
+    loc = __ldg(p.store.cache_slots + (kMode == kCompress ? r.ragged : i));
+    load_weights<2>(o, p.store, c);
+    load_rotary<2>(o, p.store, D, c, pos);
+  }
   aim_store<2>(o, p.store, loc, pos, D);
   store_vector<2>(p.store, x, o, D, c, D / 2, p.error_count, 0);
 }

@@ -379,6 +379,11 @@ constexpr int kOfflineMaxDim = 512;   // the row form's largest block: a thread 
 // Channels per lane of the slice form: 4 (16-byte loads), but 2 in a bf16 ring's extend, whose compress records
 // read most of their window from the fp32 input and ran 4-13 % slower with 4.
 constexpr int offline_slice_vec(bool bf16_ring, bool extend) { return bf16_ring && extend ? 2 : 4; }
+// Whether the slice form issues its store's operands and all its window loads before any sum (one memory trip
+// fewer at each end of a closing row's chain): measured (docs/performance.md, "The offline c128 compressor") 5-12 %
+// off an fp32 ring's extends; a bf16 ring's extend went from 62 to 81 registers a thread, one 512-thread block an
+// SM where there were two (31-35 % slower), and the decodes at B = 32 closing 25-34 % slower.
+constexpr bool offline_loads_first(bool bf16_ring, bool extend) { return !bf16_ring && extend; }
 // Threads of a slice block: the 16 window blocks of 8 rows, a lane group of kOfflineSlice / vec lanes each.
 constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec); }
 static_assert(kOfflineMaxDim / 2 <= offline_slice_threads(4), "a slice block holds the store's D / 2 threads");
