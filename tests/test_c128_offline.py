@@ -518,15 +518,15 @@ def _rows_from() -> int:
 
 
 @gpu
-@pytest.mark.parametrize("d", [512, 128])
+@pytest.mark.parametrize("d", [512, 256, 128])
 @pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
 def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring, d):
     """The closing launch's two forms (launch_policy.h: from kOfflineRowsFrom rows a block a row, below a cluster
-    of 64-channel slices a row) on the same step: 280 requests' extend (a record per chunk closed: more than the
-    threshold) and decode in one call each, and the same split into two calls of 140 (each under it); entries,
+    of 64-channel slices a row) on the same step: 88 requests' extend (a record per chunk closed: more than the
+    threshold) and decode in one call each, and the same split into two calls of 44 (each under it); entries,
     ring and cache bytes equal."""
     g = np.random.default_rng(7)
-    batch = 280
+    batch = 88
     slots = [int(s) for s in g.permutation(batch)]
     exts = [int(e) for e in g.choice([130, 255, 255, 257], batch)]  # 1, 1, 1 and 2 chunks closed
     seqs = [e + 1 for e in exts]  # the decodes after 255 close a chunk

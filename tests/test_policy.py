@@ -134,11 +134,11 @@ C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 1
       ("c4plan_extend 513", "2 512 2048"), ("c4plan_extend 4096", "8 512 2048"),
       ("c4plan_extend 65536", "128 512 2048")]
 
-# offline c128: D count -> blocks threads cluster fits. Below 256 rows the slice form (D / 64 blocks of 256 threads
-# a row, one cluster); from 256 rows the row form (a block of D threads a row, no cluster)
-OFFLINE = [("offline 512 1", "8 256 8 1"), ("offline 512 255", "2040 256 8 1"), ("offline 128 3", "6 256 2 1"),
-           ("offline 256 0", "0 256 4 1"), ("offline 512 256", "256 512 1 1"), ("offline 512 1000", "1000 512 1 1"),
-           ("offline 128 300", "300 128 1 1"), ("offline 256 4096", "4096 256 1 1"),
+# offline c128: D count -> blocks threads cluster fits. Below 64 rows the slice form (D / 64 blocks of 256 threads
+# a row, one cluster); from 64 rows the row form (a block of 512 threads a row, 4 channels a lane, no cluster)
+OFFLINE = [("offline 512 1", "8 256 8 1"), ("offline 512 63", "504 256 8 1"), ("offline 128 3", "6 256 2 1"),
+           ("offline 256 0", "0 256 4 1"), ("offline 512 64", "64 512 1 1"), ("offline 512 1000", "1000 512 1 1"),
+           ("offline 128 300", "300 512 1 1"), ("offline 256 4096", "4096 512 1 1"),
            ("offline 512 2147483647", "2147483647 512 1 1"), ("offline 512 2147483648", "2147483648 512 1 0"),
            # the slice form's channels a lane (bf16 ring, extend -> vec, threads): 4 on 16-byte loads, 2 in a bf16
            # ring's extend (most of its window from the fp32 input), 16 window blocks of 64 / vec lanes

@@ -132,3 +132,37 @@ def test_the_offline_slice_form_over_an_fp32_ring_extends_with_its_store_operand
             assert late == [], name
         else:
             assert len(late) >= 3, (name, late)
+
+
+
+def _waits_on_loads(code: list[str]) -> int:
+    """How often a warp on its straight path waits for a load before it issues another: an instruction reading a
+    register an outstanding LDG writes, with an LDG after it (each such wait is one more memory trip)."""
+    last_load = max(k for k, ins in enumerate(code) if " LDG" in f" {ins}")
+    pending, waits = set(), 0
+    for k, ins in enumerate(code[:last_load]):
+        op, _, args = re.sub(r"^@!?U?P\w+\s+", "", ins).partition(" ")
+        regs = [[int(x) for x in re.findall(r"\bR(\d+)\b", a)] for a in args.split(",")]
+        reads = {r for a in (regs[1:] if not op.startswith("ST") else regs) for r in a}
+        if pending & reads:
+            waits, pending = waits + 1, set()
+        if op.startswith("LDG") and regs and regs[0]:
+            width = 4 if ".128" in op else 2 if ".64" in op else 1
+            pending |= set(range(regs[0][0], regs[0][0] + width))
+    return waits
+
+
+def test_the_offline_row_form_reads_its_window_four_channels_a_lane_in_few_trips(tmp_path):
+    """The offline row form (launch_policy.h): 4 channels a lane (16-byte loads of the fp32 input, ape and ring, 8-byte
+    loads of a bf16 ring), each window block's rows issued together: a warp of a decode or of an fp32 ring's
+    extend waits on its loads at most 10 times over the whole window (the form of a thread a channel waited 15-18
+    times). A bf16 ring's extend reads each row from the ring or the input by a branch and waits more (41 -> 57)."""
+    kernels = _sass("c128_offline.cu", tmp_path)
+    rows = {k: v for k, v in kernels.items() if "offline_row_kernel" in k}
+    assert len(rows) == 6, sorted(kernels)
+    for name, code in rows.items():
+        wide = sum(1 for ins in code if re.search(r"\bLDG\.E\.128\b", ins))
+        assert wide >= 32, (name, wide)  # the ape rows at least (8 rows x 4 window blocks)
+        if re.search(r"Bf16ELi2E", name):
+            continue
+        assert _waits_on_loads(code) <= 10, (name, _waits_on_loads(code))

@@ -68,20 +68,23 @@ __device__ __forceinline__ bool offline_row(const OfflineLaunch& p, int64_t i, O
   }
 }
 
-// The row form's helpers. A decode writes its new row (this thread's VEC channels from ch), then goes on where the
-// row closes a chunk the ring holds; a compress record goes on where it fits the call. False: nothing more to do
-// (a row that does not fit is counted once, by `first`).
+// The row form's helpers. A decode's new row is written by the `writer` threads (VEC channels from ch each), then
+// the row goes on where it closes a chunk the ring holds; a compress record goes on where it fits the call. False:
+// nothing more to do (a row that does not fit is counted once, by `first`).
 template <typename S, int kMode, int VEC>
-__device__ __forceinline__ bool offline_row_fits(const OfflineLaunch& p, const OfflineRow& r, int ch, bool first) {
+__device__ __forceinline__ bool offline_row_fits(const OfflineLaunch& p, const OfflineRow& r, int ch, bool writer,
+                                                 bool first) {
   bool fits;
   if constexpr (kMode != kCompress) {
     if (r.write_row < 0 || r.write_row >= p.ring_rows) {
       if (first) count_error(p.error_count);
       return false;
     }
-    const float* in = p.kv_score + r.ragged * 2 * p.head_dim + ch;
-    const Lanes<VEC> half[2] = {load_lanes<VEC>(in), load_lanes<VEC>(in + p.head_dim)};
-    ring_store<S, VEC, 2>(static_cast<S*>(p.ring), r.write_row, p.head_dim, ch, half);
+    if (writer) {
+      const float* in = p.kv_score + r.ragged * 2 * p.head_dim + ch;
+      const Lanes<VEC> half[2] = {load_lanes<VEC>(in), load_lanes<VEC>(in + p.head_dim)};
+      ring_store<S, VEC, 2>(static_cast<S*>(p.ring), r.write_row, p.head_dim, ch, half);
+    }
     if (!closes_chunk(r.seq_len)) return false;
     fits = page_ok(r.page, p.ring_rows);
   } else {
@@ -286,43 +289,77 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
   store_vector<2>(p.store, x, o, D, c, D / 2, p.error_count, 0);
 }
 
-// The row form (launch_policy.h): one block of D threads per closing row, thread c summing the 16 blocks of 8
-// rows of its channel in order and merging them (the slice form's arithmetic, so both forms give the same bits);
-// the vector passes through shared memory to the D / 2 storing threads.
+// The row form (launch_policy.h): one block of kOfflineRowThreads threads per closing row: kOfflineRowGroups
+// groups of D / 4 lanes (4 channels a lane, 16-byte loads), group g summing window blocks g, g + 4, g + 8, g + 12
+// of its channels (8 rows each), so a block keeps four times the bytes in flight of a thread a channel. Each
+// block's sums go to shared memory as they are made (offline_row_shared(D) bytes, no register held across the
+// window), and thread c merges channel c's 16 in block order (the slice form's arithmetic: both forms give the
+// same bits); the vector passes through shared memory to the D / 2 storing threads.
 template <typename S, int kMode>
-__global__ void __launch_bounds__(kOfflineMaxDim) offline_row_kernel(const __grid_constant__ OfflineLaunch p) {
-  __shared__ __align__(16) float vector[kOfflineMaxDim];
-  const int D = p.head_dim, ch = (int)threadIdx.x;
+__global__ void __launch_bounds__(kOfflineRowThreads, 1) offline_row_kernel(const __grid_constant__ OfflineLaunch p) {
+  constexpr int VEC = 4, kGroups = kOfflineRowGroups, kLanes = kOfflineMaxDim / VEC;
+  static_assert(kOfflineRowThreads == kGroups * kLanes, "a group of lanes covers the largest D");
+  extern __shared__ __align__(16) float sums[];  // [max | num | den][block][channel]
+  const int D = p.head_dim, tid = (int)threadIdx.x;
+  const int group = tid / kLanes, lane_ch = VEC * (tid % kLanes);
+  const bool lanes = lane_ch < D;  // D < 512 leaves lanes idle: they read channels 0.. too, and drop what they sum
+  const int ch = lanes ? lane_ch : 0;
   const int64_t i = blockIdx.x;
   wait_for_producers();
   allow_dependents();
   OfflineRow r;
   if (!offline_row<kMode>(p, i, &r)) return;
-  // every thread writes its channel of a decode's new row and reads it back below, as written
-  if (!offline_row_fits<S, kMode, 1>(p, r, ch, ch == 0)) return;
-  const bool storing = p.stores && ch < D / 2;
-  StoreOperands<2> o;
-  if (storing) aim_offline_store(p, r, 2 * ch, o);
-  WindowSum blocks[kOfflineBlocks];
-#pragma unroll
-  for (int b = 0; b < kOfflineBlocks; ++b) {
-    float kv[kOfflineBlockRows], z[kOfflineBlockRows];
-#pragma unroll
-    for (int k = 0; k < kOfflineBlockRows; ++k) {
-      const int j = b * kOfflineBlockRows + k;
-      const WindowRow<1> w = window_row<S, kMode, 1>(p, r, j, ch);
-      kv[k] = w.value.v[0], z[k] = w.score.v[0] + __ldg(p.ape + j * D + ch);
-    }
-    blocks[b] = window_sum(kv, z, 0);
+  // the last group sums the window's last block, where a decode's new row usually is: it writes the row
+  constexpr int kLast = kGroups - 1;
+  if (!offline_row_fits<S, kMode, VEC>(p, r, ch, lanes && group == kLast, tid == 0)) return;
+  if constexpr (kMode != kCompress) {
+    // the new row as written (a bf16 ring rounds it), read by the lanes whose block holds it: the writers' own
+    // unless a record puts it elsewhere than its page's last row
+    if (r.write_row != (int64_t)r.page * kOfflineWindow + (kOfflineWindow - 1)) __syncthreads();
   }
-  const float x = window_value(merge_windows(blocks));
-  if (p.out != nullptr) p.out[i * D + ch] = x;
+  const bool storing = p.stores && tid < D / 2;
+  StoreOperands<2> o;
+  if (storing) aim_offline_store(p, r, 2 * tid, o);
+  float* const at_max = sums;
+  float* const at_num = sums + kOfflineBlocks * D;
+  float* const at_den = sums + 2 * kOfflineBlocks * D;
+#pragma unroll
+  for (int k = 0; k < kOfflineBlocks / kGroups; ++k) {
+    const int b = k * kGroups + group;
+    float kv[VEC][kOfflineBlockRows], z[VEC][kOfflineBlockRows];
+#pragma unroll
+    for (int q = 0; q < kOfflineBlockRows; ++q) {
+      const int j = b * kOfflineBlockRows + q;
+      const WindowRow<VEC> row = window_row<S, kMode, VEC>(p, r, j, ch);
+      const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) kv[c][q] = row.value.v[c], z[c][q] = row.score.v[c] + bias.v[c];
+    }
+    if (lanes) {
+#pragma unroll
+      for (int c = 0; c < VEC; ++c) {
+        const WindowSum w = window_sum(kv[c], z[c], 0);
+        at_max[b * D + ch + c] = w.max, at_num[b * D + ch + c] = w.num, at_den[b * D + ch + c] = w.den;
+      }
+    }
+  }
+  __syncthreads();
+  float x = 0.0f;
+  if (tid < D) {
+    WindowSum blocks[kOfflineBlocks];
+#pragma unroll
+    for (int b = 0; b < kOfflineBlocks; ++b)
+      blocks[b] = WindowSum{at_max[b * D + tid], at_num[b * D + tid], at_den[b * D + tid]};
+    x = window_value(merge_windows(blocks));
+    if (p.out != nullptr) p.out[i * D + tid] = x;
+  }
   if (!p.stores) return;
-  vector[ch] = x;
+  __syncthreads();  // every block sum read: the vector takes their place
+  if (tid < D) sums[tid] = x;
   __syncthreads();
   if (!storing) return;
-  const float pair[2] = {vector[2 * ch], vector[2 * ch + 1]};
-  store_vector<2>(p.store, pair, o, D, 2 * ch, D / 2, p.error_count, 0);
+  const float pair[2] = {sums[2 * tid], sums[2 * tid + 1]};
+  store_vector<2>(p.store, pair, o, D, 2 * tid, D / 2, p.error_count, 0);
 }
 
 // ---- checks and launches ----------------------------------------------------------------------------
@@ -430,6 +467,23 @@ dsa_status check_clusters(int device, const char* op) {
   return DSA_STATUS_OK;
 }
 
+// The row form's shared memory (over the default 48 KiB at D = 512), allowed once per instance and device (the
+// flags are the instance's own: every instance has the one function-pointer type).
+template <typename S, int kMode>
+dsa_status offline_row_shared_memory(int device, const char* op) {
+  static int allowed[kMaxDevices] = {};
+  const auto kernel = offline_row_kernel<S, kMode>;
+  if (__atomic_load_n(&allowed[device], __ATOMIC_ACQUIRE)) return DSA_STATUS_OK;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, offline_row_shared(kOfflineMaxDim)) !=
+      cudaSuccess) {
+    cudaGetLastError();
+    return fail(DSA_STATUS_CUDA_ERROR, "%s: device %d cannot give the offline row form %d bytes of shared memory", op,
+                device, offline_row_shared(kOfflineMaxDim));
+  }
+  __atomic_store_n(&allowed[device], 1, __ATOMIC_RELEASE);
+  return DSA_STATUS_OK;
+}
+
 OfflineLaunch offline_launch(const dsa_c128_offline_params& p, const OfflineChecked& c) {
   OfflineLaunch a = {};
   a.ring = p.ring, a.ring_rows = p.ring_rows, a.kv_score = p.kv_score, a.ape = p.ape, a.out = p.out;
@@ -448,8 +502,11 @@ dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int
   a.count = count, a.records = records;
   const Shape shape = offline_shape(p.head_dim, count, kVec);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  if (offline_row_form(count))
-    return launch_status(launch(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape), stream, mode, a), op);
+  if (offline_row_form(count)) {
+    DSA_TRY((offline_row_shared_memory<S, kMode>(p.device, op)));
+    return launch_status(launch_shared(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape),
+                                       offline_row_shared(p.head_dim), stream, mode, a), op);
+  }
   cudaLaunchAttribute attributes[2];
   unsigned n = 0;
   attributes[n].id = cudaLaunchAttributeClusterDimension;

@@ -35,9 +35,10 @@ class DeviceGuard {
 // resident at once, so blocks may wait on each other; the grid must fit the device).
 constexpr unsigned kLaunchPdl = 1u, kLaunchCooperative = 2u;
 
+// (launch_shared: with `shared` bytes of dynamic shared memory a block)
 template <typename... Params, typename... Args>
-cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
-                   unsigned mode, Args&&... args) {
+cudaError_t launch_shared(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared, cudaStream_t stream,
+                          unsigned mode, Args&&... args) {
   cudaLaunchAttribute attributes[2];
   unsigned n = 0;
   if (mode & kLaunchPdl) {
@@ -51,11 +52,16 @@ cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
-  config.dynamicSmemBytes = 0;
+  config.dynamicSmemBytes = shared;
   config.stream = stream;
   config.attrs = attributes;
   config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream, unsigned mode,
+                   Args&&... args) {
+  return launch_shared(kernel, grid, block, 0, stream, mode, std::forward<Args>(args)...);
 }
 
 // Every entry point is its argument check, then host or device:

@@ -364,18 +364,20 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 //   warp instruction, 64 KiB per block), so a lone
 //   closing row is spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block
 //   gathers the vector from the others' shared memory for the store (its RMSNorm needs all D channels);
-// - the row form, from kOfflineRowsFrom rows: one block of D threads per row, thread c summing all 16 blocks of
-//   8 rows of its channel and finishing the store inside the block. Enough rows fill the GPU without spreading
+// - the row form, from kOfflineRowsFrom rows: one block per row (4 groups of D / 4 lanes, 4 channels a lane,
+//   group g summing window blocks g, g + 4, g + 8, g + 12; thread c merging channel c's 16 block sums from shared
+//   memory) finishing the store inside the block. Enough rows fill the GPU without spreading
 //   one over SMs, and a launch of D / 64-block clusters costs more to schedule than the spread gains (the slice
 //   form's decode, with 512-thread blocks, ran 1.8x slower than another kernel of the same grid, block and
 //   registers without clusters at B = 1024).
-//   Measured both ways (docs/performance.md, "The offline c128 compressor"): the row form wins from 256 rows
-//   (decode B = 256 / 1024, an extend of 256 records) and loses more than it wins below (B = 32 random, an
-//   extend of 155 records; it won B = 32 every row closing by 8 % over the 2-channel slice form, which the
-//   4-channel form now wins). The slice form's 4 channels a lane ran 1.02-1.48x the pace of 2 in the decode cells
+//   Measured both ways (docs/performance.md, "The offline c128 compressor", round 9): with this row form every
+//   launch of 64 rows or more ran faster as rows (extends of 64 and 155 records 1.04-1.44x, decodes of 256 and
+//   1024 rows alike), every one of 32 rows or fewer slower (decode B = 1 / 32 1.1-1.9x slower, an extend of one
+//   record 2x): one SM streams a lone row's 512 KiB at about 65 GB/s, D / 64 SMs more. 33-63 rows: not measured.
+//   The slice form's 4 channels a lane ran 1.02-1.48x the pace of 2 in the decode cells
 //   and fp32 extends, and 4-13 % slower in a bf16 ring's long extends (docs/performance.md, round 7).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
-constexpr int kOfflineMaxDim = 512;   // the row form's largest block: a thread a channel
+constexpr int kOfflineMaxDim = 512;   // the largest D
 // Channels per lane of the slice form: 4 (16-byte loads), but 2 in a bf16 ring's extend, whose compress records
 // read most of their window from the fp32 input and ran 4-13 % slower with 4.
 constexpr int offline_slice_vec(bool bf16_ring, bool extend) { return bf16_ring && extend ? 2 : 4; }
@@ -387,7 +389,12 @@ constexpr bool offline_loads_first(bool bf16_ring, bool extend) { return !bf16_r
 // Threads of a slice block: the 16 window blocks of 8 rows, a lane group of kOfflineSlice / vec lanes each.
 constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec); }
 static_assert(kOfflineMaxDim / 2 <= offline_slice_threads(4), "a slice block holds the store's D / 2 threads");
-constexpr int64_t kOfflineRowsFrom = 256;
+constexpr int64_t kOfflineRowsFrom = 64;
+// The row form's block: kOfflineRowGroups groups of kOfflineMaxDim / 4 lanes (4 channels each).
+constexpr int kOfflineRowGroups = 4;
+constexpr int kOfflineRowThreads = kOfflineRowGroups * kOfflineMaxDim / 4;
+// Its shared memory: each of the 16 window blocks' (max, num, den) of every channel.
+constexpr int offline_row_shared(int head_dim) { return 3 * 16 * head_dim * (int)sizeof(float); }
 
 inline int offline_slices(int head_dim) { return head_dim / kOfflineSlice; }
 inline bool offline_row_form(int64_t count) { return count >= kOfflineRowsFrom; }
@@ -399,7 +406,7 @@ inline Shape offline_shape(int head_dim, int64_t count, int vec = 4) {
   Shape s;
   const bool rows = offline_row_form(count);
   s.grid_x = rows ? count : count * offline_slices(head_dim);
-  s.grid_y = s.grid_z = 1, s.block_x = rows ? head_dim : offline_slice_threads(vec), s.block_y = 1;
+  s.grid_y = s.grid_z = 1, s.block_x = rows ? kOfflineRowThreads : offline_slice_threads(vec), s.block_y = 1;
   s.fits = s.grid_x <= INT32_MAX;
   return s;
 }
