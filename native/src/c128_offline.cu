@@ -296,7 +296,8 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
 // window), and thread c merges channel c's 16 in block order (the slice form's arithmetic: both forms give the
 // same bits); the vector passes through shared memory to the D / 2 storing threads.
 template <typename S, int kMode>
-__global__ void __launch_bounds__(kOfflineRowThreads, 1) offline_row_kernel(const __grid_constant__ OfflineLaunch p) {
+__global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
+    offline_row_kernel(const __grid_constant__ OfflineLaunch p) {
   constexpr int VEC = 4, kGroups = kOfflineRowGroups, kLanes = kOfflineMaxDim / VEC;
   static_assert(kOfflineRowThreads == kGroups * kLanes, "a group of lanes covers the largest D");
   extern __shared__ __align__(16) float sums[];  // [max | num | den][block][channel]

@@ -393,6 +393,8 @@ constexpr int64_t kOfflineRowsFrom = 64;
 // The row form's block: kOfflineRowGroups groups of kOfflineMaxDim / 4 lanes (4 channels each).
 constexpr int kOfflineRowGroups = 4;
 constexpr int kOfflineRowThreads = kOfflineRowGroups * kOfflineMaxDim / 4;
+// One block an SM (128 registers a thread for its window's 16-byte loads in flight; the launch bound as measured).
+constexpr int kOfflineRowBlocksPerSm = 1;
 // Its shared memory: each of the 16 window blocks' (max, num, den) of every channel.
 constexpr int offline_row_shared(int head_dim) { return 3 * 16 * head_dim * (int)sizeof(float); }
 
