@@ -128,23 +128,29 @@ def test_decode_records_equal_request_scoped_rows(device, bf16_ring):
 
 
 @gpu
+@pytest.mark.parametrize("padded", [False, True], ids=["slices", "rows"])
 @pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
-def test_a_record_writing_elsewhere_than_its_pages_last_row_agrees_with_the_host(bf16_ring):
-    """Records are data: a closing decode record whose write row is another row of its page (read back as written)
-    or a row of another page (the page's last row then as the ring holds it) gives the host backend's ring, outs
-    and cache bytes on the GPU; on each backend the cache holds the standalone store of its own outs."""
+def test_a_record_writing_elsewhere_than_its_pages_last_row_agrees_with_the_host(bf16_ring, padded):
+    """Records are data: a closing decode record whose write row is another row of its page (read back as written,
+    by other lanes than wrote it in the row form) or a row of another page (the page's last row then as the ring
+    holds it) gives the host backend's ring, outs and cache bytes on the GPU; on each backend the cache holds the
+    standalone store of its own outs. Padded with skipped records to the row form's threshold: both forms."""
     runs = []
+    n = max(3, _rows_from()) if padded else 3
     for device in ("cpu", "cuda"):
         layer = Layer(device, slots=4, bf16_ring=bf16_ring, max_len=300, seed=9)
         g = torch.Generator().manual_seed(4)
         layer.ring.ring.copy_(torch.randn(layer.ring.ring.shape, generator=g).to(layer.ring.ring.dtype))
-        rec = np.frombuffer(decode_records([128, 256, 128], [0, 1, 3]).tobytes(), np.int32).reshape(3, 4).copy()
+        rec = np.zeros((n, 4), np.int32)  # seq_len 0: padding, skipped
+        rec[:3] = np.frombuffer(decode_records([128, 256, 128], [0, 1, 3]).tobytes(), np.int32).reshape(3, 4)
         rec[0, 1] = 0 * CHUNK + 5          # request 0: row 5 of its own page
         rec[1, 1] = 2 * CHUNK + 127        # request 1 (page 1): the last row of page 2
-        kv = torch.randn(3, 2 * layer.d, generator=g).to(device)
-        out = torch.full((3, layer.d), float("nan"), device=device)
-        pydsa.c128_offline_decode(layer.ring, kv, records=torch.from_numpy(rec.view(np.uint8).reshape(3, 16)).to(device),
-                                  out=out, cache_slots=torch.tensor([0, 1, 2], device=device))
+        kv = torch.randn(n, 2 * layer.d, generator=g).to(device)
+        out = torch.full((n, layer.d), float("nan"), device=device)
+        pydsa.c128_offline_decode(layer.ring, kv, records=torch.from_numpy(rec.view(np.uint8).reshape(n, 16)).to(device),
+                                  out=out, cache_slots=torch.tensor([0, 1, 2] + [3] * (n - 3), device=device))
+        assert torch.isnan(out[3:]).all()  # padding writes nothing
+        out = out[:3]
         shadow = Shadow(layer)
         shadow.closed(out.cpu().numpy(), [0, 1, 2], [0, 1, 2], [0, CHUNK, 0])  # rotary rows seq_len - 128
         shadow.check()

@@ -290,11 +290,12 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
 }
 
 // The row form (launch_policy.h): one block of kOfflineRowThreads threads per closing row: kOfflineRowGroups
-// groups of D / 4 lanes (4 channels a lane, 16-byte loads), group g summing window blocks g, g + 4, g + 8, g + 12
-// of its channels (8 rows each), so a block keeps four times the bytes in flight of a thread a channel. Each
-// block's sums go to shared memory as they are made (offline_row_shared(D) bytes, no register held across the
-// window), and thread c merges channel c's 16 in block order (the slice form's arithmetic: both forms give the
-// same bits); the vector passes through shared memory to the D / 2 storing threads.
+// groups of kOfflineMaxDim / 4 lanes (4 channels a lane, 16-byte loads; at D < 512 the lanes past D / 4 read
+// channels 0..3 and drop them), group g summing window blocks g, g + 4, g + 8, g + 12 of its channels (8 rows
+// each), so a block keeps four times the bytes in flight of a thread a channel. Each block's sums go to shared
+// memory as they are made (offline_row_shared(D) bytes, no register held across the window), and thread c merges
+// channel c's 16 in block order (the slice form's arithmetic: both forms give the same bits); the vector passes
+// through shared memory to the D / 2 storing threads.
 template <typename S, int kMode>
 __global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
     offline_row_kernel(const __grid_constant__ OfflineLaunch p) {
@@ -469,21 +470,24 @@ dsa_status check_clusters(int device, const char* op) {
 }
 
 // The row form's shared memory (over the default 48 KiB at D = 512), allowed once per instance and device (the
-// flags are the instance's own: every instance has the one function-pointer type).
+// flags are the instance's own: every instance has the one function-pointer type); again: allowed anew (a context
+// made since, as after a device reset, has lost it).
 template <typename S, int kMode>
-dsa_status offline_row_shared_memory(int device, const char* op) {
+dsa_status offline_row_shared_memory(int device, bool again, const char* op) {
   static int allowed[kMaxDevices] = {};
-  const auto kernel = offline_row_kernel<S, kMode>;
-  if (__atomic_load_n(&allowed[device], __ATOMIC_ACQUIRE)) return DSA_STATUS_OK;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, offline_row_shared(kOfflineMaxDim)) !=
-      cudaSuccess) {
+  if (!again && __atomic_load_n(&allowed[device], __ATOMIC_ACQUIRE)) return DSA_STATUS_OK;
+  const int bytes = offline_row_shared(kOfflineMaxDim);
+  const cudaError_t err =
+      cudaFuncSetAttribute(offline_row_kernel<S, kMode>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) {
     cudaGetLastError();
-    return fail(DSA_STATUS_CUDA_ERROR, "%s: device %d cannot give the offline row form %d bytes of shared memory", op,
-                device, offline_row_shared(kOfflineMaxDim));
+    return fail(DSA_STATUS_CUDA_ERROR, "%s: device %d cannot give the offline row form %d bytes of shared memory: %s",
+                op, device, bytes, cudaGetErrorString(err));
   }
   __atomic_store_n(&allowed[device], 1, __ATOMIC_RELEASE);
   return DSA_STATUS_OK;
 }
+static_assert(offline_row_shared(1) == 3 * kOfflineBlocks * (int)sizeof(float), "(max, num, den) of each window block");
 
 OfflineLaunch offline_launch(const dsa_c128_offline_params& p, const OfflineChecked& c) {
   OfflineLaunch a = {};
@@ -504,9 +508,18 @@ dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int
   const Shape shape = offline_shape(p.head_dim, count, kVec);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
   if (offline_row_form(count)) {
-    DSA_TRY((offline_row_shared_memory<S, kMode>(p.device, op)));
-    return launch_status(launch_shared(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape),
-                                       offline_row_shared(p.head_dim), stream, mode, a), op);
+    DSA_TRY((offline_row_shared_memory<S, kMode>(p.device, false, op)));
+    const auto go = [&] {
+      return launch_shared(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape),
+                           offline_row_shared(p.head_dim), stream, mode, a);
+    };
+    cudaError_t err = go();
+    if (err == cudaErrorInvalidValue) {  // the allowance lost with its context: allowed anew, tried once more
+      cudaGetLastError();
+      DSA_TRY((offline_row_shared_memory<S, kMode>(p.device, true, op)));
+      err = go();
+    }
+    return launch_status(err, op);
   }
   cudaLaunchAttribute attributes[2];
   unsigned n = 0;

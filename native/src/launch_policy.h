@@ -364,16 +364,18 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 //   warp instruction, 64 KiB per block), so a lone
 //   closing row is spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block
 //   gathers the vector from the others' shared memory for the store (its RMSNorm needs all D channels);
-// - the row form, from kOfflineRowsFrom rows: one block per row (4 groups of D / 4 lanes, 4 channels a lane,
-//   group g summing window blocks g, g + 4, g + 8, g + 12; thread c merging channel c's 16 block sums from shared
-//   memory) finishing the store inside the block. Enough rows fill the GPU without spreading
+// - the row form, from kOfflineRowsFrom rows: one block of 512 threads per row (4 groups of 128 lanes, 4 channels a
+//   lane; at D < 512 only D / 4 lanes of each group sum, the others' loads go to channels 0..3 and are dropped; group
+//   g sums window blocks g, g + 4, g + 8, g + 12; thread c merges channel c's 16 block sums from shared memory),
+//   finishing the store inside the block. Enough rows fill the GPU without spreading
 //   one over SMs, and a launch of D / 64-block clusters costs more to schedule than the spread gains (the slice
 //   form's decode, with 512-thread blocks, ran 1.8x slower than another kernel of the same grid, block and
 //   registers without clusters at B = 1024).
-//   Measured both ways (docs/performance.md, "The offline c128 compressor", round 9): with this row form every
-//   launch of 64 rows or more ran faster as rows (extends of 64 and 155 records 1.04-1.44x, decodes of 256 and
-//   1024 rows alike), every one of 32 rows or fewer slower (decode B = 1 / 32 1.1-1.9x slower, an extend of one
-//   record 2x): one SM streams a lone row's 512 KiB at about 65 GB/s, D / 64 SMs more. 33-63 rows: not measured.
+//   Measured both ways (docs/performance.md, "The offline c128 compressor", round 9, D = 512): with this row form
+//   every launch of 64 rows or more ran as fast or faster as rows (extends of 64 and 155 records 1.00-1.41x, decodes
+//   of 256 and 1024 rows alike), every one of 32 rows or fewer slower (decode B = 1 / 32 1.1-1.9x slower, an extend
+//   of one record 2x): one SM streams a lone row's 512 KiB at about 65 GB/s, D / 64 SMs more. 33-63 rows: not
+//   measured.
 //   The slice form's 4 channels a lane ran 1.02-1.48x the pace of 2 in the decode cells
 //   and fp32 extends, and 4-13 % slower in a bf16 ring's long extends (docs/performance.md, round 7).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
@@ -390,7 +392,7 @@ constexpr bool offline_loads_first(bool bf16_ring, bool extend) { return !bf16_r
 constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec); }
 static_assert(kOfflineMaxDim / 2 <= offline_slice_threads(4), "a slice block holds the store's D / 2 threads");
 constexpr int64_t kOfflineRowsFrom = 64;
-// The row form's block: kOfflineRowGroups groups of kOfflineMaxDim / 4 lanes (4 channels each).
+// The row form's block: kOfflineRowGroups groups of kOfflineMaxDim / 4 lanes (4 channels each; D / 4 of them sum).
 constexpr int kOfflineRowGroups = 4;
 constexpr int kOfflineRowThreads = kOfflineRowGroups * kOfflineMaxDim / 4;
 // One block an SM (128 registers a thread for its window's 16-byte loads in flight; the launch bound as measured).
