@@ -136,7 +136,7 @@ def test_a_record_writing_elsewhere_than_its_pages_last_row_agrees_with_the_host
     holds it) gives the host backend's ring, outs and cache bytes on the GPU; on each backend the cache holds the
     standalone store of its own outs. Padded with skipped records to the row form's threshold: both forms."""
     runs = []
-    n = max(3, _rows_from()) if padded else 3
+    n = max(3, _rows_from("Decode")) if padded else 3
     for device in ("cpu", "cuda"):
         layer = Layer(device, slots=4, bf16_ring=bf16_ring, max_len=300, seed=9)
         g = torch.Generator().manual_seed(4)
@@ -517,28 +517,33 @@ def test_more_rows_than_a_wave_of_blocks_takes(bf16_ring):
     assert torch.equal(rings[0], rings[1])
 
 
-def _rows_from() -> int:
-    """The launch policy's threshold of the row form (native/src/launch_policy.h)."""
+def _rows_from(op: str) -> int:
+    """The launch policy's threshold of the row form for an op, "Extend" or "Decode" (native/src/launch_policy.h)."""
     text = (Path(__file__).resolve().parents[1] / "native" / "src" / "launch_policy.h").read_text()
-    return int(re.search(r"kOfflineRowsFrom = (\d+);", text).group(1))
+    return int(re.search(rf"kOffline{op}RowsFrom = (\d+);", text).group(1))
 
 
 @gpu
+@pytest.mark.parametrize("op", ["Extend", "Decode"])
 @pytest.mark.parametrize("d", [512, 256, 128])
 @pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
-def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring, d):
-    """The closing launch's two forms (launch_policy.h: from kOfflineRowsFrom rows a block a row, below a cluster
-    of 64-channel slices a row) on the same step: 88 requests' extend (a record per chunk closed: more than the
-    threshold) and decode in one call each, and the same split into two calls of 44 (each under it); entries,
-    ring and cache bytes equal."""
+def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring, d, op):
+    """The closing launch's two forms (launch_policy.h: an extend from kOfflineExtendRowsFrom records, a decode from
+    kOfflineDecodeRowsFrom requests a block a row, below a cluster of 64-channel slices a row) on the same step: a
+    batch's extend (a record per chunk closed) and decode in one call each, and the same split into two halves; the
+    op under test straddles its threshold (the whole batch at or over it, each half under it); entries, ring and
+    cache bytes equal."""
     g = np.random.default_rng(7)
-    batch = 88
+    batch = 88 if op == "Extend" else 280
     slots = [int(s) for s in g.permutation(batch)]
     exts = [int(e) for e in g.choice([130, 255, 255, 257], batch)]  # 1, 1, 1 and 2 chunks closed
     seqs = [e + 1 for e in exts]  # the decodes after 255 close a chunk
-    rows_from, half = _rows_from(), batch // 2
+    rows_from, half = _rows_from(op), batch // 2
     records = [sum(1 + (e == 257) for e in exts[h * half:(h + 1) * half]) for h in range(2)]
-    assert max(records) < rows_from <= sum(records) and half < rows_from <= batch  # one form each way
+    if op == "Extend":
+        assert max(records) < rows_from <= sum(records)  # one form each way
+    else:
+        assert half < rows_from <= batch
     runs = []
     for halves in (1, 2):
         layer = Layer("cuda", slots=batch, bf16_ring=bf16_ring, d=d, max_len=400, seed=29)

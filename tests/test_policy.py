@@ -134,12 +134,16 @@ C4 = [("c4 512 2 33", "33"), ("c4 128 2 33", "9"), ("c4 256 2 33", "17"), ("c4 1
       ("c4plan_extend 513", "2 512 2048"), ("c4plan_extend 4096", "8 512 2048"),
       ("c4plan_extend 65536", "128 512 2048")]
 
-# offline c128: D count -> blocks threads cluster fits. Below 64 rows the slice form (D / 64 blocks of 256 threads
-# a row, one cluster); from 64 rows the row form (a block of 512 threads a row, 4 channels a lane, no cluster)
-OFFLINE = [("offline 512 1", "8 256 8 1"), ("offline 512 63", "504 256 8 1"), ("offline 128 3", "6 256 2 1"),
-           ("offline 256 0", "0 256 4 1"), ("offline 512 64", "64 512 1 1"), ("offline 512 1000", "1000 512 1 1"),
-           ("offline 128 300", "300 512 1 1"), ("offline 256 4096", "4096 512 1 1"),
-           ("offline 512 2147483647", "2147483647 512 1 1"), ("offline 512 2147483648", "2147483648 512 1 0"),
+# offline c128: D count extend -> blocks threads cluster fits. An extend below 64 records, a decode below 256
+# requests: the slice form (D / 64 blocks of 256 threads a row, one cluster); from there the row form (a block of
+# 512 threads a row, 4 channels a lane, no cluster)
+OFFLINE = [("offline 512 1 1", "8 256 8 1"), ("offline 512 63 1", "504 256 8 1"), ("offline 512 64 1", "64 512 1 1"),
+           ("offline 512 1 0", "8 256 8 1"), ("offline 512 255 0", "2040 256 8 1"),
+           ("offline 512 256 0", "256 512 1 1"), ("offline 512 64 0", "512 256 8 1"), ("offline 128 3 0", "6 256 2 1"),
+           ("offline 256 0 1", "0 256 4 1"), ("offline 512 1000 0", "1000 512 1 1"),
+           ("offline 128 300 1", "300 512 1 1"), ("offline 256 4096 0", "4096 512 1 1"),
+           ("offline 512 2147483647 1", "2147483647 512 1 1"),
+           ("offline 512 2147483648 0", "2147483648 512 1 0"),
            # the slice form's channels a lane (bf16 ring, extend -> vec, threads): 4 on 16-byte loads, 2 in a bf16
            # ring's extend (most of its window from the fp32 input), 16 window blocks of 64 / vec lanes
            ("offline_vec 1 1", "2 512 0"), ("offline_vec 1 0", "4 256 0"), ("offline_vec 0 1", "4 256 1"),

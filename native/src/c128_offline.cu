@@ -447,7 +447,8 @@ dsa_status check_offline(const dsa_c128_offline_params& p, OfflineOp kind, const
     DSA_TRY(check_extend_lists(p.num_tokens, p.num_compress, p.num_write, p.compress, p.write, p.flags, gpu, op));
     DSA_TRY(check_offline_host_plan(p, op));
   }
-  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size).fits) return too_large(op);
+  if (!offline_shape(p.head_dim, kind == kOpExtend ? p.num_compress : p.batch_size, kind == kOpExtend).fits)
+    return too_large(op);
   checked->nothing = nothing;
   return DSA_STATUS_OK;
 }
@@ -505,9 +506,10 @@ dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int
                           cudaStream_t stream, const char* op) {
   constexpr int kVec = offline_slice_vec(std::is_same<S, Bf16>::value, kMode == kCompress);
   a.count = count, a.records = records;
-  const Shape shape = offline_shape(p.head_dim, count, kVec);
+  constexpr bool kExtend = kMode == kCompress;
+  const Shape shape = offline_shape(p.head_dim, count, kExtend, kVec);
   const unsigned mode = (p.flags & DSA_FLAG_PDL) ? kLaunchPdl : 0u;
-  if (offline_row_form(count)) {
+  if (offline_row_form(count, kExtend)) {
     DSA_TRY((offline_row_shared_memory<S, kMode>(p.device, false, op)));
     const auto go = [&] {
       return launch_shared(offline_row_kernel<S, kMode>, grid_of(shape), block_of(shape),
@@ -524,7 +526,7 @@ dsa_status launch_closing(const dsa_c128_offline_params& p, OfflineLaunch a, int
   cudaLaunchAttribute attributes[2];
   unsigned n = 0;
   attributes[n].id = cudaLaunchAttributeClusterDimension;
-  attributes[n++].val.clusterDim = {(unsigned)offline_cluster(p.head_dim, count), 1, 1};
+  attributes[n++].val.clusterDim = {(unsigned)offline_cluster(p.head_dim, count, kExtend), 1, 1};
   if (mode & kLaunchPdl) {
     attributes[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attributes[n++].val.programmaticStreamSerializationAllowed = 1;

@@ -364,18 +364,21 @@ inline int64_t c4_plan_decode_blocks(int64_t batch_size) {
 //   warp instruction, 64 KiB per block), so a lone
 //   closing row is spread over D / 64 SMs; the slices of a row form one thread-block cluster, whose first block
 //   gathers the vector from the others' shared memory for the store (its RMSNorm needs all D channels);
-// - the row form, from kOfflineRowsFrom rows: one block of 512 threads per row (4 groups of 128 lanes, 4 channels a
-//   lane; at D < 512 only D / 4 lanes of each group sum, the others' loads go to channels 0..3 and are dropped; group
-//   g sums window blocks g, g + 4, g + 8, g + 12; thread c merges channel c's 16 block sums from shared memory),
+// - the row form, from kOfflineExtendRowsFrom / kOfflineDecodeRowsFrom rows: one block of 512 threads per row (4
+//   groups of 128 lanes, 4 channels a lane; at D < 512 only D / 4 lanes of each group sum, the others' loads go to
+//   channels 0..3 and are dropped; group g sums window blocks g, g + 4, g + 8, g + 12; thread c merges channel c's 16
+//   block sums from shared memory),
 //   finishing the store inside the block. Enough rows fill the GPU without spreading
 //   one over SMs, and a launch of D / 64-block clusters costs more to schedule than the spread gains (the slice
 //   form's decode, with 512-thread blocks, ran 1.8x slower than another kernel of the same grid, block and
 //   registers without clusters at B = 1024).
-//   Measured both ways (docs/performance.md, "The offline c128 compressor", round 9, D = 512): with this row form
-//   every launch of 64 rows or more ran as fast or faster as rows (extends of 64 and 155 records 1.00-1.41x, decodes
-//   of 256 and 1024 rows alike), every one of 32 rows or fewer slower (decode B = 1 / 32 1.1-1.9x slower, an extend
-//   of one record 2x): one SM streams a lone row's 512 KiB at about 65 GB/s, D / 64 SMs more. 33-63 rows: not
-//   measured.
+//   Measured both ways (docs/performance.md, "The offline c128 compressor", round 9, D = 512): an extend's rows
+//   all close, and every extend of 64 records or more ran as fast or faster as rows (64 and 155 records:
+//   1.00-1.41x), the one of a record 2x slower; a decode's requests mostly close nothing, its closing rows on one SM
+//   each in the row form (one SM streams a lone row's 512 KiB at about 65 GB/s, the slice form D / 64 SMs): B = 32
+//   ran 1.1-1.9x slower as rows, B = 256 and 1024 faster (round 3; this form 4-16 % faster again). So an extend
+//   takes the row form from kOfflineExtendRowsFrom records, a decode from kOfflineDecodeRowsFrom requests (33-63
+//   records and 33-255 requests not measured with this form).
 //   The slice form's 4 channels a lane ran 1.02-1.48x the pace of 2 in the decode cells
 //   and fp32 extends, and 4-13 % slower in a bf16 ring's long extends (docs/performance.md, round 7).
 constexpr int kOfflineSlice = 64;     // channels per block (one store group)
@@ -391,7 +394,8 @@ constexpr bool offline_loads_first(bool bf16_ring, bool extend) { return !bf16_r
 // Threads of a slice block: the 16 window blocks of 8 rows, a lane group of kOfflineSlice / vec lanes each.
 constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec); }
 static_assert(kOfflineMaxDim / 2 <= offline_slice_threads(4), "a slice block holds the store's D / 2 threads");
-constexpr int64_t kOfflineRowsFrom = 64;
+constexpr int64_t kOfflineExtendRowsFrom = 64;
+constexpr int64_t kOfflineDecodeRowsFrom = 256;
 // The row form's block: kOfflineRowGroups groups of kOfflineMaxDim / 4 lanes (4 channels each; D / 4 of them sum).
 constexpr int kOfflineRowGroups = 4;
 constexpr int kOfflineRowThreads = kOfflineRowGroups * kOfflineMaxDim / 4;
@@ -401,14 +405,18 @@ constexpr int kOfflineRowBlocksPerSm = 1;
 constexpr int offline_row_shared(int head_dim) { return 3 * 16 * head_dim * (int)sizeof(float); }
 
 inline int offline_slices(int head_dim) { return head_dim / kOfflineSlice; }
-inline bool offline_row_form(int64_t count) { return count >= kOfflineRowsFrom; }
+inline bool offline_row_form(int64_t count, bool extend) {
+  return count >= (extend ? kOfflineExtendRowsFrom : kOfflineDecodeRowsFrom);
+}
 // Blocks of one closing row's cluster: D / 64 in the slice form, 1 (no cluster) in the row form.
-inline int offline_cluster(int head_dim, int64_t count) { return offline_row_form(count) ? 1 : offline_slices(head_dim); }
+inline int offline_cluster(int head_dim, int64_t count, bool extend) {
+  return offline_row_form(count, extend) ? 1 : offline_slices(head_dim);
+}
 
 // Blocks of a closing launch over `count` rows; fits false: too many.
-inline Shape offline_shape(int head_dim, int64_t count, int vec = 4) {
+inline Shape offline_shape(int head_dim, int64_t count, bool extend, int vec = 4) {
   Shape s;
-  const bool rows = offline_row_form(count);
+  const bool rows = offline_row_form(count, extend);
   s.grid_x = rows ? count : count * offline_slices(head_dim);
   s.grid_y = s.grid_z = 1, s.block_x = rows ? kOfflineRowThreads : offline_slice_threads(vec), s.block_y = 1;
   s.fits = s.grid_x <= INT32_MAX;

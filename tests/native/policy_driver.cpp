@@ -87,12 +87,13 @@ int main() {
       in >> n;
       std::printf("%lld %d %lld\n", (long long)c4_plan_extend_blocks(n), kC4PlanExtendThreads,
                   (long long)kC4PlanExtendThreads * kC4PlanRequestsPerThread);
-    } else if (what == "offline") {  // D count
+    } else if (what == "offline") {  // D count extend
       long long n;
-      int d;
-      in >> d >> n;
-      const Shape s = offline_shape(d, n);
-      std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_cluster(d, n), s.fits ? 1 : 0);
+      int d, extend;
+      in >> d >> n >> extend;
+      const Shape s = offline_shape(d, n, extend != 0);
+      std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_cluster(d, n, extend != 0),
+                  s.fits ? 1 : 0);
     } else if (what == "offline_vec") {  // bf16_ring extend -> lanes, threads, loads first
       int bf16, extend;
       in >> bf16 >> extend;
