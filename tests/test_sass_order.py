@@ -55,9 +55,13 @@ def _sass(source: str, tmp_path) -> dict[str, list[str]]:
     return kernels
 
 
+def _wait(code: list[str]) -> int:
+    """The index of the grid-dependency wait (SASS `ACQBULK`)."""
+    return next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
+
+
 def _loads_before_wait(code: list[str]) -> int:
-    wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
-    return sum(1 for ins in code[:wait] if re.match(r"(@!?P\d+ )?LDG", ins))
+    return sum(1 for ins in code[:_wait(code)] if re.match(r"(@!?P\d+ )?LDG", ins))
 
 
 def test_the_c4_decode_reads_its_record_before_the_wait_in_every_records_instance(tmp_path):
@@ -79,7 +83,7 @@ def test_the_store_over_records_reads_its_record_and_slot_before_the_wait(tmp_pa
 
 
 def _wait_and_first_store(code: list[str]) -> tuple[int, int]:
-    wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
+    wait = _wait(code)
     return wait, next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?STG", code[i]))
 
 
@@ -112,8 +116,7 @@ def test_the_c4_verify_reads_its_input_rows_before_its_entry(tmp_path):
     verify = {k: v for k, v in kernels.items() if "c4_verify_kernel" in k}
     assert len(verify) == 8, sorted(kernels)
     for name, code in verify.items():
-        wait = next(i for i, ins in enumerate(code) if ins.startswith("ACQBULK"))
-        first = next(i for i in range(wait, len(code)) if re.match(r"(@!?P\d+ )?(STG|RED)", code[i]))
+        first = next(i for i in range(_wait(code), len(code)) if re.match(r"(@!?P\d+ )?(STG|RED)", code[i]))
         late = sum(1 for ins in code[first:] if re.match(r"(@!?P\d+ )?LDG", ins))
         assert late <= 2, (name, late)
 
@@ -132,7 +135,6 @@ def test_the_offline_slice_form_over_an_fp32_ring_extends_with_its_store_operand
             assert late == [], name
         else:
             assert len(late) >= 3, (name, late)
-
 
 
 def _waits_on_loads(code: list[str]) -> int:

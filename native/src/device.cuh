@@ -43,7 +43,6 @@ template <typename S, int VEC>
 struct alignas(sizeof(S) * VEC) Pack {
   S e[VEC];
 };
-// State may be written by this launch (another segment's slot), so it bypasses the read-only path.
 // VEC state elements as loaded: whole 32-bit words, so holding them costs no instruction (a Pack of bf16 pairs
 // would be split into halves where it is assigned).
 template <int VEC, typename S>
@@ -52,6 +51,8 @@ struct Words {
   static_assert(kWords >= 1 && kWords <= 4, "one vector access of 4 to 16 bytes");
   uint32_t w[kWords];
 };
+// State may be written by this launch (another segment's slot), so its loads (load_words, load_state) bypass the
+// read-only path.
 template <int VEC, typename S>
 __device__ __forceinline__ Words<VEC, S> load_words(const S* p) {
   Words<VEC, S> r;
