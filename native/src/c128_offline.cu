@@ -337,12 +337,19 @@ __global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
 #pragma unroll
       for (int c = 0; c < VEC; ++c) kv[c][q] = row.value.v[c], z[c][q] = row.score.v[c] + bias.v[c];
     }
-    if (lanes) {
+    if (lanes) {  // a block's sums as three 16-byte shared stores (4-byte ones conflict four ways on the banks)
+      float4 m, n, d;
+      float* const mv = &m.x;
+      float* const nv = &n.x;
+      float* const dv = &d.x;
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
         const WindowSum w = window_sum(kv[c], z[c], 0);
-        at_max[b * D + ch + c] = w.max, at_num[b * D + ch + c] = w.num, at_den[b * D + ch + c] = w.den;
+        mv[c] = w.max, nv[c] = w.num, dv[c] = w.den;
       }
+      *reinterpret_cast<float4*>(at_max + b * D + ch) = m;
+      *reinterpret_cast<float4*>(at_num + b * D + ch) = n;
+      *reinterpret_cast<float4*>(at_den + b * D + ch) = d;
     }
   }
   __syncthreads();
