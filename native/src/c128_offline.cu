@@ -105,7 +105,13 @@ template <typename S, int kMode, int VEC>
 __device__ __forceinline__ WindowRow<VEC> window_row(const OfflineLaunch& p, const OfflineRow& r, int j, int ch) {
   const int D = p.head_dim;
   WindowRow<VEC> w;
-  if (kMode != kCompress || j < r.ring_rows) {
+  if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {  // rows of either width, without a branch
+    const bool ring = j < r.ring_rows;
+    const Bf16* ring_at = static_cast<const Bf16*>(p.ring) + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+    const float* input_at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+    w.value = load_state_or_lanes<VEC>(ring, ring_at, input_at);
+    w.score = load_state_or_lanes<VEC>(ring, ring_at + D, input_at + D);
+  } else if (kMode != kCompress || j < r.ring_rows) {
     const S* at = static_cast<const S*>(p.ring) + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
     w.value = load_state<VEC, S>(at), w.score = load_state<VEC, S>(at + D);
   } else {
@@ -237,6 +243,9 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
       if (kMode != kCompress && own && blk == kLastBlock && k == kOfflineBlockRows - 1) {
 #pragma unroll
         for (int c = 0; c < VEC; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
+      } else if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {
+        const WindowRow<VEC> row = window_row<S, kMode, VEC>(p, r, j, ch);
+        value = row.value, score = row.score;
       } else if (kMode != kCompress || j < r.ring_rows) {
         const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
         value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + D);
