@@ -156,18 +156,20 @@ def _waits_on_loads(code: list[str]) -> int:
 
 def test_the_offline_row_form_reads_its_window_four_channels_a_lane_in_few_trips(tmp_path):
     """The offline row form (launch_policy.h): 4 channels a lane (16-byte loads of the fp32 input, ape and ring, 8-byte
-    loads of a bf16 ring), each window block's rows issued together: every instance's warp waits on its loads at
-    most 10 times over the whole window (the form of a thread a channel waited 15-18 times). A bf16 ring's extend
-    included: its rows, from the ring (bf16) or the input (fp32), come by two predicated loads into the same words
-    (load_state_or_lanes); read by a branch between the two widths it waited 57 times, a trip a row. The slice
-    form's bf16 extend (2 channels a lane) reads the same way: at most 6 waits (17 by the branch)."""
+    loads of a bf16 ring), each window block's rows issued together: a warp of a decode or of an fp32 ring's extend
+    waits on its loads at most 10 times over the whole window (the form of a thread a channel waited 15-18 times).
+    A bf16 ring's extend reads a record the input holds whole from the input alone, and any other's rows, from the
+    ring (bf16) or the input (fp32), by two predicated loads into the same words (load_state_or_lanes): the two
+    copies of the window in its SASS wait at most 20 times together (read by a branch between the two widths it
+    waited 57 times, a trip a row). The slice form's bf16 extend (2 channels a lane) alike: at most 12 (17 by the
+    branch)."""
     kernels = _sass("c128_offline.cu", tmp_path)
     rows = {k: v for k, v in kernels.items() if "offline_row_kernel" in k}
     assert len(rows) == 6, sorted(kernels)
     for name, code in rows.items():
         wide = sum(1 for ins in code if re.search(r"\bLDG\.E\.128\b", ins))
         assert wide >= 32, (name, wide)  # the ape rows at least (8 rows x 4 window blocks)
-        assert _waits_on_loads(code) <= 10, (name, _waits_on_loads(code))
+        assert _waits_on_loads(code) <= (20 if re.search(r"Bf16ELi2E", name) else 10), (name, _waits_on_loads(code))
     slice_bf16_extend = [v for k, v in kernels.items() if re.search(r"offline_slice_kernelINS_4Bf16ELi2ELi2E", k)]
     assert len(slice_bf16_extend) == 1, sorted(kernels)
-    assert _waits_on_loads(slice_bf16_extend[0]) <= 6, _waits_on_loads(slice_bf16_extend[0])
+    assert _waits_on_loads(slice_bf16_extend[0]) <= 12, _waits_on_loads(slice_bf16_extend[0])

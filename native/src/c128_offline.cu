@@ -99,13 +99,21 @@ struct WindowRow {
   Lanes<VEC> value, score;
 };
 
-// Row j of a closing row's window, this thread's VEC channels from ch: from the ring's page, or (a compress
-// record's rows past ring_rows) from the call's input rows.
-template <typename S, int kMode, int VEC>
+// Where a closing row's window rows are read from: kRowsAny, the ring's page (a decode) or, a compress record's rows
+// past ring_rows, the call's input rows; kRowsInput, the input rows only (a compress record with ring_rows 0).
+enum WindowRows { kRowsAny, kRowsInput };
+template <int kRows>
+using RowsFrom = std::integral_constant<int, kRows>;
+
+// Row j of a closing row's window, this thread's VEC channels from ch (kRows: WindowRows).
+template <typename S, int kMode, int VEC, int kRows>
 __device__ __forceinline__ WindowRow<VEC> window_row(const OfflineLaunch& p, const OfflineRow& r, int j, int ch) {
   const int D = p.head_dim;
   WindowRow<VEC> w;
-  if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {  // rows of either width, without a branch
+  if constexpr (kRows == kRowsInput) {
+    const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+    w.value = load_lanes<VEC>(at), w.score = load_lanes<VEC>(at + D);
+  } else if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {  // rows of either width, no branch
     const bool ring = j < r.ring_rows;
     const Bf16* ring_at = static_cast<const Bf16*>(p.ring) + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
     const float* input_at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
@@ -235,27 +243,34 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
 #pragma unroll
       for (int c = 0; c < VEC; ++c) kv[c][k] = value[k].v[c], z[c][k] = score[k].v[c] + bias[k].v[c];
   } else {
+    const auto read_window = [&](auto rows) {
 #pragma unroll
-    for (int k = 0; k < kOfflineBlockRows; ++k) {
-      const int j = blk * kOfflineBlockRows + k;
-      const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
-      Lanes<VEC> value, score;
-      if (kMode != kCompress && own && blk == kLastBlock && k == kOfflineBlockRows - 1) {
+      for (int k = 0; k < kOfflineBlockRows; ++k) {
+        const int j = blk * kOfflineBlockRows + k;
+        const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
+        Lanes<VEC> value, score;
+        if (kMode != kCompress && own && blk == kLastBlock && k == kOfflineBlockRows - 1) {
 #pragma unroll
-        for (int c = 0; c < VEC; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
-      } else if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {
-        const WindowRow<VEC> row = window_row<S, kMode, VEC>(p, r, j, ch);
-        value = row.value, score = row.score;
-      } else if (kMode != kCompress || j < r.ring_rows) {
-        const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
-        value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + D);
-      } else {
-        const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
-        value = load_lanes<VEC>(at), score = load_lanes<VEC>(at + D);
+          for (int c = 0; c < VEC; ++c) value.v[c] = as_stored<S>(half[0].v[c]), score.v[c] = as_stored<S>(half[1].v[c]);
+        } else if constexpr (decltype(rows)::value == kRowsInput || (kMode == kCompress && std::is_same<S, Bf16>::value)) {
+          const WindowRow<VEC> row = window_row<S, kMode, VEC, decltype(rows)::value>(p, r, j, ch);
+          value = row.value, score = row.score;
+        } else if (kMode != kCompress || j < r.ring_rows) {
+          const S* at = ring + ((int64_t)r.page * kOfflineWindow + j) * 2 * D + ch;
+          value = load_state<VEC, S>(at), score = load_state<VEC, S>(at + D);
+        } else {
+          const float* at = p.kv_score + (r.ragged - (kOfflineWindow - 1) + j) * 2 * D + ch;
+          value = load_lanes<VEC>(at), score = load_lanes<VEC>(at + D);
+        }
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
       }
-#pragma unroll
-      for (int c = 0; c < VEC; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
-    }
+    };
+    // a bf16 ring's extend: a record the input holds whole reads no ring row (without the two loads a row)
+    if (kMode == kCompress && std::is_same<S, Bf16>::value && r.ring_rows == 0)
+      read_window(RowsFrom<kRowsInput>{});
+    else
+      read_window(RowsFrom<kRowsAny>{});
   }
   WindowSum w[VEC];
 #pragma unroll
@@ -309,6 +324,7 @@ template <typename S, int kMode>
 __global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
     offline_row_kernel(const __grid_constant__ OfflineLaunch p) {
   constexpr int VEC = 4, kGroups = kOfflineRowGroups, kLanes = kOfflineMaxDim / VEC;
+  constexpr bool kWideSums = offline_row_wide_sums(std::is_same<S, Bf16>::value, kMode == kCompress);
   static_assert(kOfflineRowThreads == kGroups * kLanes, "a group of lanes covers the largest D");
   extern __shared__ __align__(16) float sums[];  // [max | num | den][block][channel]
   const int D = p.head_dim, tid = (int)threadIdx.x;
@@ -334,19 +350,21 @@ __global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
   float* const at_max = sums;
   float* const at_num = sums + kOfflineBlocks * D;
   float* const at_den = sums + 2 * kOfflineBlocks * D;
+  const auto sum_window = [&](auto rows) {
 #pragma unroll
-  for (int k = 0; k < kOfflineBlocks / kGroups; ++k) {
-    const int b = k * kGroups + group;
-    float kv[VEC][kOfflineBlockRows], z[VEC][kOfflineBlockRows];
+    for (int k = 0; k < kOfflineBlocks / kGroups; ++k) {
+      const int b = k * kGroups + group;
+      float kv[VEC][kOfflineBlockRows], z[VEC][kOfflineBlockRows];
 #pragma unroll
-    for (int q = 0; q < kOfflineBlockRows; ++q) {
-      const int j = b * kOfflineBlockRows + q;
-      const WindowRow<VEC> row = window_row<S, kMode, VEC>(p, r, j, ch);
-      const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
+      for (int q = 0; q < kOfflineBlockRows; ++q) {
+        const int j = b * kOfflineBlockRows + q;
+        const WindowRow<VEC> row = window_row<S, kMode, VEC, decltype(rows)::value>(p, r, j, ch);
+        const Lanes<VEC> bias = load_lanes<VEC>(p.ape + j * D + ch);
 #pragma unroll
-      for (int c = 0; c < VEC; ++c) kv[c][q] = row.value.v[c], z[c][q] = row.score.v[c] + bias.v[c];
-    }
-    if (lanes) {  // a block's sums as three 16-byte shared stores (4-byte ones conflict four ways on the banks)
+        for (int c = 0; c < VEC; ++c) kv[c][q] = row.value.v[c], z[c][q] = row.score.v[c] + bias.v[c];
+      }
+      if (!lanes) continue;
+      // a block's sums as three 16-byte shared stores where the policy says (4-byte ones conflict four ways)
       float4 m, n, d;
       float* const mv = &m.x;
       float* const nv = &n.x;
@@ -354,13 +372,23 @@ __global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
 #pragma unroll
       for (int c = 0; c < VEC; ++c) {
         const WindowSum w = window_sum(kv[c], z[c], 0);
-        mv[c] = w.max, nv[c] = w.num, dv[c] = w.den;
+        if constexpr (kWideSums)
+          mv[c] = w.max, nv[c] = w.num, dv[c] = w.den;
+        else
+          at_max[b * D + ch + c] = w.max, at_num[b * D + ch + c] = w.num, at_den[b * D + ch + c] = w.den;
       }
-      *reinterpret_cast<float4*>(at_max + b * D + ch) = m;
-      *reinterpret_cast<float4*>(at_num + b * D + ch) = n;
-      *reinterpret_cast<float4*>(at_den + b * D + ch) = d;
+      if constexpr (kWideSums) {
+        *reinterpret_cast<float4*>(at_max + b * D + ch) = m;
+        *reinterpret_cast<float4*>(at_num + b * D + ch) = n;
+        *reinterpret_cast<float4*>(at_den + b * D + ch) = d;
+      }
     }
-  }
+  };
+  // a bf16 ring's extend: a record the input holds whole reads no ring row (without the two loads a row)
+  if (kMode == kCompress && std::is_same<S, Bf16>::value && r.ring_rows == 0)
+    sum_window(RowsFrom<kRowsInput>{});
+  else
+    sum_window(RowsFrom<kRowsAny>{});
   __syncthreads();
   float x = 0.0f;
   if (tid < D) {

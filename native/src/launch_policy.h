@@ -394,6 +394,10 @@ constexpr bool offline_loads_first(bool bf16_ring, bool extend) { return !bf16_r
 // Threads of a slice block: the 16 window blocks of 8 rows, a lane group of kOfflineSlice / vec lanes each.
 constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec); }
 static_assert(kOfflineMaxDim / 2 <= offline_slice_threads(4), "a slice block holds the store's D / 2 threads");
+// The row form stores each window block's sums to shared memory as 16-byte stores (4-byte ones conflict four ways
+// on the banks), but in an fp32 ring's extend: measured (docs/performance.md, round 10) 7-9 % off the fp32 decodes'
+// random-length cells, 2 % off the bf16 ones, and 1.6-2.5 % onto the fp32 extends.
+constexpr bool offline_row_wide_sums(bool bf16_ring, bool extend) { return bf16_ring || !extend; }
 constexpr int64_t kOfflineExtendRowsFrom = 64;
 constexpr int64_t kOfflineDecodeRowsFrom = 256;
 // The row form's block: kOfflineRowGroups groups of kOfflineMaxDim / 4 lanes (4 channels each; D / 4 of them sum).
