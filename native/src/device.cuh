@@ -89,24 +89,28 @@ __device__ __forceinline__ Lanes<VEC> load_state(const S* p) {
 // VEC (2 or 4) channels of a row from a bf16 ring (`from_state`: 2 VEC bytes) or from the op's fp32 input (4 VEC
 // bytes, read-only path), chosen without a branch: both loads are predicated into the same words and the channels
 // picked from them. (A branch between the two widths, one each window row, made ptxas issue each row's loads only
-// after the previous row's had landed: a memory trip a row.)
+// after the previous row's had landed: a memory trip a row.) Volatile, with memory: kept after the kernel's
+// grid-dependency wait by the compiler, not only by its operands' dependence on what was read after it (sm_90 SASS
+// the same either way).
 template <int VEC>
 __device__ __forceinline__ Lanes<VEC> load_state_or_lanes(bool from_state, const Bf16* state, const float* input) {
   static_assert(VEC == 2 || VEC == 4, "8 or 16 bytes of input");
   uint32_t w[VEC];
 #if defined(__CUDA_ARCH__)
   if constexpr (VEC == 4) {
-    asm("{\n\t.reg .pred s;\n\tsetp.ne.u32 s, %4, 0;\n\t"
+    asm volatile("{\n\t.reg .pred s;\n\tsetp.ne.u32 s, %4, 0;\n\t"
         "@s ld.global.v2.u32 {%0, %1}, [%5];\n\t"
         "@!s ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%6];\n\t}"
         : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
-        : "r"((uint32_t)from_state), "l"(state), "l"(input));
+        : "r"((uint32_t)from_state), "l"(state), "l"(input)
+        : "memory");
   } else {
-    asm("{\n\t.reg .pred s;\n\tsetp.ne.u32 s, %2, 0;\n\t"
+    asm volatile("{\n\t.reg .pred s;\n\tsetp.ne.u32 s, %2, 0;\n\t"
         "@s ld.global.u32 %0, [%3];\n\t"
         "@!s ld.global.nc.v2.u32 {%0, %1}, [%4];\n\t}"
         : "=r"(w[0]), "=r"(w[1])
-        : "r"((uint32_t)from_state), "l"(state), "l"(input));
+        : "r"((uint32_t)from_state), "l"(state), "l"(input)
+        : "memory");
   }
 #else
   for (int i = 0; i < VEC; ++i) w[i] = 0u;  // device code only
