@@ -160,16 +160,16 @@ def test_the_offline_row_form_reads_its_window_four_channels_a_lane_in_few_trips
     waits on its loads at most 10 times over the whole window (the form of a thread a channel waited 15-18 times).
     A bf16 ring's extend reads a record the input holds whole from the input alone, and any other's rows, from the
     ring (bf16) or the input (fp32), by two predicated loads into the same words (load_state_or_lanes): the two
-    copies of the window in its SASS wait at most 20 times together (read by a branch between the two widths it
-    waited 57 times, a trip a row). The slice form's bf16 extend (2 channels a lane) alike: at most 12 (17 by the
-    branch)."""
+    copies of the window in its SASS wait at most 16 times together (14 on sm_90 with nvcc 13.0; read by a branch
+    between the two widths it waited 57 times, a trip a row). The slice form's bf16 extend (2 channels a lane)
+    alike: at most 9 (7; 17 by the branch)."""
     kernels = _sass("c128_offline.cu", tmp_path)
     rows = {k: v for k, v in kernels.items() if "offline_row_kernel" in k}
     assert len(rows) == 6, sorted(kernels)
     for name, code in rows.items():
         wide = sum(1 for ins in code if re.search(r"\bLDG\.E\.128\b", ins))
         assert wide >= 32, (name, wide)  # the ape rows at least (8 rows x 4 window blocks)
-        assert _waits_on_loads(code) <= (20 if re.search(r"Bf16ELi2E", name) else 10), (name, _waits_on_loads(code))
+        assert _waits_on_loads(code) <= (16 if re.search(r"Bf16ELi2E", name) else 10), (name, _waits_on_loads(code))
     slice_bf16_extend = [v for k, v in kernels.items() if re.search(r"offline_slice_kernelINS_4Bf16ELi2ELi2E", k)]
     assert len(slice_bf16_extend) == 1, sorted(kernels)
-    assert _waits_on_loads(slice_bf16_extend[0]) <= 12, _waits_on_loads(slice_bf16_extend[0])
+    assert _waits_on_loads(slice_bf16_extend[0]) <= 9, _waits_on_loads(slice_bf16_extend[0])

@@ -162,7 +162,8 @@ __device__ __forceinline__ const float* cluster_shared(float* p, unsigned rank) 
 // slices from their shared memory and runs the standalone store's epilogue (store.cuh) over the whole vector,
 // so fused and standalone stores stay one code. Two cluster barriers: the slices written, then read.
 // The slice form reads its window and writes its row in its own lines, not through the row form's helpers above:
-// written through them its code grew and its small-B cells ran 3-16 % slower (docs/performance.md).
+// written through them its code grew and its small-B cells ran 3-16 % slower (docs/performance.md); a bf16 ring's
+// extend alone reads its rows through window_row (its rows of either width without a branch).
 template <typename S, int kMode, int VEC>
 __global__ void __launch_bounds__(offline_slice_threads(VEC))
     offline_slice_kernel(const __grid_constant__ OfflineLaunch p) {
@@ -267,10 +268,14 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
       }
     };
     // a bf16 ring's extend: a record the input holds whole reads no ring row (without the two loads a row)
-    if (kMode == kCompress && std::is_same<S, Bf16>::value && r.ring_rows == 0)
-      read_window(RowsFrom<kRowsInput>{});
-    else
+    if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {
+      if (r.ring_rows == 0)
+        read_window(RowsFrom<kRowsInput>{});
+      else
+        read_window(RowsFrom<kRowsAny>{});
+    } else {
       read_window(RowsFrom<kRowsAny>{});
+    }
   }
   WindowSum w[VEC];
 #pragma unroll
@@ -364,31 +369,37 @@ __global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
         for (int c = 0; c < VEC; ++c) kv[c][q] = row.value.v[c], z[c][q] = row.score.v[c] + bias.v[c];
       }
       if (!lanes) continue;
-      // a block's sums as three 16-byte shared stores where the policy says (4-byte ones conflict four ways)
-      float4 m, n, d;
-      float* const mv = &m.x;
-      float* const nv = &n.x;
-      float* const dv = &d.x;
+      if constexpr (kWideSums) {  // a block's sums as three 16-byte shared stores (4-byte ones conflict four ways)
+        float4 m, n, d;
+        float* const mv = &m.x;
+        float* const nv = &n.x;
+        float* const dv = &d.x;
 #pragma unroll
-      for (int c = 0; c < VEC; ++c) {
-        const WindowSum w = window_sum(kv[c], z[c], 0);
-        if constexpr (kWideSums)
+        for (int c = 0; c < VEC; ++c) {
+          const WindowSum w = window_sum(kv[c], z[c], 0);
           mv[c] = w.max, nv[c] = w.num, dv[c] = w.den;
-        else
-          at_max[b * D + ch + c] = w.max, at_num[b * D + ch + c] = w.num, at_den[b * D + ch + c] = w.den;
-      }
-      if constexpr (kWideSums) {
+        }
         *reinterpret_cast<float4*>(at_max + b * D + ch) = m;
         *reinterpret_cast<float4*>(at_num + b * D + ch) = n;
         *reinterpret_cast<float4*>(at_den + b * D + ch) = d;
+      } else {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+          const WindowSum w = window_sum(kv[c], z[c], 0);
+          at_max[b * D + ch + c] = w.max, at_num[b * D + ch + c] = w.num, at_den[b * D + ch + c] = w.den;
+        }
       }
     }
   };
   // a bf16 ring's extend: a record the input holds whole reads no ring row (without the two loads a row)
-  if (kMode == kCompress && std::is_same<S, Bf16>::value && r.ring_rows == 0)
-    sum_window(RowsFrom<kRowsInput>{});
-  else
+  if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {
+    if (r.ring_rows == 0)
+      sum_window(RowsFrom<kRowsInput>{});
+    else
+      sum_window(RowsFrom<kRowsAny>{});
+  } else {
     sum_window(RowsFrom<kRowsAny>{});
+  }
   __syncthreads();
   float x = 0.0f;
   if (tid < D) {

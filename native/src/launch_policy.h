@@ -396,7 +396,7 @@ constexpr int offline_slice_threads(int vec) { return 16 * (kOfflineSlice / vec)
 static_assert(kOfflineMaxDim / 2 <= offline_slice_threads(4), "a slice block holds the store's D / 2 threads");
 // The row form stores each window block's sums to shared memory as 16-byte stores (4-byte ones conflict four ways
 // on the banks), but in an fp32 ring's extend: measured (docs/performance.md, round 10) 7-9 % off the fp32 decodes'
-// random-length cells, 2 % off the bf16 ones, and 1.6-2.5 % onto the fp32 extends.
+// random-length cells, 2 % off the bf16 ones, and 1.6-2.6 % onto the fp32 extends of 64-155 records.
 constexpr bool offline_row_wide_sums(bool bf16_ring, bool extend) { return bf16_ring || !extend; }
 constexpr int64_t kOfflineExtendRowsFrom = 64;
 constexpr int64_t kOfflineDecodeRowsFrom = 256;
