@@ -129,6 +129,20 @@ __device__ __forceinline__ WindowRow<VEC> window_row(const OfflineLaunch& p, con
   return w;
 }
 
+// Runs `read` (a window's loop, taking a RowsFrom) for the row's window: a bf16 ring's extend reads a record the
+// input holds whole (ring_rows 0) from the input alone, without the ring's predicated load a row; every other row
+// as kRowsAny.
+template <typename S, int kMode, typename Read>
+__device__ __forceinline__ void with_window_rows(const OfflineRow& r, Read&& read) {
+  if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {
+    if (r.ring_rows == 0) {
+      read(RowsFrom<kRowsInput>{});
+      return;
+    }
+  }
+  read(RowsFrom<kRowsAny>{});
+}
+
 // The store of the row's vector aimed (its cache slot, rotary row, norm weights and rotary pairs of this thread's
 // 2 channels from ch), the loads issued before the window's.
 __device__ __forceinline__ void aim_offline_store(const OfflineLaunch& p, const OfflineRow& r, int ch,
@@ -267,15 +281,7 @@ __global__ void __launch_bounds__(offline_slice_threads(VEC))
         for (int c = 0; c < VEC; ++c) kv[c][k] = value.v[c], z[c][k] = score.v[c] + bias.v[c];
       }
     };
-    // a bf16 ring's extend: a record the input holds whole reads no ring row (without the two loads a row)
-    if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {
-      if (r.ring_rows == 0)
-        read_window(RowsFrom<kRowsInput>{});
-      else
-        read_window(RowsFrom<kRowsAny>{});
-    } else {
-      read_window(RowsFrom<kRowsAny>{});
-    }
+    with_window_rows<S, kMode>(r, read_window);
   }
   WindowSum w[VEC];
 #pragma unroll
@@ -391,15 +397,7 @@ __global__ void __launch_bounds__(kOfflineRowThreads, kOfflineRowBlocksPerSm)
       }
     }
   };
-  // a bf16 ring's extend: a record the input holds whole reads no ring row (without the two loads a row)
-  if constexpr (kMode == kCompress && std::is_same<S, Bf16>::value) {
-    if (r.ring_rows == 0)
-      sum_window(RowsFrom<kRowsInput>{});
-    else
-      sum_window(RowsFrom<kRowsAny>{});
-  } else {
-    sum_window(RowsFrom<kRowsAny>{});
-  }
+  with_window_rows<S, kMode>(r, sum_window);
   __syncthreads();
   float x = 0.0f;
   if (tid < D) {
