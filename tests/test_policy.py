@@ -144,10 +144,12 @@ OFFLINE = [("offline 512 1 1", "8 256 8 1"), ("offline 512 63 1", "504 256 8 1")
            ("offline 128 300 1", "300 512 1 1"), ("offline 256 4096 0", "4096 512 1 1"),
            ("offline 512 2147483647 1", "2147483647 512 1 1"),
            ("offline 512 2147483648 0", "2147483648 512 1 0"),
-           # the slice form's channels a lane (bf16 ring, extend -> vec, threads): 4 on 16-byte loads, 2 in a bf16
-           # ring's extend (most of its window from the fp32 input), 16 window blocks of 64 / vec lanes
-           ("offline_vec 1 1", "2 512 0"), ("offline_vec 1 0", "4 256 0"), ("offline_vec 0 1", "4 256 1"),
-           ("offline_vec 0 0", "4 256 0")]
+           # the slice form's channels a lane (bf16 ring, extend -> vec, threads, loads first, the row form's
+           # 16-byte window sums): 4 on 16-byte loads, 2 in a bf16 ring's extend (most of its window from the fp32
+           # input), 16 window blocks of 64 / vec lanes; loads first in an fp32 ring's extend only; the row form's
+           # 16-byte sums everywhere but there
+           ("offline_vec 1 1", "2 512 0 1"), ("offline_vec 1 0", "4 256 0 1"), ("offline_vec 0 1", "4 256 1 0"),
+           ("offline_vec 0 0", "4 256 0 1")]
 
 
 @pytest.fixture(scope="module")

@@ -94,11 +94,12 @@ int main() {
       const Shape s = offline_shape(d, n, extend != 0);
       std::printf("%lld %d %d %d\n", (long long)s.grid_x, s.block_x, offline_cluster(d, n, extend != 0),
                   s.fits ? 1 : 0);
-    } else if (what == "offline_vec") {  // bf16_ring extend -> lanes, threads, loads first
+    } else if (what == "offline_vec") {  // bf16_ring extend -> lanes, threads, loads first, row form's wide sums
       int bf16, extend;
       in >> bf16 >> extend;
       const int vec = offline_slice_vec(bf16 != 0, extend != 0);
-      std::printf("%d %d %d\n", vec, offline_slice_threads(vec), (int)offline_loads_first(bf16 != 0, extend != 0));
+      std::printf("%d %d %d %d\n", vec, offline_slice_threads(vec), (int)offline_loads_first(bf16 != 0, extend != 0),
+                  (int)offline_row_wide_sums(bf16 != 0, extend != 0));
     } else if (what == "commit") {  // layers alignment bf16
       int layers, align, bf16;
       in >> layers >> align >> bf16;
