@@ -524,7 +524,7 @@ def _rows_from(op: str) -> int:
 
 
 @gpu
-@pytest.mark.parametrize("op", ["Extend", "Decode"])
+@pytest.mark.parametrize("op", ["Extend", "Decode", "Extend after a prefix"])
 @pytest.mark.parametrize("d", [512, 256, 128])
 @pytest.mark.parametrize("bf16_ring", [False, True], ids=["fp32", "bf16"])
 def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring, d, op):
@@ -532,24 +532,28 @@ def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring, d, op):
     kOfflineDecodeRowsFrom requests a block a row, below a cluster of 64-channel slices a row) on the same step: a
     batch's extend (a record per chunk closed) and decode in one call each, and the same split into two halves; the
     op under test straddles its threshold (the whole batch at or over it, each half under it); entries, ring and
-    cache bytes equal."""
+    cache bytes equal. "Extend after a prefix": every request first extends by 1-127 tokens (nothing closes), so the
+    measured extend's first record reads its window from the ring and the input both."""
     g = np.random.default_rng(7)
-    batch = 88 if op == "Extend" else 280
+    batch = 88 if op != "Decode" else 280
     slots = [int(s) for s in g.permutation(batch)]
     exts = [int(e) for e in g.choice([130, 255, 255, 257], batch)]  # 1, 1, 1 and 2 chunks closed
+    pres = [int(p) for p in g.choice([1, 77, 127], batch)] if op.startswith("Extend after") else [0] * batch
     seqs = [e + 1 for e in exts]  # the decodes after 255 close a chunk
-    rows_from, half = _rows_from(op), batch // 2
+    rows_from, half = _rows_from(op.split()[0]), batch // 2
     records = [sum(1 + (e == 257) for e in exts[h * half:(h + 1) * half]) for h in range(2)]
-    if op == "Extend":
+    if op != "Decode":
         assert max(records) < rows_from <= sum(records)  # one form each way
     else:
         assert half < rows_from <= batch
     runs = []
     for halves in (1, 2):
         layer = Layer("cuda", slots=batch, bf16_ring=bf16_ring, d=d, max_len=400, seed=29)
+        if any(pres):
+            assert layer.extend(pres, pres, slots)[0].shape[0] == 0
         part = batch // halves
         cut = [slice(h * part, (h + 1) * part) for h in range(halves)]
-        ext_out = [layer.extend(exts[c], exts[c], slots[c])[0] for c in cut]
+        ext_out = [layer.extend(exts[c], [e - p for e, p in zip(exts[c], pres[c])], slots[c])[0] for c in cut]
         dec_out = [layer.decode(seqs[c], slots[c]) for c in cut]
         torch.cuda.synchronize()
         runs.append((np.concatenate(ext_out), np.concatenate(dec_out), layer.ring.ring.cpu().view(torch.uint8),
@@ -557,6 +561,8 @@ def test_the_row_and_slice_forms_give_the_same_bits(bf16_ring, d, op):
     (e1, d1, r1, c1), (e2, d2, r2, c2) = runs
     assert e1.shape[0] == sum(records) and np.isfinite(e1).all()
     assert np.isfinite(d1).all(axis=1).sum() == exts.count(255) > batch // 3
+    closed = [(slots[b], n, pres[b]) for b in range(batch) for n in range(exts[b] // CHUNK)]
+    assert all(rel_err(e1[r], layer.expected(*c)) < TOL for r, c in enumerate(closed))
     assert np.array_equal(e1.view(np.uint32), e2.view(np.uint32))
     assert np.array_equal(d1.view(np.uint32), d2.view(np.uint32))
     assert torch.equal(r1, r2) and torch.equal(c1, c2)
