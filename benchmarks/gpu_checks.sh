@@ -3,7 +3,8 @@
 #   bash benchmarks/gpu_checks.sh REFERENCE_BUILD OUT [SECONDS]
 # 1. builds this tree for sm_90 into /tmp/pydsa-build (pip --target; the reference build's wheels into /tmp/site);
 # 2. the GPU suite (pytest -m gpu) beside compute-sanitizer's memcheck and racecheck over $SANITIZE_MODULES
-#    (default: the c4, store, sglang c4, offline c128 and c4 plan tests; tests/sanitize.sh);
+#    (default: the c4, store, sglang c4, offline c128 and c4 plan tests; tests/sanitize.sh; SANITIZE_K, a pytest
+#    -k expression, runs fewer of each module's tests where the call's time is short);
 # 3. the reference build's c4 checks (python -m pydsa.bench.c4 --only checks: ring rows bit-equal, entries and
 #    both caches against sglang 0.5.23's c4 modules);
 # 4. then, while the budget lasts, each part of $BENCH: X runs `python -m pydsa.bench.c4 --only X --rounds 3`,

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the GPU tests under compute-sanitizer (memcheck, racecheck, initcheck, synccheck; SANITIZE_MODULES and
-# SANITIZE_TOOLS pick fewer), one test
+# SANITIZE_TOOLS pick fewer; SANITIZE_K, a pytest -k expression, fewer tests of each module), one test
 # module per process and tool, all in parallel, with the caching allocator off so that overruns
 # cannot hide inside cached blocks. Writes one log per run and a summary to $1 (default
 # sanitizer-summary.txt); exits non-zero if any run reported an error or failed, or was stopped before the tool's
@@ -23,7 +23,7 @@ if [ -z "${SANITIZE_SKIP_RUN:-}" ]; then
       # So are the tests that list launched kernels with the torch profiler: CUPTI takes one
       # subscriber, and the sanitizer is it.
       compute-sanitizer --tool "$t" --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -x -p no:cacheprovider -m gpu "$root/tests/$m.py" -k "not beyond_32_bits and not several_threads and not takes_the_launches and not takes_the_plain_launches" \
+        python3 -m pytest -q -x -p no:cacheprovider -m gpu "$root/tests/$m.py" -k "not beyond_32_bits and not several_threads and not takes_the_launches and not takes_the_plain_launches${SANITIZE_K:+ and (${SANITIZE_K})}" \
         > "$logs/$m.$t.log" 2>&1 &
     done
   done
