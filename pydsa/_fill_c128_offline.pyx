@@ -111,6 +111,9 @@ cdef int _fill(dsa_c128_offline_params* p, bint extend, ring_, kv_score, out, re
         tensor(write, &wr, "plan[1]", U8, dev, 2, ANY, 8, keep)
         p.compress, p.write = rc.data, wr.data
         p.num_compress, p.num_write = rc.shape[0], wr.shape[0]
+        if rows == 0 and (p.num_compress or p.num_write):
+            raise ArgumentValueError("kv_score", f"kv_score has no rows but the plan holds {p.num_compress} compress "
+                                                 f"and {p.num_write} write records, each reading an input row")
         p.num_tokens = rows
         out_rows = p.num_compress
     elif records is None:

@@ -317,6 +317,9 @@ cdef int _extend(dsa_c4_params* p, main, kv_score, plan, indexer, indexer_kv_sco
     p.write = wr.data
     p.num_compress = rc.shape[0]
     p.num_write = wr.shape[0]
+    if rows == 0 and (p.num_compress or p.num_write):
+        raise ArgumentValueError("kv_score", f"kv_score has no rows but the plan holds {p.num_compress} compress and "
+                                             f"{p.num_write} write records, each reading an input row")
     p.num_tokens = rows
     _sides(p, kind=EXTEND, main=main, kv_score=kv_score, kv=&kv, out=out, indexer=indexer,
            indexer_kv_score=indexer_kv_score, indexer_out=indexer_out, cache_slots=cache_slots, rows=rows,
@@ -336,10 +339,8 @@ cdef int _verify(dsa_c4_params* p, main, drafts, seq_lens, slots, num_drafts, ri
     int_arg(num_drafts, "num_drafts", 1, 16, "")
     p.num_drafts = num_drafts
     p.ring_size = _request_ring(main, ring_size, "c4_verify")
-    _sides(p, kind=VERIFY, main=main, kv_score=drafts, kv=&kv, out=out, indexer=indexer,
-           indexer_kv_score=indexer_drafts, indexer_out=indexer_out, cache_slots=cache_slots, rows=rows,
-           out_rows=rows, keep=None)
-    # seq_lens' rows are the batch the drafts' rows must fill; read and judged once, before the drafts are held to it
+    # seq_lens' rows are the batch the drafts' rows must fill; read and judged once, and the drafts held to it
+    # before the arguments sized by the drafts (out, cache_slots) are, so a short drafts is named, not its out
     read(seq_lens, &sl, "seq_lens", None)
     judge(seq_lens, &sl, name="seq_lens", dtype=I32, dev=p.device, ndim=1, d0=ANY, d1=ANY)
     b = sl.shape[0]
@@ -347,6 +348,9 @@ cdef int _verify(dsa_c4_params* p, main, drafts, seq_lens, slots, num_drafts, ri
         raise ArgumentValueError("drafts", f"drafts has {rows} rows; expected batch_size * num_drafts = {b} * "
                                            f"{num_drafts} (batch_size: the rows of seq_lens, one committed length per "
                                            f"request)")
+    _sides(p, kind=VERIFY, main=main, kv_score=drafts, kv=&kv, out=out, indexer=indexer,
+           indexer_kv_score=indexer_drafts, indexer_out=indexer_out, cache_slots=cache_slots, rows=rows,
+           out_rows=rows, keep=None)
     vector(slots, &sx, "slots", I32, p.device, b, None)
     distinct_slots(&sl, &sx, b, 0)
     p.batch_size = b

@@ -75,6 +75,9 @@ cdef cnp.ndarray _as_int64(object x, str name):
         raise ArgumentValueError(name, f"{name} must be one-dimensional (got shape {y.shape})")
     if y.dtype.kind not in "iu":
         raise ArgumentTypeError(name, f"{name} must hold integers (got dtype {y.dtype})")
+    if y.dtype.kind == "u" and y.dtype.itemsize == 8 and y.size and y.max() > 0x7FFFFFFFFFFFFFFF:
+        b = int(np.argmax(y > 0x7FFFFFFFFFFFFFFF))  # would wrap to a negative int64 (a padding value)
+        raise ArgumentValueError(name, f"{name}[{b}] is {int(y[b])}, past the int64 range")
     return np.ascontiguousarray(y, dtype=np.int64)
 
 

@@ -356,3 +356,29 @@ def test_a_careless_sglang_planner_argument_is_refused_by_name(op, arg, how):
     err = caught.value
     assert isinstance(err, pydsa.ArgumentError) or type(err) is RuntimeError, f"{type(err).__name__}: {err}"
     assert arg in str(err), str(err)
+
+
+def test_the_arguments_found_by_the_trial_of_2026_12_07_are_named():
+    """A verify whose drafts miss batch * num_drafts rows names drafts (not the out sized like it); an extend of
+    an empty input over a plan of record tensors names kv_score (each record reads an input row); a planner's uint64
+    slot past the int64 range is refused, not wrapped to a negative (padding) slot."""
+    m = pydsa.C4Compressor(torch.zeros(64, 4 * D), torch.randn(8, D), ring_size=16)
+    out = torch.full((12, D), 7.0)
+    with pytest.raises(pydsa.ArgumentValueError, match="drafts has 11 rows") as err:
+        pydsa.c4_verify(m, torch.randn(11, 4 * D), _i32(9, 4, 13), _i32(0, 1, 2), num_drafts=4, out=out)
+    assert err.value.argument == "drafts" and (out == 7.0).all()
+    ring = pydsa.C128Ring(torch.zeros(512, 2 * D), torch.randn(128, D))
+    plan = tuple(pyplan.plan_c128_offline(np.array([300]), np.array([300]), np.array([0])).to("cpu"))
+    before = ring.ring.clone()
+    with pytest.raises(pydsa.ArgumentValueError, match="kv_score has no rows") as err:
+        pydsa.c128_offline_extend(ring, torch.empty(0, 2 * D), plan)
+    assert err.value.argument == "kv_score" and torch.equal(ring.ring, before)
+    c4_plan = tuple(pyplan.plan_c4(np.array([9]), np.array([9]), np.array([0]), 16).to("cpu"))
+    with pytest.raises(pydsa.ArgumentValueError, match="kv_score has no rows") as err:
+        pydsa.c4_extend(m, torch.empty(0, 4 * D), c4_plan)
+    assert err.value.argument == "kv_score"
+    for planner in (lambda s: pyplan.plan_c128_offline(np.array([300]), np.array([300]), s),
+                    lambda s: pyplan.plan_c4(np.array([9]), np.array([9]), s, 16)):
+        with pytest.raises(ValueError, match=r"slots\[0\] is 18446744073709551615") as err:
+            planner(np.array([2 ** 64 - 1], np.uint64))
+        assert err.value.argument == "slots"

@@ -229,3 +229,32 @@ def test_an_input_sharing_memory_with_the_ring_is_refused(mode):
         sglang.compress_forward(**args, is_online=False)
     assert caught.value.argument == "kv_score_input", str(caught.value)
     assert torch.equal(args["kv_score_buffer"], ring) and torch.equal(args["out"], out), "a refused call wrote"
+
+
+def test_the_layers_memo_of_its_buffers_sees_another_view_and_a_weight_written_in_place():
+    """pydsa.sglang keeps one pydsa object per layer's buffers (sglang passes the same ones each step), keyed by
+    what pydsa reads of them: a bf16 norm weight written in place is cast anew (the cache bytes change with it); a
+    shorter rotary table at the same address is judged anew (its missing row skipped and counted); a view of the
+    ring in another layout is refused as on a first call."""
+    d = 512
+    cache = torch.zeros(8, pydsa.kv_page_bytes(d, 2), dtype=torch.uint8)
+    plan = sglang_v2.CompressorDecodePlan.generate(128, torch.tensor([1, 0]), torch.zeros(8, 8, dtype=torch.int32),
+                                                   torch.zeros(16, dtype=torch.int64), torch.tensor([128, 256]), 256, 128)
+    freq = torch.polar(torch.ones(512, 32), torch.rand(512, 32))
+    w = (torch.rand(d) + 0.5).bfloat16()
+    kw = dict(norm_eps=1e-6, out_loc=torch.tensor([0, 1]), kvcache=cache, page_size=2)
+    kv = torch.randn(2, d)
+    sglang_v2.compress_norm_rope_store(kv, plan, norm_weight=w, freq_cis=freq, **kw)
+    first = cache.clone()
+    w.mul_(3).add_(1)
+    sglang_v2.compress_norm_rope_store(kv, plan, norm_weight=w, freq_cis=freq, **kw)
+    assert not torch.equal(first, cache)
+    pydsa.reset_error_count()
+    sglang_v2.compress_norm_rope_store(kv, plan, norm_weight=w, freq_cis=freq[:100], **kw)
+    assert pydsa.error_count() == 1  # rotary row 128 is past the table passed
+    pydsa.reset_error_count()
+    ring, ape, x = torch.randn(1024, 2 * d), torch.randn(128, d), torch.randn(2, 2 * d)
+    sglang_v2.compress_forward(ring, x, ape, plan, head_dim=d, compress_ratio=128, is_online=False)
+    with pytest.raises(ValueError, match="kv_score_buffer must be contiguous") as err:
+        sglang_v2.compress_forward(ring.t(), x, ape, plan, head_dim=d, compress_ratio=128, is_online=False)
+    assert err.value.argument == "kv_score_buffer"

@@ -29,7 +29,7 @@ import torch
 from ..c128_offline import C128Ring, c128_offline_decode, c128_offline_extend
 from ..errors import ArgumentValueError
 from . import c4 as sglang_c4
-from ._args import count_of, described as _described, memo
+from ._args import count_of, described as _described, memo, tensor_key
 
 RATIO = 128  # rows of a chunk, and of a ring page
 MAX_TOKENS = sglang_c4.MAX_TOKENS
@@ -238,8 +238,7 @@ def ring_of(kv_score_buffer, ape, store=None) -> C128Ring:
         return C128Ring(ring, ape, store=store)
     if cast or not (isinstance(ring, torch.Tensor) and isinstance(ape, torch.Tensor)):
         return make()
-    key = (ring.data_ptr(), tuple(ring.shape), ring.dtype, ring.device, ape.data_ptr(), tuple(ape.shape), ape.dtype,
-           id(store))
+    key = (tensor_key(ring), tensor_key(ape), id(store))
     return memo(_rings, key, make, 4096)
 
 
