@@ -144,6 +144,8 @@ cdef int _fill(dsa_c128_offline_params* p, bint extend, ring_, kv_score, out, re
         disjoint(&o, out_rows * d * 4, "out", &kv, rows * 2 * d * 4, "kv_score")
         held.data, held.dev = <char*>ring.ring_data, dev
         disjoint(&o, out_rows * d * 4, "out", &held, ring_bytes, "ring.ring")
+        held.data = <char*>ring.ape_data
+        disjoint(&o, out_rows * d * 4, "out", &held, WINDOW * d * 4, "ring.ape")
     if ring.store_address != NULL:
         if cache_slots is None:
             raise ArgumentValueError("cache_slots", "cache_slots is None but the ring has a store: give an int64 tensor "

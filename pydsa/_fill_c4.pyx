@@ -46,6 +46,9 @@ cdef extern from "dsa_kernels.h":  # this family's params, as the header lays th
         uint32_t* error_count
         dsa_c4_compressor compressors[2]
 
+cdef enum:
+    APE_ROWS = 8  # a c4 compressor's ape: [8, D], a window's 8 rows
+
 cdef int OP_C4_DECODE = declare_op("c4_decode", "dsa_c4_decode", DSA_STRUCT_C4_PARAMS, sizeof(dsa_c4_params))
 cdef int OP_C4_EXTEND = declare_op("c4_extend", "dsa_c4_extend", DSA_STRUCT_C4_PARAMS, sizeof(dsa_c4_params))
 cdef int OP_C4_VERIFY = declare_op("c4_verify", "dsa_c4_verify", DSA_STRUCT_C4_PARAMS, sizeof(dsa_c4_params))
@@ -86,7 +89,7 @@ cdef class C4Compressor:
     def __init__(self, ring, ape, *, store=None, ring_size=None):
         cdef RawRing r
         cdef list views = []
-        raw_ring(ring, ape, 4, 8, 4, "groups of a quartet", &r, views)
+        raw_ring(ring, ape, 4, APE_ROWS, 4, "groups of a quartet", &r, views)
         self.store_address = NULL
         if store is not None:
             store_of(store, r.dev, r.head_dim, None, "the ring is on", "the ring's D is", &self.store_address)
@@ -115,6 +118,37 @@ cdef class C4Compressor:
 
 cdef object _device(int32_t dev):
     return "cpu" if dev < 0 else f"cuda:{dev}"
+
+
+
+
+cdef int _sides_apart(const dsa_c4_compressor* m, str main_kv, const void* out,
+                      const void* ring, const void* ape, const void* kv, int64_t d, int64_t ring_bytes, int64_t rows,
+                      int64_t out_rows, int64_t elt, int32_t dev) except -1:
+    """The indexer's out (`out`) apart from main's ring, ape, input and out, and main's out apart from the
+    indexer's ring, ape and input (`ring`, `ape`, `kv`; D = d): the error naming both, else 0."""
+    cdef Arg a, b
+    a.dev = b.dev = dev
+    cdef int64_t md = m.head_dim
+    if out != NULL:
+        a.data = <char*>out
+        b.data = <char*>m.ring
+        disjoint(&a, out_rows * d * 4, "indexer_out", &b, m.ring_rows * 4 * md * elt, "main.ring")
+        b.data = <char*>m.ape
+        disjoint(&a, out_rows * d * 4, "indexer_out", &b, APE_ROWS * md * 4, "main.ape")
+        b.data = <char*>m.kv_score
+        disjoint(&a, out_rows * d * 4, "indexer_out", &b, rows * 4 * md * 4, main_kv)
+        b.data = <char*>m.out
+        disjoint(&a, out_rows * d * 4, "indexer_out", &b, out_rows * md * 4, "out")
+    if m.out != NULL:
+        a.data = <char*>m.out
+        b.data = <char*>ring
+        disjoint(&a, out_rows * md * 4, "out", &b, ring_bytes, "indexer.ring")
+        b.data = <char*>ape
+        disjoint(&a, out_rows * md * 4, "out", &b, APE_ROWS * d * 4, "indexer.ape")
+        b.data = <char*>kv
+        disjoint(&a, out_rows * md * 4, "out", &b, rows * 4 * d * 4, "indexer_" + main_kv)
+    return 0
 
 
 cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const Arg* input, str kv_name, out,
@@ -162,6 +196,12 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const 
         ring_arg.data = <char*>comp.ring_data
         ring_arg.dev = comp.dev
         disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, ring_bytes, f"{name}.ring")
+        ring_arg.data = <char*>comp.ape_data
+        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, APE_ROWS * comp.head_dim * 4, f"{name}.ape")
+    if k == 1:  # each side's out apart from everything of the other side the call reads or writes
+        _sides_apart(&p.compressors[0], main_kv="kv_score" if kv_name == "indexer_kv_score" else "drafts",
+                     out=o.data, ring=comp.ring_data, ape=comp.ape_data, kv=input.data, d=comp.head_dim,
+                     ring_bytes=ring_bytes, rows=rows, out_rows=out_rows, elt=elt, dev=dev)
     p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data

@@ -382,3 +382,43 @@ def test_the_arguments_found_by_the_trial_of_2026_12_07_are_named():
         with pytest.raises(ValueError, match=r"slots\[0\] is 18446744073709551615") as err:
             planner(np.array([2 ** 64 - 1], np.uint64))
         assert err.value.argument == "slots"
+
+
+def test_an_out_sharing_memory_with_anything_else_the_call_touches_is_refused_by_name():
+    """Each output apart from every buffer of the call, the other compressor's included: the c4 decode's out
+    inside the indexer's input, ring or ape, its indexer_out inside main's ring, input, ape or out, and an offline
+    c128 out inside the ring's ape, each refused naming the output; nothing written."""
+    def c4_parts():
+        main = pydsa.C4Compressor(torch.randn(64, 4 * D), torch.randn(8, D), ring_size=16)
+        held = torch.randn(B * D)  # the indexer's ape [8, 128] at the start of a buffer an out [B, D] fills
+        idx = pydsa.C4Compressor(torch.randn(64, 512), held[:8 * 128].view(8, 128), ring_size=16)
+        return main, idx, torch.randn(B, 4 * D), torch.randn(B, 512)
+    made = []
+    for out_name, where in (("out", lambda m, i, kv, ikv: ikv.view(-1)[:B * D].view(B, D)),
+                            ("out", lambda m, i, kv, ikv: i.ring.view(-1)[:B * D].view(B, D)),
+                            ("out", lambda m, i, kv, ikv: torch.as_strided(i.ape, (B, D), (D, 1))),
+                            ("indexer_out", lambda m, i, kv, ikv: m.ring.view(-1)[:B * 128].view(B, 128)),
+                            ("indexer_out", lambda m, i, kv, ikv: kv.view(-1)[:B * 128].view(B, 128)),
+                            ("indexer_out", lambda m, i, kv, ikv: m.ape.view(-1)[:B * 128].view(B, 128))):
+        main, idx, kv, ikv = c4_parts()
+        before = [t.clone() for t in (main.ring, idx.ring, main.ape, idx.ape, kv, ikv)]
+        kw = {out_name: where(main, idx, kv, ikv)}
+        with pytest.raises(pydsa.ArgumentValueError, match="shares memory") as err:
+            pydsa.c4_decode(main, kv, indexer=idx, indexer_kv_score=ikv, seq_lens=_i32(4, 8, 12),
+                            slots=_i32(0, 1, 2), **kw)
+        assert err.value.argument == out_name
+        assert all(torch.equal(a, b) for a, b in zip(before, (main.ring, idx.ring, main.ape, idx.ape, kv, ikv)))
+        made.append(out_name)
+    main, idx, kv, ikv = c4_parts()
+    both = torch.randn(B, D)
+    with pytest.raises(pydsa.ArgumentValueError, match="shares memory") as err:
+        pydsa.c4_decode(main, kv, indexer=idx, indexer_kv_score=ikv, seq_lens=_i32(4, 8, 12), slots=_i32(0, 1, 2),
+                        out=both, indexer_out=both.view(-1)[:B * 128].view(B, 128))
+    assert err.value.argument == "indexer_out"
+    ape = torch.randn(128, D)
+    ring = pydsa.C128Ring(torch.randn(512, 2 * D), ape)
+    before = ape.clone()
+    with pytest.raises(pydsa.ArgumentValueError, match="out shares memory with ring.ape") as err:
+        pydsa.c128_offline_decode(ring, torch.randn(2, 2 * D), seq_lens=_i32(128, 256), slots=_i32(0, 1), out=ape[:2])
+    assert err.value.argument == "out" and torch.equal(ape, before)
+    assert made == ["out"] * 3 + ["indexer_out"] * 3
