@@ -120,8 +120,6 @@ cdef object _device(int32_t dev):
     return "cpu" if dev < 0 else f"cuda:{dev}"
 
 
-
-
 cdef int _sides_apart(const dsa_c4_compressor* m, str main_kv, const void* out,
                       const void* ring, const void* ape, const void* kv, int64_t d, int64_t ring_bytes, int64_t rows,
                       int64_t out_rows, int64_t elt, int32_t dev) except -1:
