@@ -28,13 +28,13 @@ from .c128 import (C128Decode, C128Prefill, DevicePlan, c128_decode, c128_decode
                    c128_prefill_records)
 from .metadata import MetadataCopy, metadata_copy
 from .speculative import C128Commit, C128Verify, bank_bytes, c128_commit, c128_verify
-from .store import KVCache, indexer_page_bytes, kv_page_bytes, kv_store
+from .store import KVCache, buffer_key, indexer_page_bytes, kv_page_bytes, kv_store
 
 __version__ = _lib.dsa_version_string().decode()
 
 __all__ = ["ABI_VERSION", "ArgumentError", "ArgumentTypeError", "ArgumentValueError", "DEFAULT_PDL_FLAG", "DsaError",
            "C4Compressor", "C4Decode", "c4_decode", "c4_extend", "c4_max_drafts", "c4_plan_decode", "c4_plan_extend",
-           "c4_ring_bytes", "c4_verify", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Ring", "C128Verify",
+           "c4_ring_bytes", "c4_verify", "buffer_key", "indexer_page_bytes", "C128Commit", "C128Decode", "C128Prefill", "C128Ring", "C128Verify",
            "DevicePlan", "c128_offline_decode", "c128_offline_extend",
            "KVCache", "MetadataCopy", "bank_bytes", "c128_commit", "c128_decode", "c128_decode_records", "c128_prefill",
            "c128_prefill_records", "c128_verify", "check_status", "error_count", "kv_page_bytes", "kv_store",

@@ -120,11 +120,11 @@ cdef object _device(int32_t dev):
     return "cpu" if dev < 0 else f"cuda:{dev}"
 
 
-cdef int _sides_apart(const dsa_c4_compressor* m, str main_kv, const void* out,
+cdef int _sides_apart(const dsa_c4_compressor* m, str main_kv, str kv_name, const void* out,
                       const void* ring, const void* ape, const void* kv, int64_t d, int64_t ring_bytes, int64_t rows,
                       int64_t out_rows, int64_t elt, int32_t dev) except -1:
-    """The indexer's out (`out`) apart from main's ring, ape, input and out, and main's out apart from the
-    indexer's ring, ape and input (`ring`, `ape`, `kv`; D = d): the error naming both, else 0."""
+    """The indexer's out (`out`) apart from main's ring, ape, input (named main_kv) and out, and main's out apart
+    from the indexer's ring, ape and input (`ring`, `ape`, `kv` named kv_name; D = d): the error naming both, else 0."""
     cdef Arg a, b
     a.dev = b.dev = dev
     cdef int64_t md = m.head_dim
@@ -145,7 +145,7 @@ cdef int _sides_apart(const dsa_c4_compressor* m, str main_kv, const void* out,
         b.data = <char*>ape
         disjoint(&a, out_rows * md * 4, "out", &b, APE_ROWS * d * 4, "indexer.ape")
         b.data = <char*>kv
-        disjoint(&a, out_rows * md * 4, "out", &b, rows * 4 * d * 4, "indexer_" + main_kv)
+        disjoint(&a, out_rows * md * 4, "out", &b, rows * 4 * d * 4, kv_name)
     return 0
 
 
@@ -193,13 +193,16 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const 
         disjoint(&o, out_rows * comp.head_dim * 4, out_name, input, rows * 4 * comp.head_dim * 4, kv_name)
         ring_arg.data = <char*>comp.ring_data
         ring_arg.dev = comp.dev
-        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, ring_bytes, f"{name}.ring")
+        # the names as literals: nothing is formatted on a call that passes
+        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, ring_bytes,
+                 "main.ring" if k == 0 else "indexer.ring")
         ring_arg.data = <char*>comp.ape_data
-        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, APE_ROWS * comp.head_dim * 4, f"{name}.ape")
+        disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, APE_ROWS * comp.head_dim * 4,
+                 "main.ape" if k == 0 else "indexer.ape")
     if k == 1:  # each side's out apart from everything of the other side the call reads or writes
         _sides_apart(&p.compressors[0], main_kv="kv_score" if kv_name == "indexer_kv_score" else "drafts",
-                     out=o.data, ring=comp.ring_data, ape=comp.ape_data, kv=input.data, d=comp.head_dim,
-                     ring_bytes=ring_bytes, rows=rows, out_rows=out_rows, elt=elt, dev=dev)
+                     kv_name=kv_name, out=o.data, ring=comp.ring_data, ape=comp.ape_data, kv=input.data,
+                     d=comp.head_dim, ring_bytes=ring_bytes, rows=rows, out_rows=out_rows, elt=elt, dev=dev)
     p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data

@@ -272,3 +272,19 @@ cdef int _store(vectors, positions, cache_slots, cache, records, extend, int32_t
     p.ratio = ratio
     p.reserved = 0
     return launch(OP_STORE, &p, p.device, stream)
+
+
+def buffer_key(t):
+    """pydsa.buffer_key(t): what identifies a tensor's memory as pydsa reads it, for a cache of pydsa objects made
+    from an engine's buffers (pydsa.sglang's memo keys by it): its address, device, dtype, contiguity and shape, so a
+    view of the same address in another dtype, shape or layout is another key (read as the ops read their tensors,
+    a few times quicker than torch's attributes). A tensor pydsa cannot read raises, naming t."""
+    cdef Arg a
+    read(t, &a, "t", None)
+    if a.ndim > 3:  # the shape whole
+        return (<uintptr_t>a.data, a.dev, a.dtype, a.contiguous, tuple([a.shape[i] for i in range(a.ndim)]))
+    # one int for dtype, rank, contiguity and device; the shape padded to three: a tuple of five ints
+    cdef int64_t code = <int64_t>a.dtype | (<int64_t>a.ndim << 24) | (<int64_t>a.contiguous << 28) | \
+        (<int64_t>(a.dev + 2) << 32)
+    return (<uintptr_t>a.data, code, a.shape[0] if a.ndim > 0 else -1, a.shape[1] if a.ndim > 1 else -1,
+            a.shape[2] if a.ndim > 2 else -1)

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from . import _fill_store
 
-__all__ = ["KVCache", "kv_store", "kv_page_bytes", "indexer_page_bytes"]
+__all__ = ["KVCache", "buffer_key", "kv_store", "kv_page_bytes", "indexer_page_bytes"]
 
 # compiled (pydsa/_fill_store.pyx): the cache is judged once when made, and a call goes straight to its fill
 KVCache = _fill_store.KVCache
 kv_store = _fill_store.kv_store
 kv_page_bytes = _fill_store.kv_page_bytes
 indexer_page_bytes = _fill_store.indexer_page_bytes
+buffer_key = _fill_store.buffer_key

@@ -63,7 +63,7 @@ OPS = [
     (pydsa.c128_prefill_records, None, None, c_structs.RequestRecordsParams, set()),
 ]
 # public calls of the compiled layer that launch no op: sizes of a caller's buffers
-NOT_OPS = {pydsa.kv_page_bytes, pydsa.indexer_page_bytes}
+NOT_OPS = {pydsa.kv_page_bytes, pydsa.indexer_page_bytes, pydsa.buffer_key}
 # public arguments that the params struct holds in another form (a plan as its record pointers, compact as the
 # output layout, extend and the flag arguments as flags); a c4 call's per-compressor arguments are the fields of
 # its compressors' sides (dsa_c4_compressor), its records the decode_records

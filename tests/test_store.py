@@ -664,3 +664,16 @@ def test_storing_calls_through_every_reader_write_the_same_bytes():
     with pytest.raises(TypeError, match="cache_slots must have dtype torch.int64"):
         pydsa.kv_store(vectors, positions, slots.int(), cache, error_count=errors)
     assert torch.equal(cache.cache, before)
+
+
+def test_buffer_key_tells_apart_every_view_pydsa_would_read_differently():
+    """pydsa.buffer_key (the key of a cache of pydsa objects per buffer): the same memory read the same way gives
+    one key, whatever tensor object carries it; another dtype, shape, layout or rank at the same address another;
+    what pydsa cannot read is refused, naming t."""
+    c = torch.zeros(8, 1200, dtype=torch.uint8)
+    keys = [pydsa.buffer_key(v) for v in (c, c.view(8, 1200), c.t(), c.view(torch.int8), c[:4], c.view(-1),
+                                          c.view(2, 4, 1200), c.view(2, 2, 2, 1200), c.view(2, 2, 2, 600, 2))]
+    assert keys[0] == keys[1] and len(set(keys[1:])) == len(keys) - 1
+    with pytest.raises(pydsa.ArgumentTypeError) as err:
+        pydsa.buffer_key("not a tensor")
+    assert err.value.argument == "t"

@@ -45,14 +45,6 @@ def caller_words(exc, names: dict):
     return renamed
 
 
-def tensor_key(t: torch.Tensor, *, version: bool = False) -> tuple:
-    """What a memo key holds of a tensor: its memory, element type, device, shape and strides (a view of the same
-    address in another dtype or layout, or a shorter slice, is another key), and with version=True its in-place
-    version (a weight pydsa copies, e.g. cast to fp32, is copied again once it was written in place)."""
-    key = (t.data_ptr(), t.dtype, t.device, tuple(t.shape), t.stride())
-    return key + (t._version,) if version else key
-
-
 def memo(store: dict, key, make, limit: int, same=()):
     """The sglang layer's one cache of objects made from a step's buffers (sglang passes the same buffers
     every step): store[key]'s object if it was made from the tensors `same` (compared by identity; none:

@@ -32,10 +32,11 @@ from __future__ import annotations
 import torch
 
 from ..c128 import DevicePlan, c128_decode, c128_prefill
+from .. import buffer_key
 from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..store import KVCache, kv_store
 from . import c4 as sglang_c4, offline as sglang_offline
-from ._args import caller_words as _caller_words, described as _described, memo, tensor_key
+from ._args import caller_words as _caller_words, described as _described, memo
 # the configuration rule (config.py) and the plans (plans.py), importable from here as they always were (the plugin
 # reads HANDED_BACK and outside_pydsa here)
 from .config import HANDED_BACK, HEAD_DIM, RATIO, check_config as _check_config, not_ours as _not_ours, outside_pydsa
@@ -172,7 +173,8 @@ def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout="v4") 
         return KVCache(kvcache, w, freq_cis, page_size=page_size, eps=float(norm_eps), layout=layout)
     if type(page_size) is not int or not all(isinstance(t, torch.Tensor) for t in (kvcache, norm_weight, freq_cis)):
         return make()
-    key = (tensor_key(kvcache), tensor_key(norm_weight, version=True), tensor_key(freq_cis), page_size,
+    # the weight's in-place version too: the KVCache holds an fp32 copy of a bf16 weight, made again once it changed
+    key = (buffer_key(kvcache), buffer_key(norm_weight), norm_weight._version, buffer_key(freq_cis), page_size,
            float(norm_eps), layout)
     return memo(_caches, key, make, 4096)
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import torch
 
+from .. import buffer_key
 from ..c128_offline import C128Ring, c128_offline_decode, c128_offline_extend
 from ..errors import ArgumentValueError
 from . import c4 as sglang_c4
-from ._args import count_of, described as _described, memo, tensor_key
+from ._args import count_of, described as _described, memo
 
 RATIO = 128  # rows of a chunk, and of a ring page
 MAX_TOKENS = sglang_c4.MAX_TOKENS
@@ -238,7 +239,7 @@ def ring_of(kv_score_buffer, ape, store=None) -> C128Ring:
         return C128Ring(ring, ape, store=store)
     if cast or not (isinstance(ring, torch.Tensor) and isinstance(ape, torch.Tensor)):
         return make()
-    key = (tensor_key(ring), tensor_key(ape), id(store))
+    key = (buffer_key(ring), buffer_key(ape), id(store))
     return memo(_rings, key, make, 4096)
 
 
