@@ -5,7 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.string cimport memset
 
 from pydsa._read cimport *
-from pydsa._fill_store cimport store_of
+from pydsa._fill_store cimport ring_store
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 
@@ -73,7 +73,7 @@ cdef class C128Ring:
         raw_ring(ring, ape, 2, WINDOW, WINDOW, "pages of a chunk's rows", &r, views)
         self.store_address = NULL
         if store is not None:
-            store_of(store, r.dev, r.head_dim, "v4", "the ring is on", "the ring's D is", &self.store_address)
+            ring_store(store, &r, 2, WINDOW, "v4", &self.store_address)
         int_arg(ring_size, "ring_size", WINDOW, 2 ** 24, " (rows per request slot, a multiple of 128)")
         if ring_size % WINDOW or r.rows % ring_size:
             raise ArgumentValueError("ring_size", f"ring_size is {ring_size}; expected a multiple of 128 that divides "

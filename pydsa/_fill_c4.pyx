@@ -7,7 +7,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.string cimport memset
 
 from pydsa._read cimport *
-from pydsa._fill_store cimport store_of
+from pydsa._fill_store cimport ring_store
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError, records_ahead_argument, bool_argument
 
@@ -92,7 +92,7 @@ cdef class C4Compressor:
         raw_ring(ring, ape, 4, APE_ROWS, 4, "groups of a quartet", &r, views)
         self.store_address = NULL
         if store is not None:
-            store_of(store, r.dev, r.head_dim, None, "the ring is on", "the ring's D is", &self.store_address)
+            ring_store(store, &r, 4, APE_ROWS, None, &self.store_address)
         self.ring, self.ape, self.store, self.head_dim = ring, ape, store, <int>r.head_dim
         self.dev = r.dev
         self.ring_dtype = DSA_STATE_BFLOAT16 if r.dtype == BF16 else DSA_STATE_FLOAT32

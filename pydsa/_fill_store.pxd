@@ -2,6 +2,8 @@
 # judge of a store argument (pydsa/_fill_store.pyx). A filler of an op that stores cimports these.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
+from pydsa._read cimport RawRing
+
 cdef extern from "dsa_kernels.h":
     int DSA_STRUCT_KV_CACHE
     int DSA_CACHE_V4
@@ -32,6 +34,10 @@ cdef class KVCache:
 # ring's D is").
 cdef int store_of(object store, int32_t dev, int64_t d, str layout, str dev_of, str d_of,
                   const void** address) except -1
+# A raw ring's store (c4, offline c128): store_of's judgement on the ring's device and D, and its cache apart from
+# the ring and the ape ([ape_rows, D] fp32), else the error naming store (store.cache).
+cdef int ring_store(object store, const RawRing* r, int parts, int64_t ape_rows, str layout,
+                    const void** address) except -1
 # A call's optional store and its int64 cache_slots [rows]: the descriptor's address and the slots (both null
 # without a store), or the error naming the wrong one; a prepared call's `keep` gets the store and the slots.
 cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int64_t rows, const void** address,

@@ -126,6 +126,8 @@ cdef class KVCache:
             raise ArgumentValueError("rotary", "rotary must be a 2-D float32 tensor [num_positions, 64]")
         tensor(norm_weight, &w, "norm_weight", F32, dev, 1, d, ANY, None)
         tensor(rotary, &r, "rotary", F32, dev, 2, ANY, 64, None)
+        disjoint(&c, numel, "cache", &w, d * 4, "norm_weight")  # the store writes the cache as it reads them
+        disjoint(&c, numel, "cache", &r, r.shape[0] * 64 * 4, "rotary")
         self.s.struct_size = sizeof(dsa_kv_cache)
         self.s.layout = LAYOUTS[layout]
         self.s.cache = <uint8_t*>c.data
@@ -166,6 +168,23 @@ cdef int store_of(object store, int32_t dev, int64_t d, str layout, str dev_of, 
         raise ArgumentValueError("store", f"store's cache is on {kv.cache.device} but {dev_of} "
                                           f"{_tensors.device_name(dev)}")
     address[0] = <const void*>&kv.s
+    return 0
+
+
+cdef int ring_store(object store, const RawRing* r, int parts, int64_t ape_rows, str layout,
+                    const void** address) except -1:
+    """A raw ring's store (store_of's judgement, on the ring's device and D), whose cache shares no memory with the
+    ring or the ape: the store writes the cache while the compressor reads them, in an order no caller controls."""
+    store_of(store, r.dev, r.head_dim, layout, "the ring is on", "the ring's D is", address)
+    cdef KVCache kv = <KVCache>store
+    cdef int64_t cache_bytes = kv.num_pages * kv.page_bytes
+    cdef int64_t ring_bytes = r.rows * parts * r.head_dim * (2 if r.dtype == BF16 else 4)
+    for data, nbytes, what in ((<uintptr_t>r.data, ring_bytes, "the ring"),
+                               (<uintptr_t>r.ape, ape_rows * r.head_dim * 4, "ape")):
+        if overlap(kv.s.cache, cache_bytes, <const void*><uintptr_t>data, nbytes):
+            raise ArgumentValueError("store.cache", f"store.cache shares memory with {what}, which the compressor "
+                                                    f"reads while the store writes the cache: give the cache memory of "
+                                                    f"its own")
     return 0
 
 

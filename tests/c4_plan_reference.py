@@ -22,9 +22,11 @@ class Ring(NamedTuple):
 
     def rows(self, positions, rid):
         """Ring rows (int64) of positions (int64, >= 0) of requests rid, -1 where the tables cannot address one
-        (rid or a position outside req_to_token, a token outside full_to_state, a negative SWA slot)."""
+        (rid or a position outside req_to_token, a token outside full_to_state, a negative SWA slot) or where the
+        row does not fit a record's 31 bits."""
         if self.use_req_ring:
-            return torch.where(rid >= 0, rid * self.ring_size + positions % self.ring_size, -1)
+            row = rid * self.ring_size + positions % self.ring_size
+            return torch.where((rid >= 0) & (row <= 2 ** 31 - 1), row, -1)
         r2t, f2s = self.req_to_token, self.full_to_state
         if r2t.dim() != 2 or r2t.numel() == 0 or f2s.numel() == 0:
             return torch.full_like(positions, -1)
@@ -34,7 +36,7 @@ class Ring(NamedTuple):
         swa = f2s.reshape(-1)[tok.clamp(0, f2s.numel() - 1)]
         ok &= swa >= 0
         row = torch.div(swa, self.swa_page_size, rounding_mode="floor") * self.ring_size + swa % self.ring_size
-        return torch.where(ok, row, -1)
+        return torch.where(ok & (row <= 2 ** 31 - 1), row, -1)
 
 
 def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size,

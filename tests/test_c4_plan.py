@@ -1,7 +1,7 @@
 """The c4 plans (docs/spec.md, "c4 plans"): the plan op writes, on either backend and into whatever the output
 held before, exactly the records of the torch planners pydsa.sglang used before it (tests/c4_plan_reference.py),
 on tables whose values are untrusted: request rows, positions and tokens outside the tables, negative state
-slots, state slots whose rows do not fit 32 bits, lengths <= 0 and past the table, extends longer than the
+slots, state slots whose rows do not fit 31 bits, lengths <= 0 and past the table, extends longer than the
 sequence, extends cut short by num_q_tokens."""
 from __future__ import annotations
 
@@ -27,13 +27,15 @@ POISON = 0xAB
 
 def _tables(g: torch.Generator, b: int, width: int):
     """Untrusted tables: req_to_token [rows, width] whose rows lie apart (a view of a wider table) with tokens
-    past full_to_state and negative ones; full_to_state with negative slots and a few past 2^33 (rows that
-    wrap 32 bits); request rows of b requests outside the table and negative."""
+    past full_to_state and negative ones; full_to_state with negative slots, a few past 2^33 (64-bit slot
+    arithmetic) and past 2^40 (rows past a record's 31 bits); request rows of b requests outside the table and
+    negative."""
     rows = max(4, b // 2 + 3)
     num_full = rows * width // 2 + 50
     wide = torch.randint(-4, num_full + 6, (rows, width + 5), generator=g, dtype=torch.int64).to(torch.int32)
     f2s = torch.randint(-3, 4 * num_full, (num_full,), generator=g, dtype=torch.int64)
     f2s[torch.randint(0, num_full, (8,), generator=g)] += 2 ** 33
+    f2s[torch.randint(0, num_full, (4,), generator=g)] += 2 ** 40
     rid = torch.randint(-3, rows + 3, (b,), generator=g, dtype=torch.int64)
     return rid, wide[:, :width], f2s
 
@@ -94,6 +96,32 @@ def test_a_decode_length_past_31_bits_is_a_record_the_ops_count(device):
         assert _fill_c4_plan.decode_plan(d_rid, d_r2t, d_f2s, d_seq, swa_page_size=256, ring_size=16,
                                          use_req_ring=use_req_ring, plan_d=plan_d) == 0
         assert torch.equal(plan_d.cpu(), want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ring_rows_past_31_bits_are_records_the_ops_count_never_another_requests_rows(device):
+    """A request row whose ring rows lie past 2^31 - 1 (rid 2^29 of a request-scoped ring of 8 rows: row 2^32 + p,
+    whose low 32 bits are request 0's row p) or a state slot past them (2^40 in a page-scoped ring) gives -1 rows
+    and groups, which the ops skip and count, in the decode and the extend records alike."""
+    r2t = torch.arange(64, dtype=torch.int32).reshape(1, 64)
+    f2s = torch.full((64,), 2 ** 40 + 5, dtype=torch.int64)
+    seq, ext = torch.tensor([16, 16]), torch.tensor([8, 8])
+    for use_req_ring, rid in ((True, torch.tensor([2 ** 29, 2 ** 29 + 2 ** 28])), (False, torch.tensor([0, 0]))):
+        d_rid, d_r2t, d_f2s, d_seq, d_ext = _on(device, rid, r2t, f2s, seq, ext)
+        plan_d = _poisoned(2, 16, device)
+        assert _fill_c4_plan.decode_plan(d_rid, d_r2t, d_f2s, d_seq, swa_page_size=256, ring_size=8,
+                                         use_req_ring=use_req_ring, plan_d=plan_d) == 0
+        assert plan_d.cpu().view(torch.int32).reshape(-1, 4).tolist() == [[16, -1, -1, -1]] * 2
+        plan_c, plan_w = _poisoned(16, 16, device), _poisoned(16, 8, device)
+        assert _fill_c4_plan.extend_plan(d_rid, d_seq, d_ext, d_r2t, d_f2s, swa_page_size=256, ring_size=8,
+                                         use_req_ring=use_req_ring, plan_c=plan_c, plan_w=plan_w) == 0
+        words_c = plan_c.cpu().view(torch.int32).reshape(-1, 4).tolist()
+        words_w = plan_w.cpu().view(torch.int32).reshape(-1, 2).tolist()
+        assert [w[2:] for w in words_c if w[0] != -1 and w[1] >> 16] == [[-1, -1]] * 2, words_c
+        assert [w[1] for w in words_w if w[0] != -1] == [-1] * len([w for w in words_w if w[0] != -1]), words_w
+        assert any(w[0] != -1 for w in words_w)
+        want = ref.plan_prefill(rid, seq, ext, r2t, f2s, 256, 8, 16, True, use_req_ring, host=False)
+        assert torch.equal(plan_c.cpu(), want[0]) and torch.equal(plan_w.cpu(), want[1])
 
 
 def _extends(g: torch.Generator, b: int, width: int, short: bool):

@@ -321,6 +321,25 @@ def test_the_stores_norm_arguments_are_named_as_sglang_spells_them():
     assert not m["cache"].any(), "a refused store wrote"
 
 
+@pytest.mark.parametrize("page_size", [2, 4])
+def test_a_page_size_whose_pages_tile_the_cache_but_not_its_rows_is_refused(page_size):
+    """sglang's c4 caches are [pages, page bytes] (37440 bytes a row for the main cache's 64 entries): a page_size of
+    2 or 4 over 3 such rows (3 x 37440 = 65 x 1728 = 39 x 2880 bytes) tiles the same bytes, and would store
+    every entry at another place. Refused naming page_size, for the store and the fused call; nothing written."""
+    ctx = _context("cpu", 2, 64)
+    m = ctx["main"]
+    call = _compress_call("decode")
+    cache = torch.zeros(3, pydsa.kv_page_bytes(512, 64), dtype=torch.uint8)
+    store = dict(norm_weight=m["w"], norm_eps=1e-6, freq_cis=ctx["freqs"], kvcache=cache,
+                 out_loc=torch.zeros(2, dtype=torch.int64), page_size=page_size)
+    for run in (lambda: sglang.compress_norm_rope_store(torch.randn(2, 512), call["plan"], **store),
+                lambda: sglang.compress_forward_and_store(call["kv_score_buffer"], call["kv_score_input"], call["ape"],
+                                                          call["plan"], head_dim=512, compress_ratio=4, **store)):
+        err = _refusal(run)
+        assert err.argument == "page_size" and "37440" in str(err), str(err)
+    assert not cache.any()
+
+
 @pytest.mark.parametrize("mode", ["decode", "extend"])
 def test_an_input_sharing_memory_with_a_ring_is_refused(mode):
     """The ring is written while the input is read (by other threads, in no order a caller controls): an input over
@@ -368,3 +387,32 @@ def test_a_ring_of_another_framework_or_dtype_is_named():
         call["kv_score_buffer"] = call["kv_score_buffer"].numpy()
         err = _refusal(lambda: _compress_forward(**call))
         assert err.argument == "kv_score_buffer", str(err)
+
+
+def test_a_cache_over_the_ring_or_the_ape_is_refused_by_name():
+    """The fused call's kvcache inside its own ring (or ape): the store would write the cache while the compressor
+    reads those rows. Refused naming kvcache (main['store'].cache in the one-layer call), nothing written; a
+    KVCache's cache over its own norm_weight or rotary table is refused naming cache."""
+    ctx = _context("cpu", 2, 64)
+    m = ctx["main"]
+    call = _compress_call("decode")
+    ring, ape = call["kv_score_buffer"], call["ape"]
+    for over, page in ((ring.view(torch.uint8).view(-1)[:37440].view(1, 37440), 64),
+                       (ape.view(torch.uint8).view(-1)[:1728].view(1, 1728), 2)):
+        before = ring.clone(), ape.clone()
+        err = _refusal(lambda: sglang.compress_forward_and_store(
+            ring, call["kv_score_input"], call["ape"], call["plan"], head_dim=512, compress_ratio=4, norm_weight=m["w"],
+            norm_eps=1e-6, freq_cis=ctx["freqs"], kvcache=over, out_loc=torch.zeros(2, dtype=torch.int64),
+            page_size=page))
+        assert err.argument == "kvcache" and "shares memory" in str(err), str(err)
+        assert torch.equal(ring, before[0]) and torch.equal(ape, before[1])
+    args = _layer_call("decode")
+    main = args["main"]
+    args["main"] = dict(main, store=pydsa.KVCache(main["kv_score_buffer"].view(torch.uint8).view(-1)[:37440],
+                                                  main["store"].norm_weight, main["store"].rotary, page_size=64))
+    err = _refusal(lambda: sglang.c4_layer(**args))
+    assert err.argument == "main['store'].cache", str(err)
+    weight = torch.zeros(37440 // 4, dtype=torch.float32)
+    with pytest.raises(pydsa.ArgumentValueError, match="cache shares memory with norm_weight") as caught:
+        pydsa.KVCache(weight.view(torch.uint8), weight[:512], ctx["freqs"], page_size=64)
+    assert caught.value.argument == "cache"

@@ -258,3 +258,88 @@ def test_the_layers_memo_of_its_buffers_sees_another_view_and_a_weight_written_i
     with pytest.raises(ValueError, match="kv_score_buffer must be contiguous") as err:
         sglang_v2.compress_forward(ring.t(), x, ape, plan, head_dim=d, compress_ratio=128, is_online=False)
     assert err.value.argument == "kv_score_buffer"
+
+
+def test_request_rows_whose_ring_rows_pass_31_bits_are_counted_never_wrapped_into_request_0s_rows():
+    """req_pool_indices 2^25 at R = 128: ring row 2^32 + p, whose low 32 bits (sglang's int32 arithmetic) are
+    request 0's row p. The planners' rows and pages lie outside every ring instead, and a decode and an extend over
+    them write nothing and count each record."""
+    layer = Layer("cpu", reqs=2, seed=1)
+    rid = torch.tensor([2 ** 25, 2 ** 25 + 1], dtype=torch.int64)
+    plan_d = sglang.CompressorDecodePlan.generate(128, rid, layer.r2t, layer.f2s, torch.tensor([128, 9]), 256, 128)
+    words = plan_d[1].view(torch.int32).reshape(-1, 4)
+    assert (words[:, 1:] < 0).all(), words
+    plan_p = sglang.CompressorPrefillPlan.generate(128, rid, torch.tensor([300, 9]), torch.tensor([200, 9]),
+                                                   layer.r2t, layer.f2s, 256, 128, 209)
+    compress, write = plan_p[1].view(torch.int32).reshape(-1, 4), plan_p[2].view(torch.int32).reshape(-1, 2)
+    reads = (compress[:, 1] >> 16) > 0
+    assert reads.any() and (compress[reads, 2:] < 0).all() and (write[:, 1] < 0).all(), (compress, write)
+    for plan, rows in ((plan_d, 2), (plan_p, 209)):
+        ring, cache = layer.ring.clone(), layer.cache.clone()
+        pydsa.reset_error_count()
+        sglang.compress_forward_and_store(layer.ring, torch.randn(rows, 2 * D), layer.ape, plan,
+                                          **layer.store_args(torch.arange(rows, dtype=torch.int64)), is_online=False)
+        assert pydsa.error_count() > 0
+        assert torch.equal(layer.ring, ring) and torch.equal(layer.cache, cache)
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_a_plan_of_the_other_c128_path_is_refused_by_name(mode):
+    """An offline plan (generate) given to the online compress and an online plan (generate_online) given to the
+    offline one: both are compress_ratio 128 tuples of the same shape, told apart by the kind pydsa's planners tag
+    them with; refused naming plan, nothing written. Plans of different kinds do not copy_ into each other."""
+    call = _compress_call(mode)
+    ring = call["kv_score_buffer"].clone()
+    err = _refusal(lambda: sglang.compress_forward(**call, is_online=True))
+    assert err.argument == "plan" and "generate_online" in str(err), str(err)
+    seq, rid = torch.tensor([300, 9]), torch.tensor([1, 0], dtype=torch.int64)
+    r2t = torch.zeros(2, 512, dtype=torch.int32)
+    online = sglang.CompressorDecodePlan.generate_online(seq, rid, r2t) if mode == "decode" else \
+        sglang.CompressorPrefillPlan.generate_online(seq, torch.tensor([200, 9]), rid, r2t, 209)
+    err = _refusal(lambda: sglang.compress_forward(**dict(call, plan=online), is_online=False))
+    assert err.argument == "plan" and "generate_online" in str(err), str(err)
+    assert torch.equal(call["kv_score_buffer"], ring)
+    with pytest.raises(ValueError, match="same compress ratio and kind"):
+        call["plan"].copy_(online)
+
+
+def test_a_cache_over_the_ring_is_refused_by_name():
+    """The fused offline call's kvcache inside its own ring: the store would write the cache while the compress
+    reads those rows. Refused naming kvcache, nothing written."""
+    layer = Layer("cpu", reqs=2, seed=1)
+    plan, rows = _plan(layer, "decode")
+    page = pydsa.kv_page_bytes(D, 2)
+    over = layer.ring.view(torch.uint8).view(-1)[:4 * page].view(4, page)
+    ring = layer.ring.clone()
+    err = _refusal(lambda: sglang.compress_forward_and_store(layer.ring, torch.randn(rows, 2 * D), layer.ape, plan,
+                                                             **dict(layer.store_args(torch.arange(rows)), kvcache=over),
+                                                             is_online=False))
+    assert err.argument == "kvcache" and "shares memory with the ring" in str(err), str(err)
+    assert torch.equal(layer.ring, ring)
+
+
+@pytest.mark.parametrize("ratio,which", [(4, "decode"), (4, "prefill"), (128, "decode"), (128, "prefill"),
+                                         (128, "decode_online"), (128, "prefill_online")])
+def test_a_planner_tensor_on_the_meta_device_is_refused_by_name(ratio, which):
+    """A table or length tensor on the meta device (a shape without values) meets sglang's RuntimeError naming it,
+    never torch's own error or a plan on the meta device, in every planner (c4, offline and online c128)."""
+    r2t, f2s = tables("cpu", 4)
+    valid = dict(req_pool_indices=torch.tensor([1, 0]), req_to_token=r2t, full_to_state=f2s,
+                 seq_lens=torch.tensor([300, 9]), extend_lens=torch.tensor([200, 9]))
+    names = ["req_pool_indices", "seq_lens"] + (["req_to_token", "full_to_state"] if "online" not in which else []) \
+        + (["extend_lens"] if which.startswith("prefill") else [])
+    for name in names:
+        a = dict(valid, **{name: valid[name].to("meta")})
+        calls = {
+            "decode": lambda: sglang.CompressorDecodePlan.generate(ratio, a["req_pool_indices"], a["req_to_token"],
+                                                                   a["full_to_state"], a["seq_lens"], 256,
+                                                                   128 if ratio == 128 else 8),
+            "prefill": lambda: sglang.CompressorPrefillPlan.generate(
+                ratio, a["req_pool_indices"], a["seq_lens"], a["extend_lens"], a["req_to_token"], a["full_to_state"],
+                256, 128 if ratio == 128 else 8, 209),
+            "decode_online": lambda: sglang.CompressorDecodePlan.generate_online(a["seq_lens"], a["req_pool_indices"],
+                                                                                 a["req_to_token"]),
+            "prefill_online": lambda: sglang.CompressorPrefillPlan.generate_online(
+                a["seq_lens"], a["extend_lens"], a["req_pool_indices"], a["req_to_token"], 209)}
+        err = _refusal(calls[which])
+        assert type(err) is RuntimeError and name in str(err) and "meta" in str(err), f"{name}: {err}"

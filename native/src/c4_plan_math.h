@@ -1,7 +1,8 @@
 // Arithmetic of the c4 plans (docs/spec.md, "c4 plans"), shared verbatim by the planning kernels and the host
 // backend: the ring row of a position from the engine's tables, a decode record, and what one ragged row of an
 // extend contributes. Table values are data: every read through one is bounds-checked first; every value
-// computed from one is 64-bit two's complement (it may wrap), and a record keeps its low 32 bits.
+// computed from one is 64-bit two's complement (it may wrap). A ring row outside 0..2^31 - 1 becomes -1 (a record
+// the ops skip and count), never its low 32 bits (another request's rows); positions keep their low 32 bits.
 #pragma once
 
 #include <cstdint>
@@ -42,18 +43,20 @@ DSA_HD int64_t token_at(const dsa_c4_plan_params& p, int64_t at) { return at < 0
 DSA_HD int64_t slot_of(const dsa_c4_plan_params& p, int64_t token) {
   return token < 0 || token >= p.num_full ? -1 : p.full_to_state[token];
 }
+// A ring row as a record holds it: -1 unless it fits 31 bits.
+DSA_HD int64_t record_row(int64_t row) { return row >= 0 && row <= 0x7FFFFFFF ? row : -1; }
 DSA_HD int64_t slot_ring_row(const dsa_c4_plan_params& p, int64_t slot) {
   if (slot < 0) return -1;
   if (slot <= 0x7FFFFFFF)  // the usual case, in 32-bit division (the same quotient; a 64-bit one is far slower on a GPU)
-    return wrap_add(wrap_mul(quot_u32((uint32_t)slot, (uint32_t)p.swa_page_size), p.ring_size),
-                    rem_u32((uint32_t)slot, (uint32_t)p.ring_size));
-  return wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size);
+    return record_row(wrap_add(wrap_mul(quot_u32((uint32_t)slot, (uint32_t)p.swa_page_size), p.ring_size),
+                               rem_u32((uint32_t)slot, (uint32_t)p.ring_size)));
+  return record_row(wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size));
 }
 DSA_HD int64_t scoped_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
   if (rid < 0) return -1;
   const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)pos, (uint32_t)p.ring_size)
                                                        : floor_mod(pos, p.ring_size);
-  return wrap_add(wrap_mul(rid, p.ring_size), within);
+  return record_row(wrap_add(wrap_mul(rid, p.ring_size), within));
 }
 
 // The ring rows of positions a and b of request row rid (-1 for one not wanted: its tables are not read): each

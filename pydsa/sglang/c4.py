@@ -67,8 +67,17 @@ def check_host_lengths(seq):
                            f"lengths)")
 
 
-def check_tables(req_pool_indices, req_to_token, full_to_state):
-    """The tables' kinds (their values are data: the plan op never reads past them)."""
+def check_data(**tensors):
+    """A planner's tensors hold data: one on the meta device (a shape without values) is refused by name."""
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.device.type == "meta":
+            raise RuntimeError(f"{name} is on the meta device (a shape without values; the plan reads them)")
+
+
+def check_tables(req_pool_indices, req_to_token, full_to_state, **lengths):
+    """The tables' kinds (their values are data: the plan op never reads past them); none of them, nor the
+    lengths given by name, on the meta device."""
+    check_data(req_pool_indices=req_pool_indices, req_to_token=req_to_token, full_to_state=full_to_state, **lengths)
     for name, t, dtype, dim in (("req_pool_indices", req_pool_indices, torch.int64, 1),
                                 ("req_to_token", req_to_token, torch.int32, 2),
                                 ("full_to_state", full_to_state, torch.int64, 1)):
@@ -84,7 +93,7 @@ def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_pag
     skip and count (pydsa.error_count). ring_size >= 8 (the module's docstring says why)."""
     _check_ring(swa_page_size, ring_size)
     check_flags(use_req_ring=use_req_ring)
-    check_tables(req_pool_indices, req_to_token, full_to_state)
+    check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens)
     if not isinstance(seq_lens, torch.Tensor) or seq_lens.dtype not in (torch.int64, torch.int32):
         raise RuntimeError(f"seq_lens must be a torch.int64/torch.int32 tensor (got {_described(seq_lens)})")
     if req_pool_indices.dim() != 1 or seq_lens.dim() != 1 or req_pool_indices.shape[0] != seq_lens.shape[0]:
@@ -110,7 +119,7 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     2^31-1: refused on the host, records the ops skip and count on the device. ring_size >= 8 (the module's
     docstring says why)."""
     _check_ring(swa_page_size, ring_size)
-    check_tables(req_pool_indices, req_to_token, full_to_state)
+    check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens, extend_lens=extend_lens)
     for name, t in (("seq_lens", seq_lens), ("extend_lens", extend_lens)):
         if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32) or t.dim() != 1 \
                 or t.shape[0] != req_pool_indices.shape[0]:
@@ -335,7 +344,7 @@ def _side(name: str, side) -> C4Compressor:
         return compressor(side["kv_score_buffer"], side["ape"], side["store"])
     except ArgumentError as exc:
         raise caller_words(exc, {"ring": f"{name}['kv_score_buffer']", "ape": f"{name}['ape']",
-                                 "store": f"{name}['store']"}) from None
+                                 "store": f"{name}['store']", "store.cache": f"{name}['store'].cache"}) from None
 
 
 def layer(main, indexer, plan, out_loc, *, records_ahead: bool = False) -> None:

@@ -54,6 +54,9 @@ def _plan_of(plan, compress_ratio=RATIO):
     if isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)) and plan.compress_ratio != RATIO:
         raise ArgumentValueError("plan", f"plan is a compress_ratio {plan.compress_ratio} plan but compress_ratio is "
                                          f"{RATIO}")
+    if getattr(plan, "online", None) is False:
+        raise ArgumentValueError("plan", "plan was made by generate (the offline c128 records); is_online=True reads "
+                                         "the records of generate_online")
     if isinstance(plan, CompressorDecodePlan):  # its records are read in place, whoever made them
         return plan
     if isinstance(plan, CompressorPrefillPlan):
@@ -71,7 +74,8 @@ def _plan_of(plan, compress_ratio=RATIO):
 _COMPRESS_NAMES = {"state": "kv_score_buffer", "kv_score": "kv_score_input", "indices": "plan.plan_d",
                    "cache_slots": "out_loc", "out": "out", "ape": "ape", "ring": "kv_score_buffer",
                    "main": "kv_score_buffer", "records": "plan.plan_d",
-                   "plan[0]": "plan.plan_c", "plan[1]": "plan.plan_w", "store": "norm_weight"}
+                   "plan[0]": "plan.plan_c", "plan[1]": "plan.plan_w", "store": "norm_weight",
+                   "store.cache": "kvcache"}
 _STORE_NAMES = {"vectors": "kv", "cache_slots": "out_loc", "records": "plan", "cache": "kvcache",
                 "rotary": "freq_cis", "eps": "norm_eps"}
 
@@ -170,7 +174,14 @@ def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout="v4") 
     def make():
         w = norm_weight.float() if isinstance(norm_weight, torch.Tensor) and norm_weight.is_floating_point() \
             else norm_weight
-        return KVCache(kvcache, w, freq_cis, page_size=page_size, eps=float(norm_eps), layout=layout)
+        cache = KVCache(kvcache, w, freq_cis, page_size=page_size, eps=float(norm_eps), layout=layout)
+        # sglang's caches are [pages, page bytes]: rows of another width mean another page_size (whose pages may
+        # still tile the same bytes: 3 pages of 64 entries are 65 of 2 at the indexer's D)
+        if kvcache.dim() == 2 and kvcache.shape[1] != cache.page_bytes:
+            raise ArgumentValueError("page_size", f"page_size {page_size} makes {cache.page_bytes}-byte pages but "
+                                                  f"kvcache's rows hold {kvcache.shape[1]} bytes (sglang's cache is "
+                                                  f"[pages, page bytes]: another page_size?)")
+        return cache
     if type(page_size) is not int or not all(isinstance(t, torch.Tensor) for t in (kvcache, norm_weight, freq_cis)):
         return make()
     # the weight's in-place version too: the KVCache holds an fp32 copy of a bf16 weight, made again once it changed

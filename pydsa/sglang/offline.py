@@ -63,8 +63,11 @@ def _lengths(name: str, t, b: int) -> None:
 
 def _rows_of(rid: torch.Tensor, positions: torch.Tensor, ring_size: int) -> torch.Tensor:
     """Ring rows of positions (int64) of requests rid (int64), as sglang computes them: rid * R + p % R (a C
-    remainder) narrowed to 32 bits."""
-    return (rid * ring_size + torch.fmod(positions, ring_size)).to(torch.int32)
+    remainder) in 32 bits; but where rid is negative or the row does not fit 31 bits (sglang's would wrap into
+    another request's rows, request 0's for rid = 2^25 at R = 128), -2^31: a row and a page outside every ring,
+    which the ops skip and count."""
+    rows = rid * ring_size + torch.fmod(positions, ring_size)
+    return torch.where((rid < 0) | (rows > 2 ** 31 - 1), -2 ** 31, rows).to(torch.int32)
 
 
 def _page(rows: torch.Tensor) -> torch.Tensor:
@@ -78,7 +81,7 @@ def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_pag
     request-scoped). A seq_len past 2^31-1 is refused in a host tensor; one outside 0..2^31-1 in a device tensor
     becomes a record {1, -1, .., -1} (a write row and page outside the ring), which the ops skip and count."""
     _check_geometry(swa_page_size, ring_size, use_req_ring)
-    sglang_c4.check_tables(req_pool_indices, req_to_token, full_to_state)
+    sglang_c4.check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens)
     _lengths("seq_lens", seq_lens, req_pool_indices.shape[0])
     if seq_lens.device.type == "cpu":
         sglang_c4.check_host_lengths(seq_lens.to(torch.int64))
@@ -184,7 +187,7 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     padded to num_q_tokens rows); with device ones (CUDA graphs, target verify), its device planner's records in
     ragged-row order, both lists padded to num_q_tokens rows, rows past the extends planned as padding."""
     _check_geometry(swa_page_size, ring_size, use_req_ring)
-    sglang_c4.check_tables(req_pool_indices, req_to_token, full_to_state)
+    sglang_c4.check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens, extend_lens=extend_lens)
     b = req_pool_indices.shape[0]
     _lengths("seq_lens", seq_lens, b)
     _lengths("extend_lens", extend_lens, b)
@@ -249,6 +252,9 @@ def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None
     None and there is no store. Raises pydsa's errors in pydsa's names (compress.py says them in sglang's) and its
     own in sglang's (head_dim, kv_score_input)."""
     plan = sglang_c4.plan_of(plan, RATIO)
+    if getattr(plan, "online", None) is True:
+        raise ArgumentValueError("plan", "plan was made by generate_online (the online c128 records); the offline "
+                                         "c128 compress reads the records of generate")
     return sglang_c4.ring_step(ring_of(kv_score_buffer, ape, store), kv_score_input, plan, head_dim=head_dim, parts=2,
                                decode=c128_offline_decode, extend=c128_offline_extend, out=out,
                                make=out is None and store is None, out_loc=out_loc)

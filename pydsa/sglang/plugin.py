@@ -89,8 +89,13 @@ _per_compressor = weakref.WeakSet()  # c4 layers whose configuration is not one 
 
 
 def _ours(plan) -> bool:
+    """A plan the online c128 path reads: a decode plan not made for the offline path, or a prefill plan made by
+    generate_online (which carries pydsa's records)."""
     from . import compress as sglang_v2
-    return isinstance(plan, (sglang_v2.CompressorDecodePlan, sglang_v2.CompressorPrefillPlan)) and plan[-1] is not None
+    if isinstance(plan, sglang_v2.CompressorDecodePlan):
+        return plan.online is not False
+    return isinstance(plan, sglang_v2.CompressorPrefillPlan) and plan.load_indices is not None \
+        and plan.online is not False
 
 
 def _c4(plan) -> bool:
