@@ -25,8 +25,8 @@ class Ring(NamedTuple):
         (rid or a position outside req_to_token, a token outside full_to_state, a negative SWA slot) or where the
         row does not fit a record's 31 bits."""
         if self.use_req_ring:
-            row = rid * self.ring_size + positions % self.ring_size
-            return torch.where((rid >= 0) & (row <= 2 ** 31 - 1), row, -1)
+            row = rid * self.ring_size + positions % self.ring_size  # int64: may wrap for rid past 2^63 / R
+            return torch.where((rid >= 0) & (rid <= (2 ** 31 - 1) // self.ring_size) & (row <= 2 ** 31 - 1), row, -1)
         r2t, f2s = self.req_to_token, self.full_to_state
         if r2t.dim() != 2 or r2t.numel() == 0 or f2s.numel() == 0:
             return torch.full_like(positions, -1)
@@ -35,8 +35,9 @@ class Ring(NamedTuple):
         ok &= (tok >= 0) & (tok < f2s.shape[0])
         swa = f2s.reshape(-1)[tok.clamp(0, f2s.numel() - 1)]
         ok &= swa >= 0
-        row = torch.div(swa, self.swa_page_size, rounding_mode="floor") * self.ring_size + swa % self.ring_size
-        return torch.where(ok & (row <= 2 ** 31 - 1), row, -1)
+        page = torch.div(swa, self.swa_page_size, rounding_mode="floor")
+        row = page * self.ring_size + swa % self.ring_size
+        return torch.where(ok & (page <= (2 ** 31 - 1) // self.ring_size) & (row <= 2 ** 31 - 1), row, -1)
 
 
 def plan_decode(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size,

@@ -224,7 +224,7 @@ def _online(compress, ours, pydsa, mixin, v4):
     store = pydsa.KVCache(own, w, freqs, page_size=2, eps=1e-6)
     pydsa.c128_decode(mine.view(-1, 1, 3 * D), kv, None, ape, rid.to(torch.int32), seq.to(torch.int32), store=store,
                       cache_slots=loc)
-    return {"online_plan_is_pydsas": type(plan) is ours.CompressorDecodePlan,
+    return {"online_plan_is_pydsas": isinstance(plan, ours.CompressorDecodePlan) and plan.online is True,
             "online_decode_equal": _same(state, mine, start[0]) and _same(cache, own, start[1])}
 
 

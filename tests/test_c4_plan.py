@@ -101,12 +101,13 @@ def test_a_decode_length_past_31_bits_is_a_record_the_ops_count(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_ring_rows_past_31_bits_are_records_the_ops_count_never_another_requests_rows(device):
     """A request row whose ring rows lie past 2^31 - 1 (rid 2^29 of a request-scoped ring of 8 rows: row 2^32 + p,
-    whose low 32 bits are request 0's row p) or a state slot past them (2^40 in a page-scoped ring) gives -1 rows
-    and groups, which the ops skip and count, in the decode and the extend records alike."""
+    whose low 32 bits are request 0's row p; rid 2^61 + 1, whose product wraps 64 bits to request 1's rows) or a
+    state slot past them (2^40 in a page-scoped ring) gives -1 rows and groups, which the ops skip and count, in the
+    decode and the extend records alike."""
     r2t = torch.arange(64, dtype=torch.int32).reshape(1, 64)
     f2s = torch.full((64,), 2 ** 40 + 5, dtype=torch.int64)
     seq, ext = torch.tensor([16, 16]), torch.tensor([8, 8])
-    for use_req_ring, rid in ((True, torch.tensor([2 ** 29, 2 ** 29 + 2 ** 28])), (False, torch.tensor([0, 0]))):
+    for use_req_ring, rid in ((True, torch.tensor([2 ** 29, 2 ** 61 + 1])), (False, torch.tensor([0, 0]))):
         d_rid, d_r2t, d_f2s, d_seq, d_ext = _on(device, rid, r2t, f2s, seq, ext)
         plan_d = _poisoned(2, 16, device)
         assert _fill_c4_plan.decode_plan(d_rid, d_r2t, d_f2s, d_seq, swa_page_size=256, ring_size=8,

@@ -262,10 +262,10 @@ def test_the_layers_memo_of_its_buffers_sees_another_view_and_a_weight_written_i
 
 def test_request_rows_whose_ring_rows_pass_31_bits_are_counted_never_wrapped_into_request_0s_rows():
     """req_pool_indices 2^25 at R = 128: ring row 2^32 + p, whose low 32 bits (sglang's int32 arithmetic) are
-    request 0's row p. The planners' rows and pages lie outside every ring instead, and a decode and an extend over
-    them write nothing and count each record."""
+    request 0's row p; 2^57 + 1: a product that wraps 64 bits to request 1's rows. The planners' rows and pages lie
+    outside every ring instead, and a decode and an extend over them write nothing and count each record."""
     layer = Layer("cpu", reqs=2, seed=1)
-    rid = torch.tensor([2 ** 25, 2 ** 25 + 1], dtype=torch.int64)
+    rid = torch.tensor([2 ** 25, 2 ** 57 + 1], dtype=torch.int64)
     plan_d = sglang.CompressorDecodePlan.generate(128, rid, layer.r2t, layer.f2s, torch.tensor([128, 9]), 256, 128)
     words = plan_d[1].view(torch.int32).reshape(-1, 4)
     assert (words[:, 1:] < 0).all(), words
@@ -292,6 +292,8 @@ def test_a_plan_of_the_other_c128_path_is_refused_by_name(mode):
     ring = call["kv_score_buffer"].clone()
     err = _refusal(lambda: sglang.compress_forward(**call, is_online=True))
     assert err.argument == "plan" and "generate_online" in str(err), str(err)
+    # the tag is no field: sglang's own compress_forward passes plan[1:3] on, its two (decode) or two of its fields
+    assert len(call["plan"]) == (2 if mode == "decode" else 7) and call["plan"][1:3][-1].dtype == torch.uint8
     seq, rid = torch.tensor([300, 9]), torch.tensor([1, 0], dtype=torch.int64)
     r2t = torch.zeros(2, 512, dtype=torch.int32)
     online = sglang.CompressorDecodePlan.generate_online(seq, rid, r2t) if mode == "decode" else \
@@ -326,7 +328,7 @@ def test_a_planner_tensor_on_the_meta_device_is_refused_by_name(ratio, which):
     r2t, f2s = tables("cpu", 4)
     valid = dict(req_pool_indices=torch.tensor([1, 0]), req_to_token=r2t, full_to_state=f2s,
                  seq_lens=torch.tensor([300, 9]), extend_lens=torch.tensor([200, 9]))
-    names = ["req_pool_indices", "seq_lens"] + (["req_to_token", "full_to_state"] if "online" not in which else []) \
+    names = ["req_pool_indices", "seq_lens", "req_to_token"] + (["full_to_state"] if "online" not in which else []) \
         + (["extend_lens"] if which.startswith("prefill") else [])
     for name in names:
         a = dict(valid, **{name: valid[name].to("meta")})

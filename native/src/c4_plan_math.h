@@ -50,13 +50,14 @@ DSA_HD int64_t slot_ring_row(const dsa_c4_plan_params& p, int64_t slot) {
   if (slot <= 0x7FFFFFFF)  // the usual case, in 32-bit division (the same quotient; a 64-bit one is far slower on a GPU)
     return record_row(wrap_add(wrap_mul(quot_u32((uint32_t)slot, (uint32_t)p.swa_page_size), p.ring_size),
                                rem_u32((uint32_t)slot, (uint32_t)p.ring_size)));
-  return record_row(wrap_add(wrap_mul(slot / p.swa_page_size, p.ring_size), slot % p.ring_size));
+  const int64_t page = slot / p.swa_page_size;  // past 2^31 its row is too (and its product could wrap)
+  return page > 0x7FFFFFFF ? -1 : record_row(page * p.ring_size + slot % p.ring_size);
 }
 DSA_HD int64_t scoped_ring_row(const dsa_c4_plan_params& p, int64_t rid, int64_t pos) {
-  if (rid < 0) return -1;
+  if (rid < 0 || rid > 0x7FFFFFFF) return -1;  // past 2^31 its rows are too (and the product could wrap)
   const int64_t within = pos >= 0 && pos <= 0x7FFFFFFF ? (int64_t)rem_u32((uint32_t)pos, (uint32_t)p.ring_size)
                                                        : floor_mod(pos, p.ring_size);
-  return record_row(wrap_add(wrap_mul(rid, p.ring_size), within));
+  return record_row(rid * p.ring_size + within);
 }
 
 // The ring rows of positions a and b of request row rid (-1 for one not wanted: its tables are not read): each

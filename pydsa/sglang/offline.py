@@ -63,11 +63,12 @@ def _lengths(name: str, t, b: int) -> None:
 
 def _rows_of(rid: torch.Tensor, positions: torch.Tensor, ring_size: int) -> torch.Tensor:
     """Ring rows of positions (int64) of requests rid (int64), as sglang computes them: rid * R + p % R (a C
-    remainder) in 32 bits; but where rid is negative or the row does not fit 31 bits (sglang's would wrap into
-    another request's rows, request 0's for rid = 2^25 at R = 128), -2^31: a row and a page outside every ring,
-    which the ops skip and count."""
-    rows = rid * ring_size + torch.fmod(positions, ring_size)
-    return torch.where((rid < 0) | (rows > 2 ** 31 - 1), -2 ** 31, rows).to(torch.int32)
+    remainder) in 32 bits; but where rid is negative or the row does not fit 31 bits (from rid 2^24 at R = 128;
+    sglang's would wrap into another request's rows, request 0's for rid = 2^25), -2^31: a row (and a page,
+    -2^24) outside every ring, which the ops skip and count."""
+    rows = rid * ring_size + torch.fmod(positions, ring_size)  # int64: wraps for rid past 2^63 / R, tested first
+    return torch.where((rid < 0) | (rid > (2 ** 31 - 1) // ring_size) | (rows > 2 ** 31 - 1), -2 ** 31,
+                       rows).to(torch.int32)
 
 
 def _page(rows: torch.Tensor) -> torch.Tensor:

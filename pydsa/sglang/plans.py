@@ -30,9 +30,11 @@ def _kinds_differ(a, b) -> bool:
 class CompressorDecodePlan(NamedTuple):
     compress_ratio: int
     plan_d: torch.Tensor  # [B, 16] uint8, sglang's decode records, which pydsa's decode reads in place
-    # pydsa: which records plan_d holds (True: generate_online's, False: generate's), so that a plan given to the
-    # other path is refused by name; None (a plan made by sglang itself): untold, read as the call says
-    online: Optional[bool] = None
+    # pydsa: which records plan_d holds (True: generate_online's, False: generate's; set by the subclasses pydsa's
+    # planners return, below), so that a plan given to the other path is refused by name; None (a plan made by
+    # sglang itself): untold, read as the call says. A class attribute, not a field: sglang's own compress_forward
+    # passes plan[1:] on, so the tuple stays sglang's two fields.
+    online = None
 
     def copy_(self, other) -> None:
         if not isinstance(other, CompressorDecodePlan) or self.compress_ratio != other.compress_ratio \
@@ -48,14 +50,14 @@ class CompressorDecodePlan(NamedTuple):
         kernels then compute entries from overwritten rows, silently); c128: ring_size a multiple of 128."""
         _config_int("compress_ratio", compress_ratio)
         if compress_ratio == RATIO:
-            return CompressorDecodePlan(RATIO, sglang_offline.plan_decode(
+            return _RecordsDecodePlan(RATIO, sglang_offline.plan_decode(
                 req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size=swa_page_size,
-                ring_size=ring_size, use_req_ring=use_req_ring), online=False)
+                ring_size=ring_size, use_req_ring=use_req_ring))
         if compress_ratio != sglang_c4.RATIO:
             raise _not_ours(f"compress_ratio {compress_ratio}")
-        return CompressorDecodePlan(sglang_c4.RATIO, sglang_c4.plan_decode(
+        return _RecordsDecodePlan(sglang_c4.RATIO, sglang_c4.plan_decode(
             req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size=swa_page_size, ring_size=ring_size,
-            use_req_ring=use_req_ring), online=False)
+            use_req_ring=use_req_ring))
 
     @staticmethod
     def generate_online(seq_lens: torch.Tensor, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
@@ -66,7 +68,7 @@ class CompressorDecodePlan(NamedTuple):
         counted on the device (pydsa.error_count); one in a CPU tensor is refused by name."""
         if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2 or req_to_token.dtype != torch.int32:
             raise RuntimeError(f"req_to_token must be a 2-D int32 tensor (got {_described(req_to_token)})")
-        sglang_c4.check_data(seq_lens=seq_lens, req_pool_indices=req_pool_indices)
+        sglang_c4.check_data(seq_lens=seq_lens, req_pool_indices=req_pool_indices, req_to_token=req_to_token)
         for name, t in (("seq_lens", seq_lens), ("req_pool_indices", req_pool_indices)):
             if not isinstance(t, torch.Tensor):
                 raise RuntimeError(f"{name} must be a torch.Tensor (got {_described(t)})")
@@ -79,7 +81,7 @@ class CompressorDecodePlan(NamedTuple):
                                  flags=DEFAULT_PDL_FLAG)
         if status:
             _check_status(status)
-        return CompressorDecodePlan(RATIO, plan_d, online=True)
+        return _OnlineDecodePlan(RATIO, plan_d)
 
     @property
     def is_decode(self) -> bool:
@@ -94,7 +96,7 @@ class CompressorPrefillPlan(NamedTuple):
     records: object = None                    # pydsa: its own plan (host record arrays, or a DevicePlan)
     indices: Optional[torch.Tensor] = None    # pydsa: int32 [B] store slots
     load_indices: Optional[torch.Tensor] = None  # pydsa: int32 [B] load slots
-    online: Optional[bool] = None             # pydsa: which records it holds, as CompressorDecodePlan's
+    online = None  # pydsa: which records it holds, as CompressorDecodePlan's (a class attribute, not a field)
 
     def copy_(self, other) -> None:
         if not isinstance(other, CompressorPrefillPlan) or self.compress_ratio != other.compress_ratio \
@@ -120,14 +122,14 @@ class CompressorPrefillPlan(NamedTuple):
                 req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state, swa_page_size=swa_page_size,
                 ring_size=ring_size, num_q_tokens=num_q_tokens, use_cuda_graph=use_cuda_graph,
                 use_req_ring=use_req_ring)
-            return CompressorPrefillPlan(RATIO, plan_c, plan_w, pin, online=False)
+            return _RecordsPrefillPlan(RATIO, plan_c, plan_w, pin)
         if compress_ratio != sglang_c4.RATIO:
             raise _not_ours(f"compress_ratio {compress_ratio}")
         plan_c, plan_w = sglang_c4.plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
                                                 swa_page_size=swa_page_size, ring_size=ring_size,
                                                 num_q_tokens=num_q_tokens, use_cuda_graph=use_cuda_graph,
                                                 use_req_ring=use_req_ring)
-        return CompressorPrefillPlan(sglang_c4.RATIO, plan_c, plan_w, online=False)
+        return _RecordsPrefillPlan(sglang_c4.RATIO, plan_c, plan_w)
 
     @staticmethod
     def generate_online(seq_lens, extend_lens, req_pool_indices: torch.Tensor, req_to_token: torch.Tensor,
@@ -136,7 +138,8 @@ class CompressorPrefillPlan(NamedTuple):
         """sglang's argument order. seq_lens / extend_lens are read on the host (sglang passes host
         copies); req_pool_indices int64 on the device. In CUDA-graph mode pydsa's records live in a
         DevicePlan that copy_ refreshes, so a captured compress_forward reads the new plan."""
-        sglang_c4.check_data(seq_lens=seq_lens, extend_lens=extend_lens, req_pool_indices=req_pool_indices)
+        sglang_c4.check_data(seq_lens=seq_lens, extend_lens=extend_lens, req_pool_indices=req_pool_indices,
+                             req_to_token=req_to_token)
         seq, ext = _host_int64(seq_lens, "seq_lens"), _host_int64(extend_lens, "extend_lens")
         n, b = _length("num_q_tokens", num_q_tokens), int(seq.shape[0])
         if ext.shape[0] != b:  # as the planner says it
@@ -178,8 +181,7 @@ class CompressorPrefillPlan(NamedTuple):
                                   plan_w=plan_w, slots=indices, load_slots=load, flags=DEFAULT_PDL_FLAG)
         if status:
             _check_status(status)
-        return CompressorPrefillPlan(RATIO, plan_c, plan_w, records=records, indices=indices, load_indices=load,
-                                     online=True)
+        return _OnlinePrefillPlan(RATIO, plan_c, plan_w, records=records, indices=indices, load_indices=load)
 
     @property
     def is_decode(self) -> bool:
@@ -212,3 +214,23 @@ def _length(name: str, x) -> int:
         raise RuntimeError(f"{name} is {v}; expected >= 0")
     return v
 
+
+# The plans pydsa's planners return, tagged with the records they hold (`online`): the same tuples.
+class _OnlineDecodePlan(CompressorDecodePlan):
+    __slots__ = ()
+    online = True
+
+
+class _RecordsDecodePlan(CompressorDecodePlan):
+    __slots__ = ()
+    online = False
+
+
+class _OnlinePrefillPlan(CompressorPrefillPlan):
+    __slots__ = ()
+    online = True
+
+
+class _RecordsPrefillPlan(CompressorPrefillPlan):
+    __slots__ = ()
+    online = False
