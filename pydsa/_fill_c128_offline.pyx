@@ -5,7 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.string cimport memset
 
 from pydsa._read cimport *
-from pydsa._fill_store cimport ring_store
+from pydsa._fill_store cimport cache_apart, ring_store
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError
 
@@ -146,6 +146,9 @@ cdef int _fill(dsa_c128_offline_params* p, bint extend, ring_, kv_score, out, re
         disjoint(&o, out_rows * d * 4, "out", &held, ring_bytes, "ring.ring")
         held.data = <char*>ring.ape_data
         disjoint(&o, out_rows * d * 4, "out", &held, WINDOW * d * 4, "ring.ape")
+    # the store's cache apart from this call's input and out (its ring and ape: when the ring was described)
+    cache_apart(ring.store, kv.data, rows * 2 * d * 4, "ring.store.cache", "kv_score")
+    cache_apart(ring.store, o.data, out_rows * d * 4, "ring.store.cache", "out")
     if ring.store_address != NULL:
         if cache_slots is None:
             raise ArgumentValueError("cache_slots", "cache_slots is None but the ring has a store: give an int64 tensor "

@@ -7,7 +7,7 @@ from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.string cimport memset
 
 from pydsa._read cimport *
-from pydsa._fill_store cimport ring_store
+from pydsa._fill_store cimport cache_apart, caches_apart, ring_store
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError, records_ahead_argument, bool_argument
 
@@ -149,6 +149,19 @@ cdef int _sides_apart(const dsa_c4_compressor* m, str main_kv, str kv_name, cons
     return 0
 
 
+cdef int _caches_apart(C4Compressor main, C4Compressor indexer, const void* main_kv, int64_t rows,
+                       const void* indexer_kv, int64_t elt, str main_kv_name, str indexer_kv_name) except -1:
+    """Each compressor's store apart from the other compressor's ring, ape and input, and the two caches apart."""
+    cdef int64_t md = main.head_dim, xd = indexer.head_dim
+    cache_apart(main.store, indexer.ring_data, indexer.ring_rows * 4 * xd * elt, "main.store.cache", "indexer.ring")
+    cache_apart(main.store, indexer.ape_data, APE_ROWS * xd * 4, "main.store.cache", "indexer.ape")
+    cache_apart(main.store, indexer_kv, rows * 4 * xd * 4, "main.store.cache", indexer_kv_name)
+    cache_apart(indexer.store, main.ring_data, main.ring_rows * 4 * md * elt, "indexer.store.cache", "main.ring")
+    cache_apart(indexer.store, main.ape_data, APE_ROWS * md * 4, "indexer.store.cache", "main.ape")
+    cache_apart(indexer.store, main_kv, rows * 4 * md * 4, "indexer.store.cache", main_kv_name)
+    return caches_apart(indexer.store, main.store, "indexer.store.cache", "main.store.cache")
+
+
 cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const Arg* input, str kv_name, out,
                str out_name, int64_t rows, int64_t out_rows, list keep, str rows_of, str out_rows_of,
                object p_main) except -1:
@@ -199,6 +212,14 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const 
         ring_arg.data = <char*>comp.ape_data
         disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, APE_ROWS * comp.head_dim * 4,
                  "main.ape" if k == 0 else "indexer.ape")
+    # the store's cache apart from what the launch reads and writes besides (its ring and ape: when described)
+    cdef str cache_name = "main.store.cache" if k == 0 else "indexer.store.cache"
+    cache_apart(comp.store, input.data, input_bytes, cache_name, kv_name)
+    cache_apart(comp.store, o.data, out_rows * comp.head_dim * 4, cache_name, out_name)
+    if k == 1:
+        _caches_apart(<C4Compressor>p_main, comp, main_kv=p.compressors[0].kv_score, rows=rows, indexer_kv=input.data,
+                      elt=elt, main_kv_name="kv_score" if kv_name == "indexer_kv_score" else "drafts",
+                      indexer_kv_name=kv_name)
     if k == 1:  # each side's out apart from everything of the other side the call reads or writes
         _sides_apart(&p.compressors[0], main_kv="kv_score" if kv_name == "indexer_kv_score" else "drafts",
                      kv_name=kv_name, out=o.data, ring=comp.ring_data, ape=comp.ape_data, kv=input.data,

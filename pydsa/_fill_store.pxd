@@ -34,6 +34,10 @@ cdef class KVCache:
 # ring's D is").
 cdef int store_of(object store, int32_t dev, int64_t d, str layout, str dev_of, str d_of,
                   const void** address) except -1
+# A store's cache (a KVCache or None) apart from a buffer of its launch (`what`), or two stores' caches apart:
+# else the error naming `name`.
+cdef int cache_apart(object store, const void* data, int64_t nbytes, str name, str what) except -1
+cdef int caches_apart(object store, object other, str name, str what) except -1
 # A raw ring's store (c4, offline c128): store_of's judgement on the ring's device and D, and its cache apart from
 # the ring and the ape ([ape_rows, D] fp32), else the error naming store (store.cache).
 cdef int ring_store(object store, const RawRing* r, int parts, int64_t ape_rows, str layout,

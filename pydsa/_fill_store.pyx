@@ -171,20 +171,38 @@ cdef int store_of(object store, int32_t dev, int64_t d, str layout, str dev_of, 
     return 0
 
 
+cdef int cache_apart(object store, const void* data, int64_t nbytes, str name, str what) except -1:
+    """A store's cache (a KVCache, or None: nothing to judge) apart from a buffer its launch reads or writes
+    (`what`): the store writes the cache while the launch's other threads read or write that buffer, in an order no
+    caller controls. The error names `name` (the cache as the call sees it)."""
+    if store is None:
+        return 0
+    if type(store) is not KVCache:  # judged by the caller first (store_of); never cast unjudged
+        raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(store).__name__})")
+    cdef KVCache kv = <KVCache>store
+    if overlap(kv.s.cache, kv.num_pages * kv.page_bytes, data, nbytes):
+        raise ArgumentValueError(name, f"{name} shares memory with {what}, which the launch reads or writes while the "
+                                       f"store writes the cache: give the cache memory of its own")
+    return 0
+
+
+cdef int caches_apart(object store, object other, str name, str what) except -1:
+    """Two stores of one launch (c4's two compressors) apart: each writes its cache."""
+    if other is None:
+        return 0
+    if type(other) is not KVCache:
+        raise ArgumentTypeError("store", f"store must be a pydsa.KVCache (got {type(other).__name__})")
+    cdef KVCache kv = <KVCache>other
+    return cache_apart(store, kv.s.cache, kv.num_pages * kv.page_bytes, name, what)
+
+
 cdef int ring_store(object store, const RawRing* r, int parts, int64_t ape_rows, str layout,
                     const void** address) except -1:
     """A raw ring's store (store_of's judgement, on the ring's device and D), whose cache shares no memory with the
-    ring or the ape: the store writes the cache while the compressor reads them, in an order no caller controls."""
+    ring or the ape (judged once, when the description is made)."""
     store_of(store, r.dev, r.head_dim, layout, "the ring is on", "the ring's D is", address)
-    cdef KVCache kv = <KVCache>store
-    cdef int64_t cache_bytes = kv.num_pages * kv.page_bytes
-    cdef int64_t ring_bytes = r.rows * parts * r.head_dim * (2 if r.dtype == BF16 else 4)
-    for data, nbytes, what in ((<uintptr_t>r.data, ring_bytes, "the ring"),
-                               (<uintptr_t>r.ape, ape_rows * r.head_dim * 4, "ape")):
-        if overlap(kv.s.cache, cache_bytes, <const void*><uintptr_t>data, nbytes):
-            raise ArgumentValueError("store.cache", f"store.cache shares memory with {what}, which the compressor "
-                                                    f"reads while the store writes the cache: give the cache memory of "
-                                                    f"its own")
+    cache_apart(store, r.data, r.rows * parts * r.head_dim * (2 if r.dtype == BF16 else 4), "store.cache", "the ring")
+    cache_apart(store, r.ape, ape_rows * r.head_dim * 4, "store.cache", "ape")
     return 0
 
 

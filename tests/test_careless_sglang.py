@@ -416,3 +416,37 @@ def test_a_cache_over_the_ring_or_the_ape_is_refused_by_name():
     with pytest.raises(pydsa.ArgumentValueError, match="cache shares memory with norm_weight") as caught:
         pydsa.KVCache(weight.view(torch.uint8), weight[:512], ctx["freqs"], page_size=64)
     assert caught.value.argument == "cache"
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_one_layers_caches_over_the_other_compressors_buffers_or_each_other_are_refused_by_name(mode):
+    """c4_layer runs both compressors and both stores in one launch: main's cache over the indexer's ring, ape or
+    input, the indexer's over main's, or the two caches over each other would be written while read (or written
+    twice). Each refused naming the cache in the dicts' keys; no ring or cache byte changes."""
+    def over(t, page_bytes):
+        return t.view(torch.uint8).view(-1)[:page_bytes]
+
+    # (main's cache over the indexer's ape is not among them: 4 KiB, less than a page of main's cache)
+    for side, other, key in (("main", "indexer", "kv_score_buffer"), ("main", "indexer", "kv_score_input"),
+                             ("indexer", "main", "kv_score_buffer"), ("indexer", "main", "ape"),
+                             ("indexer", "main", "kv_score_input"), ("indexer", "main", "store")):
+        args = _layer_call(mode)
+        s = args[side]["store"]
+        target = args[other]["store"].cache if key == "store" else args[other][key]
+        need = s.page_bytes
+        if key == "kv_score_input":  # the input a view into a buffer the cache covers too (inputs are small)
+            size = max(need, target.numel() * 4)
+            room = torch.zeros(size, dtype=torch.uint8)
+            room[:target.numel() * 4] = target.reshape(-1).view(torch.uint8)
+            args[other] = dict(args[other], kv_score_input=room[:target.numel() * 4].view(torch.float32).view(
+                target.shape))
+            target = room
+        assert target.numel() * target.element_size() >= need, (side, key)
+        cache = pydsa.KVCache(over(target, need), s.norm_weight, s.rotary, page_size=64,
+                              layout="indexer" if side == "indexer" else "v4")
+        args[side] = dict(args[side], store=cache)
+        buffers = [t for k in ("main", "indexer") for t in (args[k]["kv_score_buffer"], args[k]["store"].cache)]
+        before = [t.clone() for t in buffers]
+        err = _refusal(lambda: sglang.c4_layer(**args))
+        assert err.argument == f"{side}['store'].cache" and "shares memory" in str(err), (side, key, str(err))
+        assert all(torch.equal(a, b) for a, b in zip(before, buffers))

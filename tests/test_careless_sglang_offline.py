@@ -345,3 +345,40 @@ def test_a_planner_tensor_on_the_meta_device_is_refused_by_name(ratio, which):
                 a["seq_lens"], a["extend_lens"], a["req_pool_indices"], a["req_to_token"], 209)}
         err = _refusal(calls[which])
         assert type(err) is RuntimeError and name in str(err) and "meta" in str(err), f"{name}: {err}"
+
+
+def test_an_online_c128_cache_over_its_state_input_or_ape_is_refused_by_name():
+    """The online c128 fused call (compress_forward_and_store, is_online=True): a kvcache laid over its own state,
+    input or ape would be written while the decode reads them. Refused naming kvcache; the state unchanged."""
+    layer = Layer("cpu", reqs=2, seed=1)
+    seq, rid = torch.tensor([128, 9]), torch.tensor([1, 0], dtype=torch.int64)
+    plan = sglang.CompressorDecodePlan.generate_online(seq, rid, torch.zeros(2, 512, dtype=torch.int32))
+    page = pydsa.kv_page_bytes(D, 2)
+    state = torch.randn(4, 1, 3 * D)
+    kv, ape = torch.randn(2, 2 * D), torch.randn(CHUNK, D)
+    for target in (state, kv, ape):
+        before = state.clone()
+        over = target.view(torch.uint8).view(-1)[:page].view(1, page)
+        err = _refusal(lambda: sglang.compress_forward_and_store(
+            state, kv, ape, plan, **dict(layer.store_args(torch.arange(2)), kvcache=over)))
+        assert err.argument == "kvcache" and "shares memory" in str(err), str(err)
+        assert torch.equal(state, before)
+
+
+@pytest.mark.parametrize("mode", ["decode", "extend"])
+def test_an_offline_cache_over_the_calls_input_is_refused_by_name(mode):
+    """The fused offline call's kv_score_input inside its kvcache: the store would write the cache while the
+    compress reads the input. Refused naming kvcache, nothing written."""
+    layer = Layer("cpu", reqs=2, seed=1)
+    plan, rows = _plan(layer, mode)
+    page = pydsa.kv_page_bytes(D, 2)
+    pages = -(-rows * 2 * D * 4 // page)
+    room = torch.zeros(pages * page, dtype=torch.uint8)
+    kv = room[:rows * 2 * D * 4].view(torch.float32).view(rows, 2 * D)
+    kv.copy_(torch.randn(rows, 2 * D))
+    ring = layer.ring.clone()
+    err = _refusal(lambda: sglang.compress_forward_and_store(
+        layer.ring, kv, layer.ape, plan, **dict(layer.store_args(torch.arange(rows)), kvcache=room.view(pages, page)),
+        is_online=False))
+    assert err.argument == "kvcache" and "kv_score" in str(err), str(err)
+    assert torch.equal(layer.ring, ring)

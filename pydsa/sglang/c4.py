@@ -329,7 +329,8 @@ _SIDE_KEYS = ("kv_score_buffer", "kv_score_input", "ape", "store")
 # pydsa's argument names -> c4_layer's (its dicts' keys), for the errors pydsa's c4 ops raise
 _LAYER_NAMES = {"main": "main", "indexer": "indexer", "kv_score": "main['kv_score_input']",
                 "indexer_kv_score": "indexer['kv_score_input']", "records": "plan.plan_d", "plan[0]": "plan.plan_c",
-                "plan[1]": "plan.plan_w", "cache_slots": "out_loc"}
+                "plan[1]": "plan.plan_w", "cache_slots": "out_loc", "main.store.cache": "main['store'].cache",
+                "indexer.store.cache": "indexer['store'].cache"}
 
 
 def _side(name: str, side) -> C4Compressor:

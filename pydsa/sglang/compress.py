@@ -75,7 +75,7 @@ _COMPRESS_NAMES = {"state": "kv_score_buffer", "kv_score": "kv_score_input", "in
                    "cache_slots": "out_loc", "out": "out", "ape": "ape", "ring": "kv_score_buffer",
                    "main": "kv_score_buffer", "records": "plan.plan_d",
                    "plan[0]": "plan.plan_c", "plan[1]": "plan.plan_w", "store": "norm_weight",
-                   "store.cache": "kvcache"}
+                   "store.cache": "kvcache", "main.store.cache": "kvcache", "ring.store.cache": "kvcache"}
 _STORE_NAMES = {"vectors": "kv", "cache_slots": "out_loc", "records": "plan", "cache": "kvcache",
                 "rotary": "freq_cis", "eps": "norm_eps"}
 

@@ -215,22 +215,12 @@ def _length(name: str, x) -> int:
     return v
 
 
-# The plans pydsa's planners return, tagged with the records they hold (`online`): the same tuples.
-class _OnlineDecodePlan(CompressorDecodePlan):
-    __slots__ = ()
-    online = True
+# The plans pydsa's planners return, tagged with the records they hold (`online`): the same tuples, by the same
+# name (their repr is sglang's class's).
+def _tagged(plan_class, online: bool):
+    return type(plan_class.__name__, (plan_class,), {"__slots__": (), "online": online,
+                                                     "__module__": plan_class.__module__})
 
 
-class _RecordsDecodePlan(CompressorDecodePlan):
-    __slots__ = ()
-    online = False
-
-
-class _OnlinePrefillPlan(CompressorPrefillPlan):
-    __slots__ = ()
-    online = True
-
-
-class _RecordsPrefillPlan(CompressorPrefillPlan):
-    __slots__ = ()
-    online = False
+_OnlineDecodePlan, _RecordsDecodePlan = _tagged(CompressorDecodePlan, True), _tagged(CompressorDecodePlan, False)
+_OnlinePrefillPlan, _RecordsPrefillPlan = _tagged(CompressorPrefillPlan, True), _tagged(CompressorPrefillPlan, False)
