@@ -6,7 +6,7 @@ and a DevicePlan's upload."""
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 
 from pydsa._read cimport *
-from pydsa._fill_store cimport cache_apart, store_arg
+from pydsa._fill_store cimport state_store_apart, store_arg
 
 import numpy as np
 
@@ -112,19 +112,6 @@ cdef class C128Decode(Prepared):
         self.bound(p.device)
 
 
-cdef int _store_apart(object store, const Arg* st, int32_t sdt, const Arg* kv, int64_t kv_rows, const Arg* ap,
-                      const Arg* o, int64_t out_rows, int64_t d) except -1:
-    """A storing call's cache (store: a KVCache, or None) apart from the state, input, ape and out its launch reads
-    and writes; the store argument itself is judged by store_arg."""
-    if store is None:
-        return 0
-    cdef int64_t state_bytes = st.shape[0] * st.shape[1] * st.shape[2] * (2 if sdt == DSA_STATE_BFLOAT16 else 4)
-    cache_apart(store, st.data, state_bytes, "store.cache", "state")
-    cache_apart(store, kv.data, kv_rows * 2 * d * 4, "store.cache", "kv_score")
-    cache_apart(store, ap.data, DSA_CHUNK * d * 4, "store.cache", "ape")
-    return cache_apart(store, o.data, out_rows * d * 4, "store.cache", "out")
-
-
 cdef int _decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indices, seq_lens, load_indices, store,
                  cache_slots, pdl, error_count, list keep) except -1:
     """The decode's one fill: judges every argument (a wrong one raises, naming it) and fills the params at `p`,
@@ -146,7 +133,7 @@ cdef int _decode(dsa_c128_decode_params* p, state, kv_score, out, ape, indices, 
         tensor(out, &o, "out", F32, dev, 2, b, d, keep, "B: the rows of kv_score")
         disjoint(&o, b * d * 4, "out", &kv, b * 2 * d * 4, "kv_score")
     tensor(ape, &ap, "ape", F32, dev, 2, DSA_CHUNK, d, keep)
-    _store_apart(store, &st, sdt, kv=&kv, kv_rows=b, ap=&ap, o=&o, out_rows=b, d=d)
+    state_store_apart(store, &st, sdt, kv=&kv, kv_rows=b, ap=&ap, o=&o, out_rows=b, d=d)
     lx.data = NULL
     sl.data = NULL
     if seq_lens is None:  # indices: one 16-byte record per request (int32 [B, 4] or uint8 [B, 16])
@@ -318,7 +305,7 @@ cdef object _prefill(dsa_c128_prefill_params* p, state, kv_score, out, ape, indi
     optional_vector(load_indices, &lx, "load_indices", dev, b, keep, "B: the length of indices")
     error_counter(error_count, dev, &errors, keep)
     store_arg(store, cache_slots, dev, d, n, &store_address, &slots, keep)
-    _store_apart(store, &st, sdt, kv=&kv, kv_rows=n, ap=&ap, o=&o, out_rows=nc if compact else n, d=d)
+    state_store_apart(store, &st, sdt, kv=&kv, kv_rows=n, ap=&ap, o=&o, out_rows=nc if compact else n, d=d)
     fill_head(p, struct_size=sizeof(dsa_c128_prefill_params), flags=flags, device=dev, head_dim=d,
               num_slots=st.shape[0], batch_size=b)
     p.num_tokens = n

@@ -7,7 +7,7 @@ from libc.stdlib cimport malloc, free
 
 from pydsa._read cimport *
 from pydsa._fill_c128 cimport fill_head
-from pydsa._fill_store cimport store_arg
+from pydsa._fill_store cimport state_store_apart, store_arg
 
 from pydsa.errors import ArgumentTypeError, ArgumentValueError, bool_argument
 
@@ -140,6 +140,7 @@ cdef int _verify(dsa_c128_verify_params* p, state, kv_score, out, ape, indices, 
     optional_vector(verify_lens, &vl, "verify_lens", dev, b, keep, "B: the length of seq_lens")
     error_counter(error_count, dev, &errors, keep)
     store_arg(store, cache_slots, dev, d, rows, &store_address, &slots, keep)
+    state_store_apart(store, &st, sdt, kv=&kv, kv_rows=rows, ap=&ap, o=&o, out_rows=rows, d=d)
     fill_head(p, struct_size=sizeof(dsa_c128_verify_params), flags=flags, device=dev, head_dim=d,
               num_slots=st.shape[0], batch_size=b)
     p.num_drafts = <int32_t>v

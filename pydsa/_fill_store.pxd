@@ -2,7 +2,7 @@
 # judge of a store argument (pydsa/_fill_store.pyx). A filler of an op that stores cimports these.
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t
 
-from pydsa._read cimport RawRing
+from pydsa._read cimport Arg, RawRing
 
 cdef extern from "dsa_kernels.h":
     int DSA_STRUCT_KV_CACHE
@@ -38,6 +38,9 @@ cdef int store_of(object store, int32_t dev, int64_t d, str layout, str dev_of, 
 # else the error naming `name`.
 cdef int cache_apart(object store, const void* data, int64_t nbytes, str name, str what) except -1
 cdef int caches_apart(object store, object other, str name, str what) except -1
+# An online c128 op's store (decode, prefill, verify) apart from its state, input, ape and out (store.cache).
+cdef int state_store_apart(object store, const Arg* st, int32_t sdt, const Arg* kv, int64_t kv_rows, const Arg* ap,
+                           const Arg* o, int64_t out_rows, int64_t d) except -1
 # A raw ring's store (c4, offline c128): store_of's judgement on the ring's device and D, and its cache apart from
 # the ring and the ape ([ape_rows, D] fp32), else the error naming store (store.cache).
 cdef int ring_store(object store, const RawRing* r, int parts, int64_t ape_rows, str layout,

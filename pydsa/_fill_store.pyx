@@ -196,6 +196,19 @@ cdef int caches_apart(object store, object other, str name, str what) except -1:
     return cache_apart(store, kv.s.cache, kv.num_pages * kv.page_bytes, name, what)
 
 
+cdef int state_store_apart(object store, const Arg* st, int32_t sdt, const Arg* kv, int64_t kv_rows, const Arg* ap,
+                      const Arg* o, int64_t out_rows, int64_t d) except -1:
+    """An online c128 op's store (a KVCache judged by store_arg, or None) apart from the state, input, ape and out
+    its launch reads and writes."""
+    if store is None:
+        return 0
+    cdef int64_t state_bytes = st.shape[0] * st.shape[1] * st.shape[2] * (2 if sdt == DSA_STATE_BFLOAT16 else 4)
+    cache_apart(store, st.data, state_bytes, "store.cache", "state")
+    cache_apart(store, kv.data, kv_rows * 2 * d * 4, "store.cache", "kv_score")
+    cache_apart(store, ap.data, DSA_CHUNK * d * 4, "store.cache", "ape")
+    return cache_apart(store, o.data, out_rows * d * 4, "store.cache", "out")
+
+
 cdef int ring_store(object store, const RawRing* r, int parts, int64_t ape_rows, str layout,
                     const void** address) except -1:
     """A raw ring's store (store_of's judgement, on the ring's device and D), whose cache shares no memory with the

@@ -567,3 +567,24 @@ def test_verify_at_seq_zero_runs_the_drafts_from_position_zero(device, state_dty
                               torch.zeros(1, dtype=torch.int32, device=device),
                               torch.tensor([j + 1], dtype=torch.int32, device=device))
             assert torch.equal(entries[j + 1], ref[0]), (r, j)
+
+
+@pytest.mark.parametrize("over", ["state", "kv_score", "ape", "out"])
+def test_a_verify_store_whose_cache_lies_over_its_launchs_buffers_is_refused_by_name(over):
+    """c128_verify with a store: a cache laid over the state, the drafts, the ape or out would be written while the
+    verify reads or writes them. Refused naming store.cache before anything runs; the state unchanged."""
+    gen = torch.Generator().manual_seed(5)
+    d, b, v = 128, 2, 3
+    state = torch.randn(b + b * (v + 1), 1, 3 * d, generator=gen)
+    args = dict(state=state, kv_score=torch.randn(b * v, 2 * d, generator=gen),
+                out=torch.zeros(b * v, d), ape=torch.randn(CHUNK, d, generator=gen),
+                indices=torch.arange(b, dtype=torch.int32), seq_lens=torch.tensor([5, 126], dtype=torch.int32),
+                bank_indices=torch.tensor([b, b + v + 1], dtype=torch.int32))
+    page = pydsa.kv_page_bytes(d, 2)
+    cache = args[over].view(torch.uint8).view(-1)[:page]
+    store = pydsa.KVCache(cache, torch.rand(d, generator=gen) + 0.5, torch.randn(600, 64, generator=gen), page_size=2)
+    before = state.clone()
+    with pytest.raises(pydsa.ArgumentValueError, match="shares memory") as caught:
+        pydsa.c128_verify(**args, store=store, cache_slots=torch.arange(b * v, dtype=torch.int64))
+    assert caught.value.argument == "store.cache", str(caught.value)
+    assert torch.equal(state, before)
