@@ -6,6 +6,8 @@ planners' edge cases, one by one, each refused by name (sglang's RuntimeError); 
 offline c128 layer and its start-up line. Host backend."""
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -303,6 +305,9 @@ def test_a_plan_of_the_other_c128_path_is_refused_by_name(mode):
     assert torch.equal(call["kv_score_buffer"], ring)
     with pytest.raises(ValueError, match="same compress ratio and kind"):
         call["plan"].copy_(online)
+    for plan in (call["plan"], online):  # the kind survives a pickle
+        again = pickle.loads(pickle.dumps(plan))
+        assert type(again) is type(plan) and again.online is plan.online and torch.equal(again[1], plan[1])
 
 
 def test_a_cache_over_the_ring_is_refused_by_name():

@@ -218,9 +218,17 @@ def _length(name: str, x) -> int:
 # The plans pydsa's planners return, tagged with the records they hold (`online`): the same tuples, by the same
 # name (their repr is sglang's class's).
 def _tagged(plan_class, online: bool):
-    return type(plan_class.__name__, (plan_class,), {"__slots__": (), "online": online,
-                                                     "__module__": plan_class.__module__})
+    return type(plan_class.__name__, (plan_class,), {
+        "__slots__": (), "online": online, "__module__": plan_class.__module__,
+        "__reduce__": lambda self: (_remade, (plan_class.__name__, online, tuple(self)))})
 
 
 _OnlineDecodePlan, _RecordsDecodePlan = _tagged(CompressorDecodePlan, True), _tagged(CompressorDecodePlan, False)
 _OnlinePrefillPlan, _RecordsPrefillPlan = _tagged(CompressorPrefillPlan, True), _tagged(CompressorPrefillPlan, False)
+_KINDS = {("CompressorDecodePlan", True): _OnlineDecodePlan, ("CompressorDecodePlan", False): _RecordsDecodePlan,
+          ("CompressorPrefillPlan", True): _OnlinePrefillPlan, ("CompressorPrefillPlan", False): _RecordsPrefillPlan}
+
+
+def _remade(name: str, online: bool, fields: tuple):
+    """A tagged plan from its pickle: its class by name and kind (the classes share sglang's class names)."""
+    return _KINDS[name, online](*fields)
