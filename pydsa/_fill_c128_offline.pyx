@@ -154,6 +154,7 @@ cdef int _fill(dsa_c128_offline_params* p, bint extend, ring_, kv_score, out, re
             raise ArgumentValueError("cache_slots", "cache_slots is None but the ring has a store: give an int64 tensor "
                                                     "with one cache slot per row of kv_score")
         vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
+        cache_apart(ring.store, cs.data, rows * 8, "ring.store.cache", "cache_slots")
         p.cache_slots = <const int64_t*>cs.data
     elif cache_slots is not None:
         raise ArgumentValueError("cache_slots", "cache_slots is given but the ring has no store")

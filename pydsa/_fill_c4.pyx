@@ -149,16 +149,19 @@ cdef int _sides_apart(const dsa_c4_compressor* m, str main_kv, str kv_name, cons
     return 0
 
 
-cdef int _caches_apart(C4Compressor main, C4Compressor indexer, const void* main_kv, int64_t rows,
-                       const void* indexer_kv, int64_t elt, str main_kv_name, str indexer_kv_name) except -1:
-    """Each compressor's store apart from the other compressor's ring, ape and input, and the two caches apart."""
+cdef int _caches_apart(C4Compressor main, C4Compressor indexer, const dsa_c4_compressor* m, const void* indexer_kv,
+                       const void* indexer_out, int64_t rows, int64_t out_rows, int64_t elt, str kv_name) except -1:
+    """Each store apart from the other side's ring, ape, input and out (m: main's side), the two caches apart."""
     cdef int64_t md = main.head_dim, xd = indexer.head_dim
+    cache_apart(main.store, indexer_out, out_rows * xd * 4, "main.store.cache", "indexer_out")
     cache_apart(main.store, indexer.ring_data, indexer.ring_rows * 4 * xd * elt, "main.store.cache", "indexer.ring")
     cache_apart(main.store, indexer.ape_data, APE_ROWS * xd * 4, "main.store.cache", "indexer.ape")
-    cache_apart(main.store, indexer_kv, rows * 4 * xd * 4, "main.store.cache", indexer_kv_name)
+    cache_apart(main.store, indexer_kv, rows * 4 * xd * 4, "main.store.cache", kv_name)
+    cache_apart(indexer.store, m.out, out_rows * md * 4, "indexer.store.cache", "out")
     cache_apart(indexer.store, main.ring_data, main.ring_rows * 4 * md * elt, "indexer.store.cache", "main.ring")
     cache_apart(indexer.store, main.ape_data, APE_ROWS * md * 4, "indexer.store.cache", "main.ape")
-    cache_apart(indexer.store, main_kv, rows * 4 * md * 4, "indexer.store.cache", main_kv_name)
+    cache_apart(indexer.store, m.kv_score, rows * 4 * md * 4, "indexer.store.cache",
+                "kv_score" if kv_name == "indexer_kv_score" else "drafts")
     return caches_apart(indexer.store, main.store, "indexer.store.cache", "main.store.cache")
 
 
@@ -212,18 +215,15 @@ cdef int _side(dsa_c4_params* p, int k, object comp_, str name, kv_score, const 
         ring_arg.data = <char*>comp.ape_data
         disjoint(&o, out_rows * comp.head_dim * 4, out_name, &ring_arg, APE_ROWS * comp.head_dim * 4,
                  "main.ape" if k == 0 else "indexer.ape")
-    # the store's cache apart from what the launch reads and writes besides (its ring and ape: when described)
-    cdef str cache_name = "main.store.cache" if k == 0 else "indexer.store.cache"
+    cdef str cache_name = "main.store.cache" if k == 0 else "indexer.store.cache"  # its ring and ape: judged when made
     cache_apart(comp.store, input.data, input_bytes, cache_name, kv_name)
     cache_apart(comp.store, o.data, out_rows * comp.head_dim * 4, cache_name, out_name)
-    if k == 1:
-        _caches_apart(<C4Compressor>p_main, comp, main_kv=p.compressors[0].kv_score, rows=rows, indexer_kv=input.data,
-                      elt=elt, main_kv_name="kv_score" if kv_name == "indexer_kv_score" else "drafts",
-                      indexer_kv_name=kv_name)
-    if k == 1:  # each side's out apart from everything of the other side the call reads or writes
+    if k == 1:  # each side's out and cache apart from everything of the other side the call reads or writes
         _sides_apart(&p.compressors[0], main_kv="kv_score" if kv_name == "indexer_kv_score" else "drafts",
                      kv_name=kv_name, out=o.data, ring=comp.ring_data, ape=comp.ape_data, kv=input.data,
                      d=comp.head_dim, ring_bytes=ring_bytes, rows=rows, out_rows=out_rows, elt=elt, dev=dev)
+        _caches_apart(<C4Compressor>p_main, comp, &p.compressors[0], indexer_kv=input.data, indexer_out=o.data,
+                      rows=rows, out_rows=out_rows, elt=elt, kv_name=kv_name)
     p.compressors[k].head_dim = comp.head_dim
     p.compressors[k].reserved = 0
     p.compressors[k].ring = comp.ring_data
@@ -308,6 +308,8 @@ cdef inline int _sides(dsa_c4_params* p, int kind, main, kv_score, const Arg* kv
         return _refuse_cache_slots(stored)
     if stored:
         vector(cache_slots, &cs, "cache_slots", I64, p.device, rows, keep, "one cache slot per row of kv_score")
+        cache_apart((<C4Compressor>main).store, cs.data, rows * 8, "main.store.cache", "cache_slots")
+        cache_apart(indexer and (<C4Compressor>indexer).store, cs.data, rows * 8, "indexer.store.cache", "cache_slots")
         p.cache_slots = <const int64_t*>cs.data
     return 0
 

@@ -235,6 +235,7 @@ cdef int store_arg(object store, object cache_slots, int32_t dev, int64_t d, int
         raise ArgumentValueError("cache_slots", "cache_slots is None but store= is given: give an int64 tensor with one "
                                                 "cache slot per row")
     vector(cache_slots, &cs, "cache_slots", I64, dev, rows, keep, "one cache slot per row of kv_score")
+    cache_apart(store, cs.data, rows * 8, "store.cache", "cache_slots")
     slots[0] = <const int64_t*>cs.data
     return 0
 
@@ -306,6 +307,11 @@ cdef int _store(vectors, positions, cache_slots, cache, records, extend, int32_t
         tensor(cache_slots, &cs, "cache_slots", I64, dev, 1, ANY, ANY, None)
         n = rc.shape[0]
         flags |= DSA_FLAG_STORE_EXTEND_RECORDS if extend else DSA_FLAG_STORE_DECODE_RECORDS
+    # the cache apart from what the store reads (vectors, positions, slots, records)
+    cache_apart(cache, v.data, v.shape[0] * d * 4, "cache", "vectors")
+    cache_apart(cache, ps.data, n * 4, "cache", "positions")
+    cache_apart(cache, cs.data, cs.shape[0] * 8, "cache", "cache_slots")
+    cache_apart(cache, rc.data, n * 16, "cache", "records")
     error_counter(error_count, dev, &errors, None)
     p.struct_size = sizeof(dsa_kv_store_params)
     p.flags = flags

@@ -477,3 +477,45 @@ def test_the_launch_shape_changes_no_byte(device, bf16_ring):
         states.append(_state(comps, outs))
     for a, b in zip(*states):
         assert torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+
+
+def _stored_pair(mcache, xcache, b=2, r=8):
+    """A main (D = 512, page 2) and an indexer (D = 128, page 64) compressor over request-scoped rings of r rows,
+    their stores over the given caches, on the host."""
+    gen = torch.Generator().manual_seed(3)
+    freqs = torch.randn(4096, 64, generator=gen)
+
+    def comp(d, layout, cache):
+        store = pydsa.KVCache(cache, torch.rand(d, generator=gen) + 0.5, freqs, page_size=64 if layout == "indexer"
+                              else 2, layout=layout)
+        return pydsa.C4Compressor(torch.randn(b * r, 4 * d, generator=gen), torch.randn(8, d, generator=gen),
+                                  store=store, ring_size=r)
+    return comp(512, "v4", mcache), comp(128, "indexer", xcache)
+
+
+@pytest.mark.parametrize("over", ["out in indexer cache", "indexer_out in main cache", "cache_slots in main cache",
+                                  "cache_slots in indexer cache"])
+def test_a_two_compressor_calls_out_or_slots_inside_a_cache_is_refused_by_name(over):
+    """One c4 launch writes out, indexer_out and both caches and reads cache_slots: each out apart from the other
+    side's cache, the slots apart from both (the store would overwrite the slots it reads). Refused naming the cache;
+    nothing written."""
+    b = 2
+    xcache = torch.zeros(pydsa.indexer_page_bytes(128, 64) * 2, dtype=torch.uint8)
+    mcache = torch.zeros(pydsa.kv_page_bytes(512, 2) * 8, dtype=torch.uint8)
+    main, indexer = _stored_pair(mcache, xcache, b)
+    out, indexer_out, slots = torch.zeros(b, 512), torch.zeros(b, 128), torch.tensor([0, 1])
+    if over == "out in indexer cache":
+        out, name = xcache[:b * 512 * 4].view(torch.float32).view(b, 512), "indexer.store.cache"
+    elif over == "indexer_out in main cache":
+        indexer_out, name = mcache[-b * 128 * 4:].view(torch.float32).view(b, 128), "main.store.cache"
+    else:
+        cache = mcache if "main" in over else xcache
+        slots, name = cache[-b * 8:].view(torch.int64), "main.store.cache" if "main" in over else "indexer.store.cache"
+        slots.copy_(torch.tensor([0, 1]))
+    before = mcache.clone(), xcache.clone()
+    with pytest.raises(pydsa.ArgumentValueError, match="shares memory") as caught:
+        pydsa.c4_decode(main, torch.randn(b, 2048), indexer=indexer, indexer_kv_score=torch.randn(b, 512),
+                        seq_lens=torch.tensor([4, 8], dtype=torch.int32), slots=torch.tensor([0, 1], dtype=torch.int32),
+                        out=out, indexer_out=indexer_out, cache_slots=slots)
+    assert caught.value.argument == name, str(caught.value)
+    assert torch.equal(mcache, before[0]) and torch.equal(xcache, before[1])

@@ -387,3 +387,65 @@ def test_an_offline_cache_over_the_calls_input_is_refused_by_name(mode):
         is_online=False))
     assert err.argument == "kvcache" and "kv_score" in str(err), str(err)
     assert torch.equal(layer.ring, ring)
+
+
+def test_a_store_reading_its_inputs_from_its_own_cache_is_refused_by_name():
+    """The standalone store (pydsa.kv_store; sglang's compress_norm_rope_store) reads vectors, positions and slots
+    while writing the cache; c128_decode's and the offline ops' cache_slots alike. Each inside the cache: refused
+    naming the cache (kvcache in sglang's words), the cache unchanged."""
+    page = pydsa.kv_page_bytes(D, 2)
+    room = torch.zeros(8 * page, dtype=torch.uint8)
+    layer = Layer("cpu", reqs=2, seed=1)
+    store = pydsa.KVCache(room, layer.weight, torch.view_as_real(layer.freq).reshape(-1, 64), page_size=2)
+    vectors, positions, slots = torch.randn(2, D), torch.tensor([127, 255], dtype=torch.int32), torch.tensor([0, 1])
+    inside = {"vectors": room[-2 * D * 4:].view(torch.float32).view(2, D), "positions": room[-8:].view(torch.int32),
+              "cache_slots": room[-16:].view(torch.int64)}
+    for name, t in inside.items():
+        args = dict(vectors=vectors, positions=positions, cache_slots=slots)
+        t.copy_(args[name])
+        args[name] = t
+        before = room.clone()
+        with pytest.raises(pydsa.ArgumentValueError, match=f"shares memory with {name}") as caught:
+            pydsa.kv_store(args["vectors"], args["positions"], args["cache_slots"], store)
+        assert caught.value.argument == "cache" and torch.equal(room, before)
+    plan, rows = _plan(layer, "decode")
+    kv = room[-rows * D * 4:].view(torch.float32).view(rows, D)
+    kv.copy_(torch.randn(rows, D))
+    before = room.clone()
+    err = _refusal(lambda: sglang.compress_norm_rope_store(kv, plan, **dict(layer.store_args(torch.arange(rows)),
+                                                                            kvcache=room.view(8, page))))
+    assert err.argument == "kvcache" and torch.equal(room, before), str(err)
+    # the offline decode's cache_slots inside its ring's store
+    slots_inside = room[-rows * 8:].view(torch.int64)
+    slots_inside.copy_(torch.arange(rows))
+    before = room.clone()
+    err = _refusal(lambda: sglang.compress_forward_and_store(layer.ring, torch.randn(rows, 2 * D), layer.ape, plan,
+                                                             **dict(layer.store_args(slots_inside),
+                                                                    kvcache=room.view(8, page)), is_online=False))
+    assert err.argument == "kvcache" and "cache_slots" in str(err) and torch.equal(room, before), str(err)
+
+
+def test_a_kvcache_of_more_dimensions_whose_rows_are_not_one_page_is_refused_by_name():
+    """[pages, 1, page bytes of page_size 64] passed with page_size 2: the last dimension is judged, not only a 2-D
+    cache's rows."""
+    layer = Layer("cpu", reqs=2, seed=1)
+    plan, rows = _plan(layer, "decode")
+    cache = torch.zeros(3, 1, pydsa.kv_page_bytes(D, 64), dtype=torch.uint8)
+    err = _refusal(lambda: sglang.compress_norm_rope_store(torch.randn(rows, D), plan, **dict(
+        layer.store_args(torch.arange(rows)), kvcache=cache)))
+    assert err.argument == "page_size", str(err)
+    assert not cache.any()
+
+
+@pytest.mark.parametrize("ratio,online", [(4, False), (128, False), (128, True)])
+def test_num_q_tokens_on_the_meta_device_is_refused_by_name(ratio, online):
+    r2t, f2s = tables("cpu", 4)
+    n = torch.tensor(209, device="meta")
+    seq, ext, rid = torch.tensor([300, 9]), torch.tensor([200, 9]), torch.tensor([1, 0])
+
+    def call():
+        if online:
+            return sglang.CompressorPrefillPlan.generate_online(seq, ext, rid, r2t, n)
+        return sglang.CompressorPrefillPlan.generate(ratio, rid, seq, ext, r2t, f2s, 256, 128 if ratio == 128 else 8, n)
+    err = _refusal(call)
+    assert "num_q_tokens" in str(err) and "meta" in str(err), str(err)

@@ -119,7 +119,8 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     2^31-1: refused on the host, records the ops skip and count on the device. ring_size >= 8 (the module's
     docstring says why)."""
     _check_ring(swa_page_size, ring_size)
-    check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens, extend_lens=extend_lens)
+    check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens, extend_lens=extend_lens,
+                 num_q_tokens=num_q_tokens)
     for name, t in (("seq_lens", seq_lens), ("extend_lens", extend_lens)):
         if not isinstance(t, torch.Tensor) or t.dtype not in (torch.int64, torch.int32) or t.dim() != 1 \
                 or t.shape[0] != req_pool_indices.shape[0]:

@@ -176,10 +176,10 @@ def _kv_cache(kvcache, norm_weight, norm_eps, freq_cis, page_size, layout="v4") 
             else norm_weight
         cache = KVCache(kvcache, w, freq_cis, page_size=page_size, eps=float(norm_eps), layout=layout)
         # sglang's caches are [pages, page bytes]: rows of another width mean another page_size (whose pages may
-        # still tile the same bytes: 3 pages of 64 entries are 65 of 2 at the indexer's D)
-        if kvcache.dim() == 2 and kvcache.shape[1] != cache.page_bytes:
+        # still tile the same bytes: 3 pages of 64 entries are 65 of 2 at D = 512); a 1-D cache is whole pages
+        if kvcache.dim() >= 2 and kvcache.shape[-1] != cache.page_bytes:
             raise ArgumentValueError("page_size", f"page_size {page_size} makes {cache.page_bytes}-byte pages but "
-                                                  f"kvcache's rows hold {kvcache.shape[1]} bytes (sglang's cache is "
+                                                  f"kvcache's rows hold {kvcache.shape[-1]} bytes (sglang's cache is "
                                                   f"[pages, page bytes]: another page_size?)")
         return cache
     if type(page_size) is not int or not all(isinstance(t, torch.Tensor) for t in (kvcache, norm_weight, freq_cis)):

@@ -188,7 +188,8 @@ def plan_prefill(req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_
     padded to num_q_tokens rows); with device ones (CUDA graphs, target verify), its device planner's records in
     ragged-row order, both lists padded to num_q_tokens rows, rows past the extends planned as padding."""
     _check_geometry(swa_page_size, ring_size, use_req_ring)
-    sglang_c4.check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens, extend_lens=extend_lens)
+    sglang_c4.check_tables(req_pool_indices, req_to_token, full_to_state, seq_lens=seq_lens, extend_lens=extend_lens,
+                           num_q_tokens=num_q_tokens)
     b = req_pool_indices.shape[0]
     _lengths("seq_lens", seq_lens, b)
     _lengths("extend_lens", extend_lens, b)

@@ -139,7 +139,7 @@ class CompressorPrefillPlan(NamedTuple):
         copies); req_pool_indices int64 on the device. In CUDA-graph mode pydsa's records live in a
         DevicePlan that copy_ refreshes, so a captured compress_forward reads the new plan."""
         sglang_c4.check_data(seq_lens=seq_lens, extend_lens=extend_lens, req_pool_indices=req_pool_indices,
-                             req_to_token=req_to_token)
+                             req_to_token=req_to_token, num_q_tokens=num_q_tokens)
         seq, ext = _host_int64(seq_lens, "seq_lens"), _host_int64(extend_lens, "extend_lens")
         n, b = _length("num_q_tokens", num_q_tokens), int(seq.shape[0])
         if ext.shape[0] != b:  # as the planner says it
