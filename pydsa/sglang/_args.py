@@ -9,7 +9,18 @@ from operator import is_
 
 import torch
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentValueError
+
+
+def of_kind(plan, online: bool):
+    """plan, unless pydsa's planners made it for the other c128 path (its `online` tag; None on sglang's own plans,
+    read as the call says): then the error naming plan."""
+    if getattr(plan, "online", None) is (not online):
+        made, reads = ("generate_online", "generate") if not online else ("generate", "generate_online")
+        raise ArgumentValueError("plan", f"plan was made by {made} (the {'online' if not online else 'offline'} c128 "
+                                         f"records); this {'offline' if not online else 'online'} compress reads the "
+                                         f"records of {reads}")
+    return plan
 
 
 def described(x) -> str:

@@ -36,7 +36,7 @@ from .. import buffer_key
 from ..errors import ArgumentError, ArgumentTypeError, ArgumentValueError
 from ..store import KVCache, kv_store
 from . import c4 as sglang_c4, offline as sglang_offline
-from ._args import caller_words as _caller_words, described as _described, memo
+from ._args import caller_words as _caller_words, described as _described, memo, of_kind
 # the configuration rule (config.py) and the plans (plans.py), importable from here as they always were (the plugin
 # reads HANDED_BACK and outside_pydsa here)
 from .config import HANDED_BACK, HEAD_DIM, RATIO, check_config as _check_config, not_ours as _not_ours, outside_pydsa
@@ -54,9 +54,7 @@ def _plan_of(plan, compress_ratio=RATIO):
     if isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)) and plan.compress_ratio != RATIO:
         raise ArgumentValueError("plan", f"plan is a compress_ratio {plan.compress_ratio} plan but compress_ratio is "
                                          f"{RATIO}")
-    if getattr(plan, "online", None) is False:
-        raise ArgumentValueError("plan", "plan was made by generate (the offline c128 records); is_online=True reads "
-                                         "the records of generate_online")
+    of_kind(plan, online=True)
     if isinstance(plan, CompressorDecodePlan):  # its records are read in place, whoever made them
         return plan
     if isinstance(plan, CompressorPrefillPlan):

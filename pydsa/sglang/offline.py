@@ -30,7 +30,7 @@ from .. import buffer_key
 from ..c128_offline import C128Ring, c128_offline_decode, c128_offline_extend
 from ..errors import ArgumentValueError
 from . import c4 as sglang_c4
-from ._args import count_of, described as _described, memo
+from ._args import count_of, described as _described, memo, of_kind
 
 RATIO = 128  # rows of a chunk, and of a ring page
 MAX_TOKENS = sglang_c4.MAX_TOKENS
@@ -253,10 +253,7 @@ def compress(kv_score_buffer, kv_score_input, ape, plan, head_dim: int, out=None
     (decode [B, D]: closing rows written; extend [C, D]: row i for compress record i), one of its own when out is
     None and there is no store. Raises pydsa's errors in pydsa's names (compress.py says them in sglang's) and its
     own in sglang's (head_dim, kv_score_input)."""
-    plan = sglang_c4.plan_of(plan, RATIO)
-    if getattr(plan, "online", None) is True:
-        raise ArgumentValueError("plan", "plan was made by generate_online (the online c128 records); the offline "
-                                         "c128 compress reads the records of generate")
+    plan = of_kind(sglang_c4.plan_of(plan, RATIO), online=False)
     return sglang_c4.ring_step(ring_of(kv_score_buffer, ape, store), kv_score_input, plan, head_dim=head_dim, parts=2,
                                decode=c128_offline_decode, extend=c128_offline_extend, out=out,
                                make=out is None and store is None, out_loc=out_loc)
